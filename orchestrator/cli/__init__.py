@@ -1,0 +1,1 @@
+"""Command-line interface: the only part of orch that prints or exits."""

@@ -1,0 +1,1 @@
+"""CLI commands (placeholder module, filled by its area)."""

@@ -1,0 +1,44 @@
+"""The project's own error types.
+
+Every error orch raises on purpose is an OrchError: a one-line message that
+names what is wrong (node, file, line) and a hint that says how to fix it. The
+CLI turns these into one clear line; anything else is a bug and gets a traceback.
+"""
+
+from __future__ import annotations
+
+
+class OrchError(Exception):
+    """A failure the user can act on. Exit code 1 unless a subclass says otherwise."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(OrchError):
+    """Bad input from the user: arguments, files, recipes. Exit code 2."""
+
+    exit_code = 2
+
+
+class InputFileError(UsageError):
+    """A file the user gave does not parse: names the file and, when known, the line."""
+
+    def __init__(
+        self, path: str, message: str, line: int | None = None, hint: str | None = None
+    ) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {message}", hint)
+        self.path = path
+        self.line = line
+
+
+class SandboxError(OrchError):
+    """The loopback cluster could not be brought up or down."""

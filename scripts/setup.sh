@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Set up everything orch needs on a Debian/Ubuntu machine that has only Python:
+# system packages (OpenSSH, pdsh), a virtual environment in .venv with a pinned
+# torch build, DeepSpeed, accelerate and orch itself. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${ORCH_TORCH_SPEC:-torch==2.13.0}
+DEEPSPEED_SPEC=${ORCH_DEEPSPEED_SPEC:-deepspeed==0.19.8}
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+
+need_pkgs=()
+command -v ssh >/dev/null || need_pkgs+=(openssh-client)
+{ command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || need_pkgs+=(openssh-server)
+command -v pdsh >/dev/null || need_pkgs+=(pdsh)
+command -v ip >/dev/null || need_pkgs+=(iproute2)
+command -v ps >/dev/null || need_pkgs+=(procps)
+command -v unshare >/dev/null || need_pkgs+=(util-linux)
+command -v git >/dev/null || need_pkgs+=(git)
+"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    log "installing system packages: ${need_pkgs[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv with $("$PYTHON" --version)"
+    "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+# torch first and pinned: anything later that asks for `torch` finds it satisfied
+# instead of pulling a multi-GB CUDA build.
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+    log "installing $TORCH_SPEC"
+    "${PIP[@]}" install "$TORCH_SPEC"
+fi
+if ! .venv/bin/python -c 'import deepspeed' 2>/dev/null; then
+    log "installing $DEEPSPEED_SPEC (no prebuilt ops; built against the installed torch)"
+    "${PIP[@]}" install setuptools wheel
+    DS_BUILD_OPS=0 "${PIP[@]}" install --no-build-isolation "$DEEPSPEED_SPEC"
+fi
+log "installing orch and its dependencies"
+"${PIP[@]}" install -e ".[train,test]"
+log "ready: $(.venv/bin/orch --version 2>/dev/null || echo orch) in .venv (activate: source .venv/bin/activate)"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install what the suite needs (scripts/setup.sh), then run lint and every test,
+# integration tests on real loopback sshd nodes included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check orchestrator tests bench scripts
+exec .venv/bin/python -m pytest "$@"

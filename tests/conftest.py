@@ -1,0 +1,56 @@
+"""Shared fixtures: a real loopback SSH cluster for integration tests.
+
+Each test session gets its own sandbox (own state directory, subnet and node
+name prefix), so it never touches a sandbox the user has up, and parallel
+sessions on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sandbox import Sandbox, SandboxState
+
+
+def _sandbox_prereqs_missing() -> str | None:
+    for tool in ("sshd", "ssh", "pdsh", "ssh-keygen"):
+        if not shutil.which(tool) and not os.access(f"/usr/sbin/{tool}", os.X_OK):
+            return tool
+    return None
+
+
+@pytest.fixture(scope="session")
+def sandbox_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Start sandboxes with unique names; every one is taken down at session end."""
+    missing = _sandbox_prereqs_missing()
+    if missing:
+        # scripts/test.sh installs these; a bare `pytest` without them is a setup error.
+        pytest.fail(f"`{missing}` is not installed: run `bash scripts/test.sh`", pytrace=False)
+    started: list[Sandbox] = []
+
+    def start(nodes: int = 4, slots: int = 2) -> tuple[Sandbox, SandboxState]:
+        tag = uuid.uuid4().hex[:6]
+        box = Sandbox(tmp_path_factory.mktemp(f"sandbox-{tag}", numbered=False))
+        started.append(box)
+        return box, box.up(nodes=nodes, slots=slots, prefix=f"t{tag}n")
+
+    yield start
+    for box in started:
+        box.down()
+
+
+@pytest.fixture(scope="session")
+def sandbox(sandbox_factory) -> tuple[Sandbox, SandboxState]:
+    """One 4-node, 2-slot sandbox shared by the tests that only read from it."""
+    return sandbox_factory(4, 2)
+
+
+@pytest.fixture
+def hostfile(sandbox) -> Path:
+    return Path(sandbox[1].hostfile)
