@@ -103,6 +103,14 @@ def subnet_for(directory: Path) -> str:
 
 
 def _find_sshd() -> str:
+    override = os.environ.get("ORCH_SSHD")
+    if override:
+        if os.access(override, os.X_OK):
+            return override
+        raise SandboxError(
+            f"ORCH_SSHD={override} is not an executable sshd",
+            "point ORCH_SSHD at the OpenSSH server binary, or unset it",
+        )
     found = shutil.which("sshd")
     if found:
         return found

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 from rich.console import Console
 
+from orchestrator import __version__
 from orchestrator.errors import OrchError
 
 app = typer.Typer(
@@ -21,9 +21,18 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"orch {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for orch's own errors."),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version."
+    ),
 ) -> None:
     _state["debug"] = debug
 
@@ -40,23 +49,17 @@ def _register_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     _register_commands()
-    stderr = Console(stderr=True, highlight=False)
     try:
-        app(args=argv, standalone_mode=False)
+        # Standalone mode: click handles usage errors (exit 2) and typer.Exit itself;
+        # orch's own errors come through to here.
+        app(args=argv, prog_name="orch")
     except OrchError as err:
-        if _state["debug"] or "--debug" in (argv if argv is not None else sys.argv):
+        stderr = Console(stderr=True, highlight=False)
+        if _state["debug"]:
             stderr.print_exception()
         stderr.print(f"[bold red]error:[/] {err.message}", markup=True, soft_wrap=True)
         if err.hint:
             stderr.print(f"[yellow]hint:[/] {err.hint}", soft_wrap=True)
-        sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        stderr.print("aborted")
-        sys.exit(130)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(2 if isinstance(err, click.UsageError) else err.exit_code)
-    except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
 
 

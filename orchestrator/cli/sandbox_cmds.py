@@ -16,14 +16,16 @@ sandbox_app = typer.Typer(help="A cluster of real OpenSSH nodes on loopback addr
 app.add_typer(sandbox_app, name="sandbox")
 
 _DIR_OPTION = typer.Option(
-    None, "--dir", help="State directory (default: $ORCH_SANDBOX_DIR or ~/.local/state/orch/sandbox)."
+    None,
+    "--dir",
+    help="State directory (default: $ORCH_SANDBOX_DIR or ~/.local/state/orch/sandbox).",
 )
 
 
 @sandbox_app.command("up")
 def up(
-    nodes: int = typer.Option(4, "--nodes", "-n", help="Number of nodes."),
-    slots: int = typer.Option(2, "--slots", help="Slots (ranks) per node in the hostfile."),
+    nodes: int = typer.Option(4, "--nodes", "-n", min=1, max=250, help="Number of nodes."),
+    slots: int = typer.Option(2, "--slots", min=1, help="Slots (ranks) per node in the hostfile."),
     prefix: str = typer.Option("node", "--prefix", help="Node names are PREFIX1..PREFIXN."),
     directory: Path | None = _DIR_OPTION,
 ) -> None:
