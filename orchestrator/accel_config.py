@@ -1,0 +1,218 @@
+"""accelerate config files, built with accelerate's own ClusterConfig.
+
+Two shapes, as in the field: one config for DeepSpeed's pdsh multinode
+launcher (run on the head, pdsh fans out), and for the standard launcher one
+config per machine that differ only in `machine_rank`. Inconsistent values are
+refused before any text is produced. Pure.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import yaml
+
+from orchestrator.errors import UsageError
+from orchestrator.inventory import Hostfile, host_name_problem, processes_per_node
+from orchestrator.recipe import AccelerateOptions
+
+if TYPE_CHECKING:
+    from accelerate.commands.config.config_args import ClusterConfig
+
+CONFIG_LAUNCHERS = ("pdsh", "standard")
+_HEADER = "# accelerate config written by orch ({launcher} launcher, {machines} x {nproc})\n"
+
+
+def build_cluster_config(
+    options: AccelerateOptions,
+    *,
+    hosts: Hostfile,
+    nproc_per_node: int,
+    main_ip: str,
+    main_port: int,
+    launcher: str,
+    hostfile_path: str | None,
+    machine_rank: int = 0,
+) -> ClusterConfig:
+    """The accelerate ClusterConfig for one machine, after checking every value."""
+    # Imported here: accelerate pulls in torch, which costs seconds at every `orch` start.
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import ComputeEnvironment, DistributedType
+
+    _check(options, hosts, nproc_per_node, main_ip, main_port, launcher, hostfile_path)
+    machines = len(hosts.hosts)
+    if not 0 <= machine_rank < machines:
+        raise UsageError(f"machine_rank {machine_rank} is outside 0..{machines - 1}")
+    return ClusterConfig(
+        compute_environment=ComputeEnvironment.LOCAL_MACHINE,
+        distributed_type=DistributedType(options.distributed_type),
+        mixed_precision=options.mixed_precision,
+        use_cpu=options.use_cpu,
+        debug=options.debug,
+        num_processes=machines * nproc_per_node,
+        machine_rank=machine_rank,
+        num_machines=machines,
+        main_process_ip=main_ip,
+        main_process_port=main_port,
+        rdzv_backend=options.rdzv_backend,
+        same_network=options.same_network,
+        main_training_function=options.main_training_function,
+        enable_cpu_affinity=options.enable_cpu_affinity,
+        deepspeed_config=_deepspeed_section(options, launcher, hostfile_path),
+        dynamo_config=_dynamo_section(options),
+        downcast_bf16=options.downcast_bf16,
+        tpu_env=[],
+        tpu_use_cluster=False,
+        tpu_use_sudo=False,
+    )
+
+
+def render_accelerate_config(
+    options: AccelerateOptions,
+    *,
+    hosts: Hostfile,
+    nproc_per_node: int,
+    main_ip: str,
+    main_port: int,
+    launcher: str,
+    hostfile_path: str | None,
+    machine_rank: int = 0,
+) -> str:
+    """YAML text that `accelerate launch --config_file` loads."""
+    config = build_cluster_config(
+        options,
+        hosts=hosts,
+        nproc_per_node=nproc_per_node,
+        main_ip=main_ip,
+        main_port=main_port,
+        launcher=launcher,
+        hostfile_path=hostfile_path,
+        machine_rank=machine_rank,
+    )
+    header = _HEADER.format(launcher=launcher, machines=len(hosts.hosts), nproc=nproc_per_node)
+    # Same serialisation as ClusterConfig.to_yaml_file.
+    return header + yaml.safe_dump(config.to_dict())
+
+
+def render_standard_configs(
+    options: AccelerateOptions,
+    *,
+    hosts: Hostfile,
+    nproc_per_node: int,
+    main_ip: str,
+    main_port: int,
+    launcher: str = "standard",
+    hostfile_path: str | None = None,
+    machine_rank: int = 0,
+) -> list[str]:
+    """One config per machine rank (index K is machine_rank K); they differ only there.
+
+    `machine_rank` is accepted for a signature shared with render_accelerate_config
+    and ignored: every rank is rendered.
+    """
+    del machine_rank
+    if launcher != "standard":
+        raise UsageError(f"per-rank configs are for the standard launcher, not {launcher!r}")
+    return [
+        render_accelerate_config(
+            options,
+            hosts=hosts,
+            nproc_per_node=nproc_per_node,
+            main_ip=main_ip,
+            main_port=main_port,
+            launcher=launcher,
+            hostfile_path=hostfile_path,
+            machine_rank=rank,
+        )
+        for rank in range(len(hosts.hosts))
+    ]
+
+
+def nproc_from_total(num_processes: int, machines: int) -> int:
+    """Processes per node from a total, which must split evenly over the machines."""
+    if machines < 1:
+        raise UsageError("no machines")
+    if num_processes < 1 or num_processes % machines:
+        raise UsageError(
+            f"num_processes {num_processes} is not a multiple of the {machines} machines",
+            hint="accelerate starts num_processes / num_machines processes on every machine",
+        )
+    return num_processes // machines
+
+
+def _check(
+    options: AccelerateOptions,
+    hosts: Hostfile,
+    nproc_per_node: int,
+    main_ip: str,
+    main_port: int,
+    launcher: str,
+    hostfile_path: str | None,
+) -> None:
+    if launcher not in CONFIG_LAUNCHERS:
+        raise UsageError(
+            f"launcher {launcher!r} has no accelerate config",
+            hint="accelerate configs are for the 'pdsh' and 'standard' launchers",
+        )
+    if not hosts.hosts:
+        raise UsageError("no hosts to write a config for")
+    processes_per_node(hosts, nproc_per_node)
+    if not 1 <= main_port <= 65535:
+        raise UsageError(
+            f"main process port {main_port} is out of range", hint="use a port in 1..65535"
+        )
+    problem = host_name_problem(main_ip)
+    if problem is not None:
+        raise UsageError(f"main process address: {problem}")
+    if launcher == "pdsh":
+        if options.distributed_type != "DEEPSPEED":
+            raise UsageError(
+                f"the pdsh launcher is DeepSpeed's: distributed_type {options.distributed_type} "
+                "cannot use it",
+                hint="use the standard launcher for MULTI_GPU",
+            )
+        if not hostfile_path:
+            raise UsageError("the pdsh launcher needs the hostfile path (deepspeed_hostfile)")
+    if options.distributed_type == "MULTI_GPU" and len(hosts.hosts) * nproc_per_node < 2:
+        raise UsageError("MULTI_GPU needs at least 2 processes in total (accelerate's rule)")
+
+
+def _deepspeed_section(
+    options: AccelerateOptions, launcher: str, hostfile_path: str | None
+) -> dict[str, object]:
+    if options.distributed_type != "DEEPSPEED":
+        return {}
+    section: dict[str, object] = {
+        "deepspeed_multinode_launcher": launcher,
+        "gradient_accumulation_steps": options.gradient_accumulation_steps,
+        "offload_optimizer_device": options.offload_optimizer_device,
+        "offload_param_device": options.offload_param_device,
+        "zero3_init_flag": options.zero3_init_flag,
+        "zero_stage": options.zero_stage,
+    }
+    if launcher == "pdsh" and hostfile_path:
+        # Absolute: DeepSpeed's runner reads it from wherever accelerate is started.
+        section["deepspeed_hostfile"] = os.path.abspath(hostfile_path)
+    if options.gradient_clipping is not None:
+        section["gradient_clipping"] = options.gradient_clipping
+    if options.zero3_save_16bit_model:
+        section["zero3_save_16bit_model"] = True
+    if options.offload_optimizer_nvme_path:
+        section["offload_optimizer_nvme_path"] = options.offload_optimizer_nvme_path
+    if options.offload_param_nvme_path:
+        section["offload_param_nvme_path"] = options.offload_param_nvme_path
+    return section
+
+
+def _dynamo_section(options: AccelerateOptions) -> dict[str, object]:
+    dynamo = options.dynamo
+    if dynamo is None or dynamo.backend == "NO":
+        return {}
+    return {
+        "dynamo_backend": dynamo.backend,
+        "dynamo_mode": dynamo.mode,
+        "dynamo_use_dynamic": dynamo.use_dynamic,
+        "dynamo_use_fullgraph": dynamo.use_fullgraph,
+        "dynamo_use_regional_compilation": dynamo.use_regional_compilation,
+    }

@@ -1,0 +1,99 @@
+"""The environment a job gets on every node, built fresh for each job.
+
+Values are shell-quoted so that spaces, quotes, `$(...)` and newlines reach the
+remote process unchanged and run nothing. Secret values are passed to the job
+but redacted from anything saved or printed. Pure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+
+from orchestrator.errors import UsageError
+
+JOB_ID_VAR = "ORCH_JOB_ID"
+REDACTED = "***"
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# Variables forwarded from the head without being asked for.
+AUTO_PREFIXES = ("NCCL_",)
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+
+
+def is_secret(name: str) -> bool:
+    """True when the name says the value is a secret (TOKEN, KEY, SECRET, PASSWORD)."""
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def redact(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy with every secret value replaced by '***'."""
+    return {name: REDACTED if is_secret(name) else value for name, value in env.items()}
+
+
+def check_name(name: str) -> None:
+    """Raise UsageError unless `name` is a valid environment variable name."""
+    if _NAME_RE.fullmatch(name) is None:
+        raise UsageError(
+            f"invalid environment variable name {name!r}",
+            hint="names are letters, digits and '_', not starting with a digit",
+        )
+
+
+def check_value(name: str, value: str) -> None:
+    """Raise UsageError when `value` cannot be passed through an environment."""
+    if not isinstance(value, str):
+        kind = type(value).__name__
+        raise UsageError(f"environment variable {name}: value must be text, not {kind}")
+    if "\0" in value:
+        raise UsageError(
+            f"environment variable {name}: value contains a NUL byte",
+            hint="environment values cannot contain NUL; remove it",
+        )
+
+
+def export_lines(env: Mapping[str, str]) -> str:
+    """`export NAME=<quoted value>` lines, one per variable, safe to source in sh/bash."""
+    lines = []
+    for name, value in env.items():
+        check_name(name)
+        check_value(name, value)
+        lines.append(f"export {name}={shlex.quote(value)}\n")
+    return "".join(lines)
+
+
+def build_job_env(
+    job_id: str,
+    extra: Mapping[str, str],
+    passthrough: Iterable[str] = (),
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, str]:
+    """The job's variables: ORCH_JOB_ID, the head's NCCL_*, the passthrough names set, then extra.
+
+    `extra` (a recipe's `env`, `--env` options) wins over the head's values, but
+    may not change ORCH_JOB_ID: teardown finds the job's processes by it.
+    """
+    if not job_id:
+        raise UsageError("empty job id")
+    env: dict[str, str] = {JOB_ID_VAR: job_id}
+    for name in sorted(environ):
+        if name.startswith(AUTO_PREFIXES):
+            env[name] = environ[name]
+    for name in passthrough:
+        check_name(name)
+        if name in environ and name != JOB_ID_VAR:
+            env[name] = environ[name]
+    for name, value in extra.items():
+        if name == JOB_ID_VAR and value != job_id:
+            raise UsageError(
+                f"{JOB_ID_VAR} is set by orch for each job and cannot be overridden",
+                hint=f"remove {JOB_ID_VAR} from the job's env",
+            )
+        env[name] = value
+    for name, value in env.items():
+        check_name(name)
+        check_value(name, value)
+    return env

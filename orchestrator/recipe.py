@@ -1,0 +1,387 @@
+"""Recipes: one YAML file that names a training launch completely.
+
+A recipe says which script runs with which arguments, how it is launched
+(pdsh, standard, torchrun), how many processes per node, the accelerate /
+DeepSpeed options, the environment and the working directory. `load_recipe`
+validates it with pydantic and reports every problem with the file and the
+line of the offending key. Pure apart from reading the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from orchestrator import jobenv
+from orchestrator.errors import InputFileError, UsageError
+from orchestrator.inventory import (
+    Hostfile,
+    expand_nodeset,
+    make_hostfile,
+    read_hostfile,
+)
+
+# In `script`, `workdir` and `hostfile`, this is replaced by the recipe file's directory.
+RECIPE_DIR_VAR = "${RECIPE_DIR}"
+DEFAULT_MAIN_PORT = 29500
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+Launcher = Literal["pdsh", "standard", "torchrun"]
+
+
+@functools.cache
+def _dynamo_vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """accelerate's dynamo backends and modes; imported on first use because importing
+    accelerate pulls in torch, which would slow every `orch` command down."""
+    from accelerate.utils.constants import TORCH_DYNAMO_MODES
+    from accelerate.utils.dataclasses import DynamoBackend
+
+    return tuple(DynamoBackend.__members__), tuple(TORCH_DYNAMO_MODES)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DynamoOptions(_Strict):
+    """accelerate's dynamo_config (torch.compile settings)."""
+
+    backend: str = "NO"
+    mode: str = "default"
+    use_dynamic: bool = False
+    use_fullgraph: bool = False
+    use_regional_compilation: bool = False
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        backends = _dynamo_vocabulary()[0]
+        if value.upper() not in backends:
+            known = ", ".join(backends)
+            raise ValueError(f"unknown dynamo backend {value!r}; one of {known}")
+        return value.upper()
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        modes = _dynamo_vocabulary()[1]
+        if value not in modes:
+            known = ", ".join(modes)
+            raise ValueError(f"unknown dynamo mode {value!r}; one of {known}")
+        return value
+
+
+class AccelerateOptions(_Strict):
+    """The accelerate / DeepSpeed settings of a launch (what `accelerate config` asks)."""
+
+    distributed_type: Literal["DEEPSPEED", "MULTI_GPU"] = "DEEPSPEED"
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    offload_optimizer_device: OffloadDevice = "none"
+    offload_param_device: OffloadDevice = "none"
+    # validate_default: an 'nvme' device without its path is caught too.
+    offload_optimizer_nvme_path: str | None = Field(None, validate_default=True)
+    offload_param_nvme_path: str | None = Field(None, validate_default=True)
+    zero3_init_flag: bool = False
+    zero3_save_16bit_model: bool = False
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    gradient_clipping: float | None = Field(None, gt=0)
+    mixed_precision: Literal["no", "fp16", "bf16", "fp8"] = "no"
+    downcast_bf16: bool = False
+    dynamo: DynamoOptions | None = None
+    rdzv_backend: Literal["static", "c10d", "etcd", "etcd-v2"] = "static"
+    same_network: bool = False
+    use_cpu: bool = False
+    debug: bool = False
+    enable_cpu_affinity: bool = False
+    main_training_function: str = "main"
+
+    @field_validator("offload_optimizer_device", "offload_param_device")
+    @classmethod
+    def _offload_needs_zero(cls, value: str, info: ValidationInfo) -> str:
+        stage = info.data.get("zero_stage")
+        if value != "none" and stage is not None and stage < 2:
+            # accelerate's own `accelerate config` offers offload only from ZeRO stage 2.
+            raise ValueError(
+                f"offload to {value!r} needs zero_stage 2 or 3 (zero_stage is {stage})"
+            )
+        if value == "nvme" and stage is not None and stage != 3:
+            raise ValueError("offload to 'nvme' (ZeRO-Infinity) needs zero_stage 3")
+        return value
+
+    @field_validator("offload_optimizer_nvme_path", "offload_param_nvme_path")
+    @classmethod
+    def _nvme_path_matches_device(cls, value: str | None, info: ValidationInfo) -> str | None:
+        device_field = info.field_name.replace("_nvme_path", "_device") if info.field_name else ""
+        device = info.data.get(device_field)
+        if device == "nvme" and not value:
+            raise ValueError(f"{device_field} is 'nvme': set {info.field_name} to the NVMe mount")
+        if device is not None and device != "nvme" and value:
+            raise ValueError(
+                f"{info.field_name} is set but {device_field} is {device!r}, not 'nvme'"
+            )
+        return value
+
+
+class TorchrunOptions(_Strict):
+    """Settings of `torchrun` on every node (launcher: torchrun)."""
+
+    rdzv_backend: Literal["c10d", "static", "etcd", "etcd-v2"] = "c10d"
+    rdzv_id: str | None = None  # None: the job id
+    extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _args_as_text(cls, value: Any) -> Any:
+        return _scalars_to_text(value)
+
+
+class Recipe(_Strict):
+    """A complete description of one training launch."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    script: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    launcher: Launcher = "pdsh"
+    hostfile: str | None = None
+    nodes: str | None = None  # a node set, used when no hostfile is given
+    nproc_per_node: int | None = Field(None, ge=1)  # None: the hostfile's slots
+    workdir: str | None = None  # None: the head's working directory
+    python: str | None = None  # None: the head's sys.executable
+    env: dict[str, str] = Field(default_factory=dict)
+    passthrough_env: list[str] = Field(default_factory=list)
+    main_port: int = Field(DEFAULT_MAIN_PORT, ge=1, le=65535)
+    accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
+    torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
+    source: str | None = Field(None, exclude=True)  # the file it was loaded from
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_as_text(cls, value: Any) -> Any:
+        return _scalars_to_text(value)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_as_text(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        converted = {}
+        for name, item in value.items():
+            if isinstance(item, bool):
+                raise ValueError(f"{name}: write the value in quotes (e.g. '1' or 'true')")
+            converted[name] = str(item) if isinstance(item, int | float) else item
+        return converted
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, item in value.items():
+            _as_value_error(jobenv.check_name, name)
+            _as_value_error(jobenv.check_value, name, item)
+            if name == jobenv.JOB_ID_VAR:
+                raise ValueError(f"{name} is set by orch for each job")
+        return value
+
+    @field_validator("passthrough_env")
+    @classmethod
+    def _passthrough_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _as_value_error(jobenv.check_name, name)
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            _as_value_error(expand_nodeset, value)
+        return value
+
+    @field_validator("accelerate")
+    @classmethod
+    def _accelerate_fits_launcher(
+        cls, value: AccelerateOptions, info: ValidationInfo
+    ) -> AccelerateOptions:
+        if info.data.get("launcher") == "pdsh" and value.distributed_type != "DEEPSPEED":
+            raise ValueError(
+                "launcher 'pdsh' is DeepSpeed's multinode launcher: distributed_type must be "
+                f"DEEPSPEED, not {value.distributed_type} (use launcher 'standard' for MULTI_GPU)"
+            )
+        return value
+
+
+def _scalars_to_text(value: Any) -> Any:
+    """YAML reads `30` as a number; arguments and env values are text."""
+    if isinstance(value, list):
+        return [_number_as_text(item) for item in value]
+    return value
+
+
+def _number_as_text(value: Any) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _as_value_error(check: Any, *args: Any) -> None:
+    try:
+        check(*args)
+    except UsageError as err:
+        raise ValueError(err.message) from None
+
+
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """Read and validate a recipe; every problem is an InputFileError with file and line."""
+    name = os.fspath(path)
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputFileError(name, "recipe not found", hint="see recipes/ for examples") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputFileError(name, f"cannot read recipe: {err}") from None
+    return parse_recipe(text, source=name)
+
+
+def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
+    """Validate recipe text; `${RECIPE_DIR}` refers to the directory of `source`."""
+    data, lines = _load_yaml_with_lines(text, source)
+    if not isinstance(data, dict):
+        raise InputFileError(
+            source, "a recipe is a YAML mapping (name:, script:, launcher:, ...)", line=1
+        )
+    if "source" in data:
+        raise InputFileError(source, "unknown key 'source'", line=lines.get(("source",)))
+    recipe_dir = str(Path(source).resolve().parent)
+    for key in ("script", "workdir", "hostfile"):
+        if isinstance(data.get(key), str):
+            data[key] = data[key].replace(RECIPE_DIR_VAR, recipe_dir)
+    data["source"] = source
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise _first_problem(err, lines, source) from None
+
+
+def _first_problem(err: ValidationError, lines: dict[tuple, int], source: str) -> InputFileError:
+    problem = err.errors(include_url=False)[0]
+    loc = tuple(problem["loc"])
+    line = _line_for(loc, lines)
+    where = ".".join(str(part) for part in loc)
+    message = problem["msg"].removeprefix("Value error, ")
+    if problem["type"] == "extra_forbidden":
+        message = f"unknown key {where!r}"
+        hint = "check the spelling; see recipes/cpu-smoke.yaml for every key"
+    elif problem["type"] == "missing":
+        message = f"missing required key {where!r}"
+        hint = None
+    else:
+        message = f"{where}: {message}" if where else message
+        hint = None
+    return InputFileError(source, message, line=line, hint=hint)
+
+
+def _line_for(loc: tuple, lines: dict[tuple, int]) -> int | None:
+    """The line of the longest prefix of `loc` present in the file."""
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _load_yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
+    """Parse YAML and map each key path (('accelerate', 'zero_stage')) to its 1-based line."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise InputFileError(source, f"not valid YAML: {err.problem}", line=line) from None
+    except yaml.YAMLError as err:
+        raise InputFileError(source, f"not valid YAML: {err}") from None
+    lines: dict[tuple, int] = {}
+    if node is not None:
+        _record_lines(node, (), lines, source, set())
+    return data, lines
+
+
+def _record_lines(
+    node: yaml.Node, path: tuple, lines: dict[tuple, int], source: str, seen: set[int]
+) -> None:
+    if id(node) in seen:  # an alias of a node already walked (or a recursive one)
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = _scalar_key(key_node)
+            here = (*path, key)
+            if here in lines:
+                raise InputFileError(
+                    source,
+                    f"duplicate key {'.'.join(map(str, here))!r} (first on line {lines[here]})",
+                    line=key_node.start_mark.line + 1,
+                )
+            lines[here] = key_node.start_mark.line + 1
+            _record_lines(value_node, here, lines, source, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines[(*path, index)] = item.start_mark.line + 1
+            _record_lines(item, (*path, index), lines, source, seen)
+
+
+def _scalar_key(node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        # Same value safe_load gives the key (so 3 and '3' stay apart like in the data).
+        return _construct(node)
+    return repr(node.value)
+
+
+def _construct(node: yaml.ScalarNode) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node)
+    except yaml.YAMLError:  # e.g. the '<<' merge key
+        return node.value
+    finally:
+        loader.dispose()
+
+
+def recipe_hosts(recipe: Recipe, hostfile: str | os.PathLike[str] | None = None) -> Hostfile:
+    """The hosts a recipe runs on: `hostfile` (e.g. --hostfile) wins, then the recipe's own."""
+    if hostfile is not None:
+        return read_hostfile(hostfile)
+    if recipe.hostfile is not None:
+        return read_hostfile(recipe.hostfile)
+    if recipe.nodes is not None:
+        if recipe.nproc_per_node is None:
+            raise InputFileError(
+                recipe.source or "<recipe>",
+                "'nodes' needs 'nproc_per_node' (the slots of each node)",
+            )
+        return make_hostfile(expand_nodeset(recipe.nodes), recipe.nproc_per_node)
+    raise UsageError(
+        f"recipe {recipe.name!r} names no hosts",
+        hint="pass --hostfile FILE, or set 'hostfile:' or 'nodes:' in the recipe",
+    )
+
+
+def accelerate_options(**values: Any) -> AccelerateOptions:
+    """AccelerateOptions from keyword values (e.g. command-line options), as a UsageError."""
+    try:
+        return AccelerateOptions.model_validate(values)
+    except ValidationError as err:
+        problem = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        raise UsageError(f"{where}: {message}" if where else message) from None

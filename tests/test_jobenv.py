@@ -1,0 +1,121 @@
+"""The job environment: quoting that survives a real shell, secrets redacted."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.errors import UsageError
+from orchestrator.jobenv import (
+    JOB_ID_VAR,
+    build_job_env,
+    export_lines,
+    is_secret,
+    redact,
+)
+
+NASTY = [
+    "two words",
+    'it\'s "quoted"',
+    "$(touch /tmp/orch-pwned) `id` $HOME",
+    "line one\nline two\n",
+    "semi; colon && pipe | amp &",
+    "",
+    "tab\tand back\\slash",
+    "ünïcødé ✓",
+]
+
+
+def _values_in_bash(env: dict[str, str]) -> dict[str, str]:
+    """Source export_lines in a real bash and read every variable back, NUL-separated."""
+    names = " ".join(env)
+    script = export_lines(env) + f'for n in {names}; do printf "%s\\0" "${{!n}}"; done\n'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    return dict(zip(env, out.decode().split("\0")[:-1], strict=True))
+
+
+def test_values_reach_the_shell_unchanged_and_run_nothing(tmp_path) -> None:
+    env = {f"V{i}": value for i, value in enumerate(NASTY)}
+    env["PWN"] = f"$(touch {tmp_path}/ran)"
+    assert _values_in_bash(env) == env
+    assert not (tmp_path / "ran").exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="\0", codec="utf-8"), max_size=40))
+def test_any_value_round_trips_through_bash(value: str) -> None:
+    assert _values_in_bash({"X": value}) == {"X": value}
+
+
+@pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "", "A;B", "A=B"])
+def test_bad_names_are_refused(name: str) -> None:
+    with pytest.raises(UsageError, match="invalid environment variable name"):
+        export_lines({name: "x"})
+
+
+def test_nul_in_value_is_refused() -> None:
+    with pytest.raises(UsageError, match="NUL"):
+        export_lines({"A": "x\0y"})
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("wandb_api_key", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("NCCL_IB_GID_INDEX", False),
+        ("PATH", False),
+    ],
+)
+def test_is_secret(name: str, secret: bool) -> None:
+    assert is_secret(name) is secret
+
+
+def test_redact_hides_only_secret_values() -> None:
+    env = {"HF_TOKEN": "hf_abc", "NCCL_DEBUG": "INFO", "MY_PASSWORD": "p"}
+    assert redact(env) == {"HF_TOKEN": "***", "NCCL_DEBUG": "INFO", "MY_PASSWORD": "***"}
+    assert env["HF_TOKEN"] == "hf_abc"
+
+
+def test_build_job_env_order_and_sources() -> None:
+    environ = {
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_DISABLE": "1",
+        "HF_TOKEN": "t",
+        "WANDB_PROJECT": "p",
+        "HOME": "/root",
+        "UNSET_ELSEWHERE": "x",
+    }
+    env = build_job_env(
+        "job-1",
+        {"NCCL_IB_DISABLE": "0", "EXTRA": "e"},
+        passthrough=["HF_TOKEN", "WANDB_PROJECT", "NOT_SET"],
+        environ=environ,
+    )
+    assert env == {
+        JOB_ID_VAR: "job-1",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "HF_TOKEN": "t",
+        "WANDB_PROJECT": "p",
+        "EXTRA": "e",
+    }
+    assert next(iter(env)) == JOB_ID_VAR
+    assert "HOME" not in env
+
+
+def test_job_id_cannot_be_overridden() -> None:
+    with pytest.raises(UsageError, match=JOB_ID_VAR):
+        build_job_env("job-1", {JOB_ID_VAR: "other"}, environ={})
+    with pytest.raises(UsageError):
+        build_job_env("", {}, environ={})
+
+
+def test_bad_extra_name_is_refused() -> None:
+    with pytest.raises(UsageError):
+        build_job_env("j", {"BAD NAME": "x"}, environ={})

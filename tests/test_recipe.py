@@ -1,0 +1,283 @@
+"""Recipes: validation with file and line, and every shipped recipe renders configs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from accelerate.commands.config.config_args import load_config_from_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.accel_config import render_accelerate_config, render_standard_configs
+from orchestrator.errors import InputFileError, UsageError
+from orchestrator.inventory import make_hostfile, processes_per_node, render_hostfile
+from orchestrator.recipe import Recipe, load_recipe, parse_recipe, recipe_hosts
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+EXPECTED = {
+    "cpu-smoke",
+    "diffsynth-wan22-i2v-4x8",
+    "deepspeed-zero3-fp16-pdsh-2x8",
+    "amphion-multigpu-c10d",
+    "sana-torchrun-c10d",
+    "opensora-colossalai-zero2",
+    "opensora-colossalai-hybrid-tp2",
+}
+
+
+def test_every_expected_recipe_is_shipped() -> None:
+    assert {path.stem for path in RECIPES} >= EXPECTED
+
+
+def _configs(recipe: Recipe, tmp_path: Path) -> list[Path]:
+    """Render the recipe's accelerate config(s) the way a launch would, and write them."""
+    hosts = recipe_hosts(recipe) if recipe.nodes else make_hostfile(["n1", "n2"], 2)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(render_hostfile(hosts))
+    common = {
+        "hosts": hosts,
+        "nproc_per_node": processes_per_node(hosts, recipe.nproc_per_node),
+        "main_ip": hosts.names[0],
+        "main_port": recipe.main_port,
+    }
+    if recipe.launcher == "pdsh":
+        texts = [
+            render_accelerate_config(
+                recipe.accelerate, launcher="pdsh", hostfile_path=str(hostfile), **common
+            )
+        ]
+    else:
+        texts = render_standard_configs(recipe.accelerate, **common)
+    paths = []
+    for rank, text in enumerate(texts):
+        path = tmp_path / f"accelerate-{rank}.yaml"
+        path.write_text(text)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_shipped_recipe_validates_and_renders(path: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem
+    assert recipe.source == str(path)
+    assert path.read_text().startswith("#"), "each recipe says where it comes from"
+    if recipe.launcher == "torchrun":
+        assert recipe.torchrun.rdzv_backend == "c10d"
+        return
+    for config_path in _configs(recipe, tmp_path):
+        config = load_config_from_file(str(config_path))
+        assert config.distributed_type == recipe.accelerate.distributed_type
+        assert config.main_process_port == recipe.main_port
+
+
+def test_diffsynth_recipe_gives_four_rank_configs_of_32_processes(tmp_path: Path) -> None:
+    recipe = load_recipe(ROOT / "recipes" / "diffsynth-wan22-i2v-4x8.yaml")
+    assert recipe.launcher == "standard"
+    assert recipe.env["NCCL_IB_DISABLE"] == "0"
+    assert recipe.env["NCCL_IB_GID_INDEX"] == "3"
+    assert recipe.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    configs = [load_config_from_file(str(p)) for p in _configs(recipe, tmp_path)]
+    assert [c.machine_rank for c in configs] == [0, 1, 2, 3]
+    for config in configs:
+        assert (config.num_machines, config.num_processes) == (4, 32)
+        assert config.main_process_port == 12345
+        assert config.mixed_precision == "bf16"
+        assert config.deepspeed_config["zero_stage"] == 2
+        assert config.deepspeed_config["offload_optimizer_device"] == "cpu"
+        assert config.deepspeed_config["offload_param_device"] == "cpu"
+        assert config.dynamo_config["dynamo_backend"] == "INDUCTOR"
+
+
+def test_pdsh_seed_recipe_matches_the_seed(tmp_path: Path) -> None:
+    recipe = load_recipe(ROOT / "recipes" / "deepspeed-zero3-fp16-pdsh-2x8.yaml")
+    (config_path,) = _configs(recipe, tmp_path)
+    config = load_config_from_file(str(config_path))
+    assert (config.num_machines, config.num_processes, config.main_process_port) == (2, 16, 21011)
+    assert config.mixed_precision == "fp16"
+    assert config.deepspeed_config["deepspeed_multinode_launcher"] == "pdsh"
+    assert config.deepspeed_config["deepspeed_hostfile"] == str(tmp_path / "hostfile")
+    assert config.deepspeed_config["zero_stage"] == 3
+    assert config.deepspeed_config["zero3_save_16bit_model"] is True
+
+
+def test_recipe_dir_is_expanded() -> None:
+    recipe = load_recipe(ROOT / "recipes" / "cpu-smoke.yaml")
+    assert recipe.script == str(ROOT / "recipes" / "scripts" / "cpu_smoke.py")
+    assert Path(recipe.script).is_file()
+
+
+MINIMAL = "name: r\nscript: train.py\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        (MINIMAL + "launcer: pdsh\n", 3, "unknown key 'launcer'"),
+        (MINIMAL + "accelerate:\n  zero_stage: 2\n  zero_stag: 3\n", 5, "'accelerate.zero_stag'"),
+        (MINIMAL + "accelerate:\n  zero_stage: 5\n", 4, "accelerate.zero_stage"),
+        (MINIMAL + "main_port: 70000\n", 3, "main_port"),
+        (MINIMAL + "nproc_per_node: 0\n", 3, "nproc_per_node"),
+        (MINIMAL + "launcher: slurm\n", 3, "launcher"),
+        (MINIMAL + "env:\n  OK: 1\n  BAD NAME: x\n", 3, "invalid environment variable name"),
+        (MINIMAL + "env:\n  FLAG: true\n", 3, "in quotes"),
+        (MINIMAL + "env:\n  ORCH_JOB_ID: x\n", 3, "set by orch"),
+        (MINIMAL + "nodes: gpu[01-\n", 3, "cannot parse node set"),
+        (MINIMAL + "args: [a, [b]]\n", 3, "args.1"),
+        (
+            MINIMAL + "launcher: pdsh\naccelerate:\n  distributed_type: MULTI_GPU\n",
+            4,
+            "distributed_type must be DEEPSPEED",
+        ),
+        (
+            MINIMAL + "accelerate:\n  zero_stage: 1\n  offload_param_device: cpu\n",
+            5,
+            "needs zero_stage 2 or 3",
+        ),
+        ("name: r\nscript: train.py\nname: s\n", 3, "duplicate key 'name' (first on line 1)"),
+        ("name: r\nscript: [unclosed\n", 3, "not valid YAML"),
+        ("- a\n- b\n", 1, "a recipe is a YAML mapping"),
+    ],
+)
+def test_recipe_errors_name_file_and_line(text: str, line: int, words: str) -> None:
+    with pytest.raises(InputFileError) as info:
+        parse_recipe(text, source="bad.yaml")
+    assert info.value.line == line, info.value.message
+    assert info.value.message.startswith(f"bad.yaml:{line}: ")
+    assert words in info.value.message
+    assert info.value.exit_code == 2
+
+
+def test_missing_required_key() -> None:
+    with pytest.raises(InputFileError, match="missing required key 'script'"):
+        parse_recipe("name: r\n", source="bad.yaml")
+
+
+def test_missing_recipe_file(tmp_path: Path) -> None:
+    with pytest.raises(InputFileError, match="recipe not found"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_defaults_and_numbers_as_text() -> None:
+    recipe = parse_recipe(MINIMAL + "args: [--steps, 30, --lr, 0.5]\nenv: {NCCL_IB_GID_INDEX: 3}\n")
+    assert recipe.args == ["--steps", "30", "--lr", "0.5"]
+    assert recipe.env == {"NCCL_IB_GID_INDEX": "3"}
+    assert recipe.launcher == "pdsh"
+    assert recipe.main_port == 29500
+    assert recipe.accelerate.distributed_type == "DEEPSPEED"
+    assert recipe.nproc_per_node is None
+
+
+def test_recipe_hosts_priority(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("a slots=2\nb slots=2\n")
+    recipe = parse_recipe(MINIMAL + f"hostfile: {hostfile}\nnodes: x[1-3]\nnproc_per_node: 4\n")
+    assert recipe_hosts(recipe).names == ("a", "b")
+    other = tmp_path / "other"
+    other.write_text("c slots=1\n")
+    assert recipe_hosts(recipe, other).names == ("c",)
+    by_nodes = parse_recipe(MINIMAL + "nodes: x[1-3]\nnproc_per_node: 4\n")
+    assert recipe_hosts(by_nodes) == make_hostfile(["x1", "x2", "x3"], 4)
+    with pytest.raises(InputFileError, match="nproc_per_node"):
+        recipe_hosts(parse_recipe(MINIMAL + "nodes: x[1-3]\n"))
+    with pytest.raises(UsageError, match="names no hosts"):
+        recipe_hosts(parse_recipe(MINIMAL))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_cpu_smoke_trains_with_the_config_orch_writes(tmp_path: Path) -> None:
+    """One machine, two ranks: accelerate + DeepSpeed ZeRO-2 on CPU really trains."""
+    recipe = load_recipe(ROOT / "recipes" / "cpu-smoke.yaml")
+    hosts = make_hostfile(["localhost"], 2)
+    (text,) = render_standard_configs(
+        recipe.accelerate,
+        hosts=hosts,
+        nproc_per_node=2,
+        main_ip="127.0.0.1",
+        main_port=_free_port(),
+    )
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(text)
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    env = {**os.environ, **recipe.env}
+    argv = [accelerate, "launch", "--config_file", str(config), recipe.script, "--steps", "20"]
+    # Own session, so that a timeout takes down every rank, not only the launcher.
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=tmp_path, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Generous: the first run on a machine JIT-builds DeepSpeed's CPU op.
+        stdout, stderr = process.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "final loss" in done.stdout
+    assert "rank 1/2" in done.stdout
+
+
+def test_aliases_and_merge_keys_are_fine() -> None:
+    text = MINIMAL + "env: &e {A: '1'}\nx: &r [*r]\n"
+    with pytest.raises(InputFileError, match="unknown key 'x'"):
+        parse_recipe(text, source="r.yaml")
+    merged = parse_recipe(MINIMAL + "accelerate:\n  <<: {zero_stage: 3}\n  mixed_precision: fp16\n")
+    assert merged.accelerate.zero_stage == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=120))
+def test_arbitrary_text_raises_only_project_errors(text: str) -> None:
+    try:
+        parse_recipe(text, source="fuzz.yaml")
+    except InputFileError as err:
+        assert err.message.startswith("fuzz.yaml")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "name",
+                "script",
+                "args",
+                "launcher",
+                "env",
+                "main_port",
+                "accelerate",
+                "nodes",
+                "nproc_per_node",
+                "torchrun",
+                "bogus",
+            ]
+        ),
+        st.none()
+        | st.integers(-5, 70000)
+        | st.text(max_size=10)
+        | st.booleans()
+        | st.lists(st.text(max_size=5), max_size=3)
+        | st.dictionaries(st.text(max_size=8), st.integers(0, 5) | st.text(max_size=5), max_size=3),
+    )
+)
+def test_arbitrary_recipe_shapes_raise_only_project_errors(data: dict) -> None:
+    try:
+        parse_recipe(yaml.safe_dump(data), source="fuzz.yaml")
+    except InputFileError as err:
+        assert err.message.startswith("fuzz.yaml")
