@@ -46,4 +46,14 @@ if ! .venv/bin/python -c 'import deepspeed' 2>/dev/null; then
 fi
 log "installing orch and its dependencies"
 "${PIP[@]}" install -e ".[train,test]"
+# Without a GPU, DeepSpeed's CPU accelerator JIT-compiles its shared-memory op on
+# the first run of every fresh machine (minutes on 2 cores). Build it once here,
+# into the cache recipes/scripts/cpu_smoke.py uses, with the venv's ninja.
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    log "building DeepSpeed's CPU communication op (once per machine)"
+    PATH="$PWD/.venv/bin:$PATH" DS_ACCELERATOR=cpu \
+        TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/orch/torch_extensions}" \
+        .venv/bin/python -c 'from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)' \
+        >/dev/null 2>&1 || log "warning: prebuilding the op failed; the first training run will build it"
+fi
 log "ready: $(.venv/bin/orch --version 2>/dev/null || echo orch) in .venv (activate: source .venv/bin/activate)"

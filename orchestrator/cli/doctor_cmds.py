@@ -1,1 +1,178 @@
-"""CLI commands (placeholder module, filled by its area)."""
+"""`orch doctor`: pre-flight checks of every node, with a fix for every finding."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.main import app
+from orchestrator.doctor import DoctorReport, Finding, check_accelerate_config
+from orchestrator.errors import InputFileError
+from orchestrator.inventory import read_hostfile
+
+_STYLE = {"ok": "[green]ok[/]", "warning": "[yellow]warn[/]", "error": "[bold red]FAIL[/]"}
+
+
+def _accelerate_findings(path: Path | None) -> list[Finding]:
+    if path is None:
+        return []
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise InputFileError(str(path), f"cannot read ({err.strerror})") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise InputFileError(str(path), f"not valid YAML ({err})", line) from err
+    if not isinstance(loaded, dict):
+        raise InputFileError(str(path), "not an accelerate config (expected a mapping)")
+    return check_accelerate_config(loaded, str(path))
+
+
+def _node_table(report: DoctorReport) -> Table:
+    groups = list(report.nodes[0].groups) if report.nodes else []
+    table = Table(title="orch doctor", title_justify="left")
+    table.add_column("node", style="bold")
+    for group in groups:
+        table.add_column(group)
+    for column in ("python / torch", "gpus", "free"):
+        table.add_column(column, style="dim")
+    for node in report.nodes:
+        facts = node.facts
+        details = ["", "", ""]
+        if facts is not None:
+            details = [
+                f"{facts.python_version} / {facts.packages.get('torch') or '-'}",
+                str(facts.gpu_count) + (f" x {facts.gpu_model}" if facts.gpu_model else ""),
+                f"{facts.disk_free_bytes / (1 << 30):.0f} GiB"
+                if facts.disk_free_bytes is not None
+                else "?",
+            ]
+        cells = [_STYLE.get(node.groups[g], "-") for g in groups]
+        table.add_row(node.node, *cells, *details)
+    return table
+
+
+def _findings_table(findings: tuple[Finding, ...]) -> Table:
+    table = Table(title="findings", title_justify="left", show_lines=True)
+    table.add_column("node", style="bold", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("problem")
+    table.add_column("fix", style="cyan")
+    for f in sorted(findings, key=lambda f: (f.severity != "error", f.node)):
+        mark = "[bold red]error[/]" if f.severity == "error" else "[yellow]warning[/]"
+        table.add_row(f.node, f"{f.check} {mark}", f.problem, f.fix)
+    return table
+
+
+def _parity_table(report: DoctorReport) -> Table:
+    table = Table(title="parity (values that differ between nodes)", title_justify="left")
+    table.add_column("fact", style="bold")
+    table.add_column("most nodes")
+    table.add_column("differing nodes")
+    for row in report.parity:
+        table.add_row(row.fact, row.majority, ", ".join(f"{n}: {v}" for n, v in row.differing))
+    return table
+
+
+def print_report(report: DoctorReport, console: Console) -> None:
+    console.print(_node_table(report))
+    if report.parity:
+        console.print(_parity_table(report))
+    if report.deep:
+        deep = Table(title="all_reduce (--deep)", title_justify="left")
+        for column in ("node", "backend", "transport", "bus bandwidth", "result"):
+            deep.add_column(column)
+        for r in report.deep:
+            bandwidth = f"{r.bus_bandwidth_mbps:.0f} MB/s" if r.bus_bandwidth_mbps else "-"
+            deep.add_row(r.node, r.backend or "-", r.transport or "-", bandwidth,
+                         "[green]ok[/]" if r.ok else f"[red]{r.error}[/]")  # fmt: skip
+        console.print(deep)
+    if report.main_port is not None:
+        console.print(f"main port: {report.main_address}:{report.main_port}")
+    if report.shared_interfaces and "NCCL_SOCKET_IFNAME" not in os.environ:
+        console.print(
+            "interfaces every node has (for NCCL_SOCKET_IFNAME): "
+            + ", ".join(report.shared_interfaces)
+        )
+    if report.findings:
+        console.print(_findings_table(report.findings))
+    errors = len(report.errors)
+    warnings = len(report.findings) - errors
+    took = f" in {report.seconds:.1f}s" if report.seconds is not None else ""
+    if report.ok:
+        extra = f" ({warnings} warning(s))" if warnings else ""
+        console.print(f"[green]all checks passed on {len(report.nodes)} node(s)[/]{extra}{took}")
+    else:
+        console.print(
+            f"[bold red]{errors} problem(s)[/], {warnings} warning(s) "
+            f"on {len(report.nodes)} node(s){took}"
+        )
+
+
+_HOSTFILE = typer.Option(..., "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
+_ACCELERATE_CONFIG = typer.Option(
+    None, "--accelerate-config", help="Also check this accelerate config file."
+)
+
+
+@app.command("doctor")
+def doctor(
+    hostfile: Path = _HOSTFILE,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    deep: bool = typer.Option(False, "--deep", help="Also run an all_reduce across the nodes."),
+    timeout: float = typer.Option(10.0, "--timeout", help="Seconds per node for each step."),
+    python: str = typer.Option(
+        sys.executable, "--python", help="Interpreter the job runs with on every node."
+    ),
+    workdir: str = typer.Option(
+        None, "--workdir", help="Working directory of the job (default: the current one)."
+    ),
+    script: str = typer.Option(None, "--script", help="Training script to look for."),
+    main_port: int = typer.Option(29500, "--main-port", help="Rendezvous port on node 0."),
+    main_address: str = typer.Option(
+        None, "--main-address", help="Address the nodes reach node 0 at (default: its name)."
+    ),
+    accelerate_config: Path | None = _ACCELERATE_CONFIG,
+    accept_new_host_keys: bool = typer.Option(
+        False,
+        "--accept-new-host-keys",
+        help="Record host keys never seen before (as OpenSSH accept-new); changed keys still fail.",
+    ),
+) -> None:
+    """Check every node: SSH, environment parity, files, network, GPUs, disk."""
+    from orchestrator.errors import UsageError
+    from orchestrator.preflight import run_preflight
+
+    if timeout <= 0:
+        raise UsageError("--timeout must be positive", "for example --timeout 10")
+    if not 1 <= main_port <= 65535:
+        raise UsageError(f"--main-port {main_port} is not a TCP port", "use 1..65535")
+    hosts = read_hostfile(hostfile)
+    extra = _accelerate_findings(accelerate_config)
+    report = run_preflight(
+        hosts,
+        python=python,
+        workdir=workdir or os.getcwd(),
+        script=script,
+        main_port=main_port,
+        timeout=timeout,
+        full=deep,
+        main_address=main_address,
+        accept_new_host_keys=accept_new_host_keys,
+        extra_findings=extra,
+    )
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        # Piped output keeps whole rows rather than rich's 80-column default.
+        width = None if sys.stdout.isatty() else 160
+        print_report(report, Console(highlight=False, width=width))
+    raise typer.Exit(0 if report.ok else 1)

@@ -1,0 +1,274 @@
+"""Gathers what doctor checks: probe every node, test the main port, run a collective.
+
+The flow: (1) one probe per node, in parallel over SSH, during which node 0
+holds the main port open while every other node connects to it and says its
+hostname, which node 0 resolves; (2) with `full`, one all_reduce process per
+node. Each phase is bounded by the timeout, so a node that hangs delays the report by at most
+that. The checks themselves are the pure functions of `orchestrator.doctor`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from orchestrator.doctor import (
+    CollectiveResult,
+    DoctorReport,
+    Finding,
+    NodeError,
+    NodeProbe,
+    build_report,
+    nccl_transport,
+)
+from orchestrator.inventory import Hostfile
+from orchestrator.probe import (
+    ProbeError,
+    main_connect,
+    main_listen,
+    parse_facts,
+    parse_listening,
+    probe_command,
+)
+from orchestrator.transport import (
+    NodeOutcome,
+    RemoteProcess,
+    SSHError,
+    load_ssh_config,
+    open_session,
+    run_on_nodes,
+)
+
+COLLECTIVE_SOURCE = Path(__file__).with_name("collective_remote.py").read_text()
+DEEP_SIZE_BYTES = 16 << 20
+DEEP_ITERATIONS = 5
+
+
+def _to_probe(outcome: NodeOutcome) -> NodeProbe:
+    if outcome.failure is not None:
+        f = outcome.failure
+        return NodeProbe(outcome.node, None, NodeError(f.kind, f.message, f.hint))
+    result = outcome.result
+    assert result is not None
+    try:
+        return NodeProbe(outcome.node, parse_facts(outcome.node, result.stdout))
+    except ProbeError as err:
+        stderr = result.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        detail = " | ".join(stderr) or str(err)
+        return NodeProbe(
+            outcome.node,
+            None,
+            NodeError(
+                "probe",
+                f"{outcome.node}: the probe failed (exit {result.exit_code}): {detail}",
+                "check that the node has a working python3 on PATH for its login shell",
+            ),
+        )
+
+
+def probe_nodes(
+    names: Sequence[str],
+    *,
+    python: str,
+    workdir: str | None,
+    script: str | None,
+    main_address: str,
+    main_port: int,
+    timeout: float,
+    accept_new_host_keys: bool = False,
+) -> list[NodeProbe]:
+    """Facts from every node, in parallel; meanwhile node 0 holds the main port
+    open and every other node connects to it (the network pre-flight).
+
+    Node 0 starts first and says when it is listening; then the others run.
+    When they are done, node 0 is told so and reports who reached it.
+    """
+    main, others = names[0], list(names[1:])
+    config = load_ssh_config()
+
+    def command(node: str, role: dict[str, object] | None) -> str:
+        return probe_command(
+            python, workdir=workdir, script=script, names=names, main=role,
+            resolve_timeout=min(3.0, timeout / 2),
+        )  # fmt: skip
+
+    # Node 0 waits for "done"; the window only bounds it if this process dies.
+    listen = main_listen(main_port, peers=len(others), window=4 * timeout + 10)
+    process: RemoteProcess | None = None
+    first_line = b""
+    main_outcome: NodeOutcome | None = None
+    listening = False
+    try:
+        session = open_session(
+            main, timeout=timeout, accept_new_host_keys=accept_new_host_keys, config=config
+        )
+    except SSHError as err:
+        main_outcome = NodeOutcome(main, None, err.failure)
+    else:
+        try:
+            process = session.start(command(main, listen), timeout)
+        except SSHError as err:
+            session.close()
+            main_outcome = NodeOutcome(main, None, err.failure)
+        else:
+            first_line = process.read_line(timeout) or b""
+            listening, _ = parse_listening(first_line)
+    try:
+        connect = main_connect(main_address, main_port, window=max(1.0, min(5.0, timeout / 2)))
+        outcomes = run_on_nodes(
+            others,
+            lambda node: command(node, connect if listening else None),
+            timeout=timeout,
+            connect_timeout=timeout,
+            accept_new_host_keys=accept_new_host_keys,
+        )
+        if process is not None:
+            with contextlib.suppress(OSError, EOFError):
+                process.send(b"done\n")
+            try:
+                result = process.wait(timeout)
+                result = replace(result, stdout=first_line + result.stdout)
+                main_outcome = NodeOutcome(main, result, None)
+            except SSHError as err:
+                main_outcome = NodeOutcome(main, None, err.failure)
+    finally:
+        if process is not None:
+            process.close()
+            session.close()
+    assert main_outcome is not None
+    return [_to_probe(o) for o in [main_outcome, *outcomes]]
+
+
+def collective_command(
+    python: str, address: str, port: int, rank: int, world: int, timeout: float
+) -> str:
+    args = [address, port, rank, world, timeout, DEEP_SIZE_BYTES, DEEP_ITERATIONS]
+    words = [python, "-c", COLLECTIVE_SOURCE, *map(str, args)]
+    # NCCL says which transport it picked when asked; gloo ignores it.
+    return "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET " + " ".join(map(shlex.quote, words))
+
+
+def run_collective(
+    probes: Sequence[NodeProbe], *, python: str, address: str, port: int, timeout: float
+) -> list[CollectiveResult]:
+    """Phase 3 (--deep): one all_reduce process per node, rendezvous at node 0."""
+    names = [p.node for p in probes]
+    if any(p.facts is None for p in probes):
+        return [
+            CollectiveResult(p.node, False, error="skipped: not every node is reachable")
+            for p in probes
+        ]
+    world = len(names)
+
+    def command(node: str) -> str:
+        return collective_command(python, address, port, names.index(node), world, timeout)
+
+    outcomes = run_on_nodes(names, command, timeout=timeout + 30, connect_timeout=timeout)
+    results = []
+    for outcome in outcomes:
+        if outcome.failure is not None:
+            results.append(CollectiveResult(outcome.node, False, error=outcome.failure.message))
+            continue
+        assert outcome.result is not None
+        text = outcome.result.stdout.decode(errors="replace")
+        doc = next(
+            (
+                json.loads(line.split(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("ORCH-COLLECTIVE ")
+            ),
+            None,
+        )
+        if doc is None:
+            tail = outcome.result.stderr.decode(errors="replace").strip().splitlines()[-2:]
+            error = " | ".join(tail) or f"exit {outcome.result.exit_code}, no result"
+            results.append(CollectiveResult(outcome.node, False, error=error))
+            continue
+        results.append(
+            CollectiveResult(
+                outcome.node,
+                bool(doc.get("ok")),
+                backend=str(doc.get("backend", "")),
+                seconds=doc.get("seconds"),
+                bus_bandwidth_mbps=doc.get("bus_bandwidth_mbps"),
+                transport=nccl_transport(text) if doc.get("backend") == "nccl" else "gloo/tcp",
+                error=doc.get("error"),
+            )
+        )
+    return results
+
+
+def _sha256(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def run_preflight(
+    hostfile: Hostfile,
+    *,
+    python: str | None = None,
+    workdir: str | None = None,
+    script: str | None = None,
+    main_port: int = 29500,
+    timeout: float = 10.0,
+    full: bool = False,
+    main_address: str | None = None,
+    env: Mapping[str, str] | None = None,
+    accept_new_host_keys: bool = False,
+    extra_findings: Sequence[Finding] = (),
+) -> DoctorReport:
+    """Every check doctor makes, over every node of the hostfile.
+
+    python and workdir default to the head's (as a launch uses them); the main
+    address defaults to node 0's name as the hostfile gives it, which is what
+    the other nodes will connect to.
+    """
+    started = time.monotonic()
+    python = python or sys.executable
+    workdir = workdir or os.getcwd()
+    if script and not os.path.isabs(script):
+        script = os.path.join(workdir, script)  # the job runs in workdir on every node
+    names = list(hostfile.names)
+    env = os.environ if env is None else env
+    address = main_address or names[0]
+    probes = probe_nodes(
+        names,
+        python=python,
+        workdir=workdir,
+        script=script,
+        main_address=address,
+        main_port=main_port,
+        timeout=timeout,
+        accept_new_host_keys=accept_new_host_keys,
+    )
+    deep: list[CollectiveResult] = []
+    if full:
+        deep = run_collective(
+            probes, python=python, address=address, port=main_port, timeout=max(timeout, 30.0)
+        )
+    report = build_report(
+        hostfile,
+        probes,
+        python=python,
+        workdir=workdir,
+        script=script,
+        env=env,
+        head_script_sha256=_sha256(script),
+        main_address=address,
+        main_port=main_port,
+        deep=deep,
+        extra=extra_findings,
+    )
+    return replace(report, seconds=time.monotonic() - started)

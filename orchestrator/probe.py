@@ -1,0 +1,224 @@
+"""The node probe: the command that runs it, and its JSON parsed into `NodeFacts`.
+
+The program itself is `probe_remote.py` (standard library only), sent inline
+with `python -c` so that nothing has to be installed on a node. This module is
+pure: it builds command strings and parses output, it never runs anything.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROBE_SOURCE = (Path(__file__).with_name("probe_remote.py")).read_text()
+
+# Run the probe with the job's interpreter; when that is missing, with any
+# python3 on the node so the other facts still come back. `sh -c` keeps the
+# command independent of the user's login shell (fish, csh...).
+_LAUNCH = (
+    "PY=$1; FLAGS=$2; SRC=$3; shift 3; "
+    'if [ -x "$PY" ]; then exec "$PY" $FLAGS -c "$SRC" "$@"; fi; '
+    "for c in python3 python; do if command -v $c >/dev/null 2>&1; then "
+    'exec $c $FLAGS -c "$SRC" "$@" --interpreter-missing; fi; done; '
+    'echo "no python interpreter on this node" >&2; exit 127'
+)
+
+
+class ProbeError(ValueError):
+    """The probe's output is not the JSON document it should print."""
+
+
+def _sh(python: str, args: Sequence[str], flags: str = "") -> str:
+    # flags: "-S" for the stdlib-only uses that need no site-packages scan
+    words = ["sh", "-c", _LAUNCH, "sh", python, flags, PROBE_SOURCE, *args]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def main_listen(port: int, peers: int, window: float) -> dict[str, Any]:
+    """Node 0's part of the network pre-flight: hold the port, wait for the peers.
+
+    Node 0 prints a `{"listening": ...}` line first (see `parse_listening`) and
+    waits for the peers until `done` arrives on its stdin or `window` passes."""
+    return {"role": "listen", "port": port, "peers": peers, "window": window}
+
+
+def main_connect(address: str, port: int, window: float) -> dict[str, Any]:
+    """Every other node's part: connect to the main address and port."""
+    return {"role": "connect", "address": address, "port": port, "window": window}
+
+
+def probe_command(
+    python: str,
+    *,
+    workdir: str | None,
+    script: str | None,
+    names: Sequence[str],
+    main: Mapping[str, Any] | None = None,
+    resolve_timeout: float = 3.0,
+) -> str:
+    """The remote command that prints one node's facts as JSON."""
+    request = {
+        "python": python,
+        "workdir": workdir,
+        "script": script,
+        "names": list(names),
+        "main": dict(main) if main else None,
+        "resolve_timeout": resolve_timeout,
+    }
+    return _sh(python, [json.dumps(request)])
+
+
+def parse_listening(line: bytes | None) -> tuple[bool, str | None]:
+    """Node 0's first line: (is it holding the main port, why not)."""
+    try:
+        doc = json.loads(line or b"")
+    except ValueError:
+        text = (line or b"").decode(errors="replace").strip()
+        return False, text[:200] or "no answer"
+    if not isinstance(doc, dict) or "listening" not in doc:
+        return False, "unexpected answer"
+    return bool(doc["listening"]), doc.get("error")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: str
+    name: str
+    driver: str
+    memory_used_mib: str
+    uuid: str
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    node: str
+    hostname: str
+    os: str
+    kernel: str
+    python_requested: str | None
+    python_found: bool
+    python_executable: str
+    python_version: str
+    packages: Mapping[str, str | None]
+    torch_cuda: str | None
+    nvidia_smi: str  # "absent" | "ok" | "error: ..."
+    gpus: tuple[GpuInfo, ...]
+    gpu_busy_pids: tuple[str, ...]
+    disk_path: str | None
+    disk_free_bytes: int | None
+    workdir: str | None
+    workdir_exists: bool
+    script: str | None
+    script_exists: bool | None
+    script_sha256: str | None
+    interfaces: Mapping[str, tuple[str, ...]]
+    ib_devices: tuple[str, ...]
+    resolved: Mapping[str, tuple[str, ...]]
+    resolve_errors: Mapping[str, str]
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    # node 0 only: the main port test and what it learnt from the peers
+    port: int | None = None
+    port_free: bool | None = None
+    port_error: str | None = None
+    peers: tuple[tuple[str | None, str], ...] = ()  # (hostname it sent, address it came from)
+    hostnames: Mapping[str, tuple[str, ...] | str] = field(default_factory=dict)
+    # every other node: did it reach the main port
+    main_reached: bool | None = None
+    main_error: str | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def gpu_model(self) -> str | None:
+        names = sorted({gpu.name for gpu in self.gpus})
+        return ", ".join(names) if names else None
+
+    @property
+    def driver(self) -> str | None:
+        drivers = sorted({gpu.driver for gpu in self.gpus})
+        return ", ".join(drivers) if drivers else None
+
+
+def _get(doc: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    value: Any = doc
+    for key in keys:
+        if not isinstance(value, Mapping) or key not in value:
+            return default
+        value = value[key]
+    return value
+
+
+def parse_facts(node: str, stdout: bytes | str) -> NodeFacts:
+    """Parse the probe's JSON; ProbeError when it is not a probe document."""
+    text = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
+    lines = text.strip().splitlines()
+    try:
+        # The facts are the last line (node 0 prints a "listening" line first).
+        doc = json.loads(lines[-1] if lines else "")
+    except ValueError as err:
+        snippet = text.strip()[:200] or "no output"
+        raise ProbeError(f"probe output is not JSON ({snippet})") from err
+    if not isinstance(doc, dict) or "probe_version" not in doc:
+        raise ProbeError("probe output is not a probe document")
+    gpu = _get(doc, "gpu", default={}) or {}
+    resolved: dict[str, tuple[str, ...]] = {}
+    errors: dict[str, str] = {}
+    for name, value in (_get(doc, "resolve", default={}) or {}).items():
+        if isinstance(value, list):
+            resolved[name] = tuple(str(v) for v in value)
+        else:
+            errors[name] = str(value).removeprefix("error: ")
+    listen = _get(doc, "main_listen", default=None) or {}
+    reach = _get(doc, "main_connect", default=None) or {}
+    return NodeFacts(
+        node=node,
+        hostname=str(doc.get("hostname", "")),
+        os=str(doc.get("os", "")),
+        kernel=str(doc.get("kernel", "")),
+        python_requested=_get(doc, "python", "requested"),
+        python_found=bool(_get(doc, "python", "found", default=False)),
+        python_executable=str(_get(doc, "python", "executable", default="")),
+        python_version=str(_get(doc, "python", "version", default="")),
+        packages=dict(doc.get("packages") or {}),
+        torch_cuda=doc.get("torch_cuda"),
+        nvidia_smi=str(gpu.get("status", "absent")),
+        gpus=tuple(
+            GpuInfo(
+                index=str(g.get("index", "")),
+                name=str(g.get("name", "")),
+                driver=str(g.get("driver", "")),
+                memory_used_mib=str(g.get("memory_used_mib", "")),
+                uuid=str(g.get("uuid", "")),
+            )
+            for g in gpu.get("gpus", [])
+        ),
+        gpu_busy_pids=tuple(str(b.get("pid", "")) for b in gpu.get("busy", [])),
+        disk_path=_get(doc, "disk", "path"),
+        disk_free_bytes=_get(doc, "disk", "free_bytes"),
+        workdir=_get(doc, "workdir", "path"),
+        workdir_exists=bool(_get(doc, "workdir", "exists", default=False)),
+        script=_get(doc, "script", "path"),
+        script_exists=_get(doc, "script", "exists"),
+        script_sha256=_get(doc, "script", "sha256"),
+        interfaces={k: tuple(v) for k, v in (doc.get("interfaces") or {}).items()},
+        ib_devices=tuple(doc.get("ib_devices") or ()),
+        resolved=resolved,
+        resolve_errors=errors,
+        nccl_env=dict(doc.get("nccl_env") or {}),
+        port=listen.get("port"),
+        port_free=listen.get("free"),
+        port_error=listen.get("error"),
+        peers=tuple((p.get("hostname"), str(p.get("address"))) for p in listen.get("peers", [])),
+        hostnames={
+            name: tuple(value) if isinstance(value, list) else str(value).removeprefix("error: ")
+            for name, value in (listen.get("hostnames") or {}).items()
+        },
+        main_reached=reach.get("ok"),
+        main_error=reach.get("error"),
+    )

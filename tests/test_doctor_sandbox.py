@@ -1,0 +1,341 @@
+"""`orch doctor` on real sandbox nodes, with real faults injected.
+
+Faults that would disturb other tests (a key refused, a host key changed, an
+sshd stopped, a node frozen) live in a private sandbox; the rest use the shared
+one. Every case runs the real CLI and checks what a user sees: the exit code,
+the finding for the right node, and that it came within the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sandbox import Sandbox, SandboxState
+
+pytestmark = pytest.mark.sandbox
+
+ORCH = str(Path(sys.executable).with_name("orch"))
+TIMEOUT = 10.0
+
+
+# Doctor reports how long it took (CLI start-up aside): a node that hangs may use
+# the whole timeout, never more than that plus a margin for a loaded machine.
+LIMIT = TIMEOUT + 10
+# The wall clock only guards against a hang of the whole command.
+HANG = 300
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def write_hostfile(tmp_path: Path, names: list[str]) -> Path:
+    path = tmp_path / f"hostfile-{uuid.uuid4().hex[:6]}"
+    path.write_text("".join(f"{name} slots=1\n" for name in names))
+    return path
+
+
+def doctor(
+    hostfile: Path, *extra: str, port: int | None = None, as_json: bool = True
+) -> tuple[int, dict | str, float]:
+    """Exit code, the JSON report (or the text output), and doctor's own seconds."""
+    argv = [ORCH, "doctor", "--hostfile", str(hostfile), "--timeout", str(TIMEOUT), *extra]
+    if port is not None:
+        argv += ["--main-port", str(port)]
+    if as_json:
+        argv.append("--json")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=HANG, check=False)
+    if as_json and done.stdout.strip():
+        report = json.loads(done.stdout)
+        return done.returncode, report, report["seconds"]
+    took = re.search(r" in (\d+\.\d)s$", done.stdout.strip())
+    seconds = float(took.group(1)) if took else float("nan")
+    return done.returncode, done.stdout + done.stderr, seconds
+
+
+def findings_for(report: dict, node: str) -> list[dict]:
+    return [f for f in report["findings"] if f["node"] == node]
+
+
+def node_checks(report: dict, node: str) -> dict[str, str]:
+    return next(n["checks"] for n in report["nodes"] if n["node"] == node)
+
+
+# ----- faults -----------------------------------------------------------------------------
+def _sshd_listener(box: Sandbox, name: str) -> int:
+    for pid in box.node_pids(name):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        # sshd retitles itself "sshd: /usr/sbin/sshd -D -e -f ... [listener] ..."
+        if b"sshd" in cmdline and b"-D" in cmdline.replace(b"\0", b" ").split():
+            return pid
+    raise AssertionError(f"no listening sshd found for {name}")
+
+
+def _wait_port(address: str, port: int, open_: bool) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                is_open = True
+        except OSError:
+            is_open = False
+        if is_open == open_:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{address}:{port} did not become {'open' if open_ else 'closed'}")
+
+
+def refuse_key(box: Sandbox, state: SandboxState, name: str) -> None:
+    """Point the node's sshd at an empty authorized_keys, then make it reload."""
+    node_dir = Path(state.directory) / "nodes" / name
+    empty = node_dir / "no_authorized_keys"
+    empty.write_text("")
+    config = node_dir / "sshd_config"
+    lines = [
+        f"AuthorizedKeysFile {empty}" if line.startswith("AuthorizedKeysFile") else line
+        for line in config.read_text().splitlines()
+    ]
+    config.write_text("\n".join(lines) + "\n")
+    os.kill(_sshd_listener(box, name), signal.SIGHUP)  # sshd re-executes itself
+    node = state.node(name)
+    time.sleep(0.5)
+    _wait_port(node.address, node.port, open_=True)
+
+
+def change_host_key(state: SandboxState, name: str) -> None:
+    """What a reinstalled machine (or an attacker) looks like from known_hosts."""
+    path = Path(state.known_hosts)
+    other = "AAAAC3NzaC1lZDI1NTE5AAAAIBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
+    lines = []
+    for line in path.read_text().splitlines():
+        hosts = line.split()[0].split(",")
+        if name in hosts or any(h.startswith(f"[{name}]:") for h in hosts):
+            line = " ".join([*line.split()[:2], other])
+        lines.append(line)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def stop_sshd(box: Sandbox, state: SandboxState, name: str) -> None:
+    for pid in box.node_pids(name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    node = state.node(name)
+    _wait_port(node.address, node.port, open_=False)
+
+
+@pytest.fixture(scope="module")
+def faulty(sandbox_factory) -> Iterator[tuple[SandboxState, dict[str, str]]]:
+    """Five nodes: one healthy, then one per SSH fault."""
+    box, state = sandbox_factory(5, 1)
+    good, refused, changed, stopped, frozen = (n.name for n in state.nodes)
+    refuse_key(box, state, refused)
+    change_host_key(state, changed)
+    stop_sshd(box, state, stopped)
+    box.freeze(frozen)
+    roles = {"good": good, "auth": refused, "hostkey": changed, "stopped": stopped,
+             "frozen": frozen}  # fmt: skip
+    try:
+        yield state, roles
+    finally:
+        box.thaw(frozen)
+
+
+@pytest.mark.parametrize(
+    ("role", "kind_text"),
+    [
+        ("auth", "authentication rejected"),
+        ("hostkey", "HOST KEY CHANGED"),
+        ("stopped", "connection refused"),
+        ("frozen", "timed out"),
+    ],
+)
+def test_ssh_fault_on_one_node(faulty, tmp_path: Path, role: str, kind_text: str) -> None:
+    state, roles = faulty
+    good, bad = roles["good"], roles[role]
+    hostfile = write_hostfile(tmp_path, [good, bad])
+    code, report, elapsed = doctor(hostfile, port=free_port(state.nodes[0].address))
+    assert code == 1
+    assert isinstance(report, dict) and report["ok"] is False
+    [finding] = findings_for(report, bad)
+    assert finding["check"] == "ssh" and finding["severity"] == "error"
+    assert kind_text in finding["problem"]
+    assert finding["fix"]
+    assert node_checks(report, bad)["ssh"] == "error"
+    assert set(node_checks(report, good).values()) == {"ok"}, findings_for(report, good)
+    assert elapsed < LIMIT
+
+
+def test_every_fault_at_once_each_named_none_hiding_another(faulty, tmp_path: Path) -> None:
+    state, _ = faulty
+    names = [n.name for n in state.nodes]
+    hostfile = write_hostfile(tmp_path, names)
+    code, report, elapsed = doctor(hostfile, port=free_port(state.nodes[0].address), as_json=False)
+    assert code == 1
+    assert isinstance(report, str)
+    for text in ("authentication rejected", "HOST KEY CHANGED", "connection refused",
+                 "timed out", "ssh-copy-id", "ssh-keygen -R"):  # fmt: skip
+        assert text in report, text
+    for name in names:
+        assert name in report
+    assert elapsed < LIMIT
+
+
+def test_auth_failure_never_prompts(faulty, tmp_path: Path) -> None:
+    _, roles = faulty
+    hostfile = write_hostfile(tmp_path, [roles["auth"]])
+    # stdin is a terminal-less pipe that never answers: a prompt would hang here.
+    argv = [ORCH, "doctor", "--hostfile", str(hostfile), "--timeout", str(TIMEOUT), "--json"]
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        out, _ = proc.communicate(timeout=HANG)
+    assert proc.returncode == 1
+    assert "no password is ever tried" in json.loads(out)["findings"][0]["problem"]
+
+
+# ----- the shared sandbox -------------------------------------------------------------------
+def test_all_nodes_pass(sandbox, tmp_path: Path) -> None:
+    _, state = sandbox
+    hostfile = Path(state.hostfile)
+    port = free_port(state.nodes[0].address)
+    code, text, elapsed = doctor(hostfile, port=port, as_json=False)
+    assert code == 0, text
+    assert isinstance(text, str)
+    assert f"all checks passed on {len(state.nodes)} node(s)" in text
+    for node in state.nodes:
+        assert node.name in text
+    code, report, _ = doctor(hostfile, port=free_port(state.nodes[0].address))
+    assert code == 0 and isinstance(report, dict)
+    assert report["ok"] is True and report["findings"] == []
+    assert [n["node"] for n in report["nodes"]] == [n.name for n in state.nodes]
+    assert all(n["facts"]["packages"]["accelerate"] for n in report["nodes"])
+    assert elapsed < LIMIT
+
+
+def test_name_that_does_not_resolve(sandbox, tmp_path: Path) -> None:
+    _, state = sandbox
+    ghost = f"ghost-{uuid.uuid4().hex[:6]}.invalid"
+    hostfile = write_hostfile(tmp_path, [n.name for n in state.nodes] + [ghost])
+    code, report, elapsed = doctor(hostfile, port=free_port(state.nodes[0].address))
+    assert code == 1 and isinstance(report, dict)
+    [finding] = findings_for(report, ghost)
+    assert finding["check"] == "ssh"
+    assert f"host name '{ghost}' does not resolve" in finding["problem"]
+    assert "/etc/hosts" in finding["fix"]
+    # The others are still checked, and say they cannot resolve the name either.
+    assert node_checks(report, state.nodes[1].name)["python"] == "ok"
+    assert elapsed < LIMIT
+
+
+@pytest.fixture
+def wrapped_python(sandbox, tmp_path: Path) -> tuple[str, str]:
+    """An interpreter whose accelerate metadata says 0.0.1 on one node only."""
+    _, state = sandbox
+    odd = state.nodes[2].name
+    site = tmp_path / "odd-site"
+    dist = site / "accelerate-0.0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: accelerate\nVersion: 0.0.1\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$ORCH_SANDBOX_NODE" = "{odd}" ]; then export PYTHONPATH={site}; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper), odd
+
+
+def test_different_package_version_on_one_node(sandbox, wrapped_python, tmp_path: Path) -> None:
+    _, state = sandbox
+    python, odd = wrapped_python
+    hostfile = Path(state.hostfile)
+    port = free_port(state.nodes[0].address)
+    code, report, elapsed = doctor(hostfile, "--python", python, port=port)
+    assert code == 1 and isinstance(report, dict)
+    assert report["parity"] == [
+        {"fact": "accelerate", "majority": metadata.version("accelerate"),
+         "differing": [{"node": odd, "value": "0.0.1"}]}
+    ]  # fmt: skip
+    [finding] = findings_for(report, odd)
+    assert finding["check"] == "parity"
+    assert f"accelerate is 0.0.1 on {odd}" in finding["problem"]
+    assert "pip install accelerate==" in finding["fix"]
+    code, text, _ = doctor(hostfile, "--python", python, port=port, as_json=False)
+    assert code == 1 and isinstance(text, str)
+    assert "parity" in text and f"{odd}: 0.0.1" in text
+    assert elapsed < LIMIT
+
+
+def test_main_port_in_use_on_node_zero(sandbox, tmp_path: Path) -> None:
+    _, state = sandbox
+    main = state.nodes[0]
+    with socket.socket() as holder:
+        holder.bind((main.address, 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        code, report, elapsed = doctor(Path(state.hostfile), port=port)
+    assert code == 1 and isinstance(report, dict)
+    [finding] = findings_for(report, main.name)
+    assert finding["check"] == "network"
+    assert f"main port {port} is already in use on {main.name}" in finding["problem"]
+    assert "--main-port" in finding["fix"]
+    assert elapsed < LIMIT
+
+
+def test_bad_hostfile_is_a_usage_error_with_file_and_line(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("good slots=2\nbad slots=two\n")
+    code, text, _ = doctor(hostfile, as_json=False)
+    assert code == 2
+    assert isinstance(text, str) and f"{hostfile}:2" in text
+
+
+@pytest.mark.slow
+def test_deep_all_reduce_across_nodes(sandbox, tmp_path: Path) -> None:
+    _, state = sandbox
+    hostfile = write_hostfile(tmp_path, [n.name for n in state.nodes[:2]])
+    code, report, _ = doctor(hostfile, "--deep", port=free_port(state.nodes[0].address))
+    assert code == 0, report
+    assert isinstance(report, dict)
+    deep = report["deep"]
+    assert [r["node"] for r in deep] == [n.name for n in state.nodes[:2]]
+    assert all(r["ok"] and r["backend"] == "gloo" and r["bus_bandwidth_mbps"] > 0 for r in deep)
+
+
+def test_accelerate_config_without_deepspeed_hostfile(sandbox, tmp_path: Path) -> None:
+    _, state = sandbox
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(
+        "distributed_type: DEEPSPEED\nnum_machines: 2\n"
+        "deepspeed_config:\n  deepspeed_multinode_launcher: pdsh\n  zero_stage: 2\n"
+    )
+    hostfile = write_hostfile(tmp_path, [n.name for n in state.nodes[:2]])
+    port = free_port(state.nodes[0].address)
+    code, report, _ = doctor(hostfile, "--accelerate-config", str(config), port=port)
+    assert code == 1 and isinstance(report, dict)
+    [finding] = report["findings"]
+    assert finding["node"] == "*"
+    assert f"{config}: deepspeed_hostfile is unset" in finding["problem"]
+    config.write_text("distributed_type: [DEEPSPEED\n")
+    code, text, _ = doctor(hostfile, "--accelerate-config", str(config), as_json=False)
+    assert code == 2 and isinstance(text, str) and f"{config}:" in text
