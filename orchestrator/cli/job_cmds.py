@@ -1,1 +1,365 @@
-"""CLI commands (placeholder module, filled by its area)."""
+"""`orch launch`, `orch submit`, `orch status`, `orch kill`: running jobs and their records."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.main import app
+from orchestrator.errors import OrchError, UsageError
+from orchestrator.inventory import Hostfile, read_hostfile
+from orchestrator.launch import (
+    KILL_MARKER,
+    JobRunner,
+    LaunchResult,
+    WatchSettings,
+    prepare_run,
+    teardown_job,
+)
+from orchestrator.liveview import LiveView, PlainView, make_view
+from orchestrator.plan import LAUNCHERS, LaunchPlan, build_plan, plan_from_recipe, plan_summary
+from orchestrator.records import (
+    FINAL_STATES,
+    JobRecord,
+    find_job,
+    finished,
+    head_alive,
+    list_jobs,
+    new_job_id,
+    run_dir,
+    runs_root,
+    shown_state,
+)
+
+_RUNS_DIR = typer.Option(
+    None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
+)
+_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile.")
+_ENV = typer.Option([], "--env", "-e", help="NAME=VALUE for every rank.")
+_RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
+_KEEP_REMOTE_LOGS = typer.Option(
+    False,
+    "--keep-remote-logs",
+    help="Leave each node's raw logs in /tmp/orch-runs/<job>/ after pulling them back.",
+)
+_SYNC = typer.Option(
+    False, "--sync", help="Copy the working directory to every node first (no shared FS)."
+)
+_SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
+_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _view(plan: LaunchPlan, quiet: bool) -> LiveView | PlainView | None:
+    return None if quiet else make_view(plan.hosts)
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env {pair!r} is not NAME=VALUE", "e.g. --env NCCL_DEBUG=INFO")
+        env[name] = value
+    return env
+
+
+def _preflight(plan: LaunchPlan) -> None:
+    from orchestrator.doctor import run_preflight
+
+    report = run_preflight(
+        plan.hostfile,
+        python=plan.python,
+        workdir=plan.workdir,
+        script=plan.script,
+        main_port=plan.main_port,
+    )
+    if report.ok:
+        return
+    err = _err()
+    for finding in report.errors:
+        err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
+    raise OrchError(
+        f"pre-flight failed on {len({f.node for f in report.errors})} node(s); nothing was started",
+        "fix the findings above (see `orch doctor --hostfile F`), or pass --no-doctor",
+    )
+
+
+def _print_summary(result: LaunchResult) -> None:
+    err = _err()
+    codes = ", ".join(
+        f"{node}={'-' if code is None else code}" for node, code in result.node_exit_codes.items()
+    )
+    if result.state == "succeeded":
+        err.print(f"[green]job {result.job_id} succeeded[/] (nodes: {codes})")
+    else:
+        failure = result.first_failure
+        err.print(f"[red]job {result.job_id} {result.state}[/], exit code {result.exit_code}")
+        if failure is not None:
+            rank = f" rank {failure.rank}" if failure.rank is not None else ""
+            err.print(f"first failure: {failure.node}{rank}: {failure.reason}")
+            if failure.last_lines:
+                err.print(f"last lines from {failure.node}:")
+                for line in failure.last_lines:
+                    err.print(f"  | {line}", markup=False)
+        err.print(f"node exit codes: {codes}")
+        unreachable = {n: m for n, m in result.teardown.items() if not m.startswith("{")}
+        for node, message in unreachable.items():
+            err.print(f"[yellow]teardown on {node}[/]: {message}", markup=True)
+    for node, problem in result.node_logs.items():
+        if problem != "ok":
+            err.print(f"[yellow]raw logs of {node} not collected[/]: {problem}")
+    err.print(f"record: {result.run_dir}")
+
+
+def _sync(plan: LaunchPlan) -> None:
+    from orchestrator.sync import sync_workdir
+
+    err = _err()
+    results = sync_workdir(plan.hosts, os.getcwd(), plan.workdir)
+    for r in results:
+        if r.shared:
+            err.print(f"sync {r.node}: shares {plan.workdir} with the head, nothing to copy")
+        elif r.ok:
+            err.print(f"sync {r.node}: {r.sent} files copied, {r.unchanged} unchanged")
+        else:
+            err.print(f"[red]sync {r.node}[/]: {r.problem}")
+    failed = [r.node for r in results if not r.ok]
+    if failed:
+        raise OrchError(
+            f"--sync could not copy {os.getcwd()} to {', '.join(failed)}; nothing was started",
+            "fix the problems above (`orch doctor --hostfile F` checks SSH), then launch again",
+        )
+
+
+def _execute(plan: LaunchPlan, root: Path, *, dry_run: bool, doctor: bool, quiet: bool,
+             heartbeat_timeout: float, sync: bool, keep_remote_logs: bool) -> None:  # fmt: skip
+    if dry_run:
+        typer.echo(json.dumps(plan_summary(plan), indent=2))
+        return
+    if sync:
+        _sync(plan)
+    if doctor:
+        _preflight(plan)
+    run = run_dir(root, plan.job_id)
+    record = prepare_run(plan, run)
+    view = _view(plan, quiet)
+    runner = JobRunner(
+        plan,
+        run,
+        record,
+        settings=WatchSettings(heartbeat_timeout=heartbeat_timeout),
+        view=view,
+        keep_remote_logs=keep_remote_logs,
+    )
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: runner.interrupt(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    _err().print(
+        f"job {plan.job_id}: {plan.launcher} on {len(plan.hosts)} nodes "
+        f"x {plan.nproc_per_node} ranks; record {run.path}"
+    )
+    try:
+        result = runner.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if view is not None:
+            view.close()
+    _print_summary(result)
+    raise typer.Exit(result.exit_code)
+
+
+def _hostfile(path: Path | None) -> Hostfile:
+    if path is None:
+        raise UsageError(
+            "no hostfile given", "pass --hostfile F (e.g. the one `orch sandbox up` prints)"
+        )
+    return read_hostfile(path)
+
+
+@app.command(context_settings=_CONTEXT)
+def launch(
+    ctx: typer.Context,
+    script: str = typer.Argument(..., help="The training script (then its arguments)."),
+    hostfile: Path = _HOSTFILE,
+    launcher: str = typer.Option("pdsh", "--launcher", "-l", help="pdsh | standard | torchrun."),
+    nproc_per_node: int = typer.Option(None, "--nproc-per-node", help="Ranks per node."),
+    python: str = typer.Option(None, "--python", help="Interpreter on the nodes."),
+    workdir: str = typer.Option(None, "--workdir", help="Working directory on the nodes."),
+    main_port: int = typer.Option(29500, "--main-port", help="Rendezvous port on node 0."),
+    env: list[str] = _ENV,
+    runs_dir: Path = _RUNS_DIR,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan as JSON, run nothing."),
+    no_doctor: bool = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks."),
+    sync: bool = _SYNC,
+    keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output."),
+    heartbeat_timeout: float = typer.Option(
+        15.0, "--heartbeat-timeout", help="Seconds of silence after which a node has failed."
+    ),
+) -> None:
+    """Run SCRIPT [ARGS...] on every node of the hostfile (use `--` before script options)."""
+    if launcher not in LAUNCHERS:
+        raise UsageError(f"unknown launcher {launcher!r}", f"use one of: {', '.join(LAUNCHERS)}")
+    hosts = _hostfile(hostfile)
+    root = runs_root(runs_dir)
+    job_id = new_job_id()
+    plan = build_plan(
+        job_id=job_id,
+        hostfile=hosts,
+        script=script,
+        args=list(ctx.args),
+        launcher=launcher,
+        python=python or sys.executable,
+        workdir=workdir or os.getcwd(),
+        run_dir=str(root / job_id),
+        main_port=main_port,
+        nproc_per_node=nproc_per_node,
+        extra_env=_parse_env(env),
+    )
+    _execute(plan, root, dry_run=dry_run, doctor=not no_doctor, quiet=quiet,
+             heartbeat_timeout=heartbeat_timeout, sync=sync,
+             keep_remote_logs=keep_remote_logs)  # fmt: skip
+
+
+@app.command()
+def submit(
+    recipe: Path = _RECIPE,
+    hostfile: Path = _HOSTFILE,
+    runs_dir: Path = _RUNS_DIR,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan as JSON, run nothing."),
+    no_doctor: bool = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks."),
+    sync: bool = _SYNC,
+    keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output."),
+    heartbeat_timeout: float = typer.Option(15.0, "--heartbeat-timeout"),
+    main_port: int = typer.Option(None, "--main-port", help="Overrides the recipe's."),
+    script_args: list[str] = _SCRIPT_ARGS,
+) -> None:
+    """Run a recipe: everything the launch needs, in one file. Extra ARGS go to the script."""
+    from orchestrator.recipe import load_recipe, recipe_hosts
+
+    loaded = load_recipe(recipe)
+    changes: dict[str, object] = {}
+    if main_port is not None:
+        changes["main_port"] = main_port
+    if script_args:
+        changes["args"] = [*loaded.args, *script_args]
+    if changes:
+        loaded = loaded.model_copy(update=changes)
+    hosts = recipe_hosts(loaded, hostfile)
+    root = runs_root(runs_dir)
+    job_id = new_job_id()
+    plan = plan_from_recipe(
+        loaded,
+        recipe_path=str(recipe),
+        job_id=job_id,
+        hostfile=hosts,
+        run_dir=str(root / job_id),
+        default_python=sys.executable,
+        default_workdir=os.getcwd(),
+    )
+    _execute(plan, root, dry_run=dry_run, doctor=not no_doctor, quiet=quiet,
+             heartbeat_timeout=heartbeat_timeout, sync=sync,
+             keep_remote_logs=keep_remote_logs)  # fmt: skip
+
+
+def _record_doc(record: JobRecord) -> dict:
+    doc = record.to_json()
+    doc["recorded_state"] = record.state
+    doc["state"] = shown_state(record)
+    return doc
+
+
+@app.command()
+def status(
+    job: str = typer.Argument(None, help="A job id (or unique prefix); none: list every job."),
+    runs_dir: Path = _RUNS_DIR,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """List jobs, or show one: state, nodes, exit codes, first failure."""
+    root = runs_root(runs_dir)
+    if job is None:
+        records = list_jobs(root)
+        if as_json:
+            docs = [_record_doc(r) for r in records]
+            typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs}, indent=2))
+            return
+        table = Table(title=f"jobs in {root}")
+        for column in ("job", "state", "launcher", "nodes", "exit", "started", "ended"):
+            table.add_column(column, no_wrap=True)
+        for r in records:
+            table.add_row(r.id, shown_state(r), r.launcher, str(len(r.hosts)),
+                          "" if r.exit_code is None else str(r.exit_code),
+                          r.started_at, r.ended_at or "")  # fmt: skip
+        # Piped output keeps whole ids and times rather than a terminal's 80 columns.
+        Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
+        return
+    record = find_job(root, job).load()
+    if as_json:
+        typer.echo(json.dumps(_record_doc(record), indent=2))
+        return
+    out = Console(highlight=False, soft_wrap=True)
+    state = shown_state(record)
+    out.print(f"job {record.id}: {state}" + (
+        f" (head process {record.head_pid} is gone)" if state == "head-died" else ""))  # fmt: skip
+    out.print(f"launcher: {record.launcher}  started: {record.started_at}  "
+              f"ended: {record.ended_at or '-'}  exit code: {record.exit_code}")  # fmt: skip
+    out.print("command: " + " ".join(record.command), markup=False)
+    for node in record.hosts:
+        code = record.node_exit_codes.get(node)
+        out.print(f"  {node}: exit {'-' if code is None else code}")
+    failure = record.first_failure
+    if failure is not None:
+        rank = f" rank {failure.rank}" if failure.rank is not None else ""
+        out.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
+        for line in failure.last_lines:
+            out.print(f"  | {line}", markup=False)
+
+
+@app.command()
+def kill(
+    job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
+    runs_dir: Path = _RUNS_DIR,
+    grace: float = typer.Option(5.0, "--grace", help="Seconds between TERM and KILL."),
+) -> None:
+    """Stop a job on every node (from any terminal), by its job id."""
+    run = find_job(runs_root(runs_dir), job)
+    record = run.load()
+    err = _err()
+    alive = head_alive(record)
+    if alive:
+        (run.path / KILL_MARKER).touch()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(record.head_pid, signal.SIGTERM)
+    # Whatever the head does, stop the job on every node by its id.
+    outcome = teardown_job(record.hosts, record.id, record.python, grace=grace, timeout=grace + 15)
+    for node, message in outcome.items():
+        err.print(f"{node}: {message}", markup=False)
+    if alive:
+        deadline = time.monotonic() + grace + 30
+        while head_alive(record) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    record = run.load()
+    if record.state not in FINAL_STATES:
+        # The head is gone (or never answered): record the kill ourselves.
+        (run.path / KILL_MARKER).touch()
+        record = finished(record, state="killed", exit_code=128 + signal.SIGTERM)
+        run.save(record)
+    err.print(f"job {record.id}: {shown_state(record)}")
+    unreachable = [n for n, m in outcome.items() if not m.startswith("{")]
+    raise typer.Exit(1 if unreachable else 0)

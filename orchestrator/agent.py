@@ -1,0 +1,539 @@
+"""The orch agent: the supervisor that runs the job's command on one node.
+
+STANDARD LIBRARY ONLY. The head ships this file and orchestrator/logwire.py to
+each node inline (`python -c <zlib+base64 blob>`), so a node needs no orch
+install, just the job's interpreter.
+
+`run` mode: start the node's command in its own session with ORCH_JOB_ID set;
+tee its raw stdout/stderr into /tmp/orch-runs/<job>/<node>/{stdout,stderr}.raw;
+frame both onto the agent's own stdout (the ssh channel back to the head) with
+logwire; send a heartbeat every 2 s and an `exit` control message at the end.
+When the head goes away (the channel breaks, or writes stay blocked), the agent
+tears its job down by itself.
+
+`kill` mode: stop every process on this node whose environment carries
+ORCH_JOB_ID=<id> (TERM, then KILL after a grace period). Processes are found by
+that variable in /proc/<pid>/environ, never by a command-line pattern.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import queue
+import re
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+JOB_ID_VAR = "ORCH_JOB_ID"
+NODE_VAR = "ORCH_NODE"
+NODE_RANK_VAR = "ORCH_NODE_RANK"
+NODE_DIR_VAR = "ORCH_NODE_DIR"
+RUNS_ROOT = "/tmp/orch-runs"
+HEARTBEAT_S = 2.0
+# A write to the head blocked this long means the head is gone (frozen, or its
+# network is): tear the job down rather than leave it holding the node.
+STALL_S = 30.0
+GRACE_S = 5.0
+_EXIT_SCAN_S = 0.2
+TAIL_BYTES = 64 * 1024
+
+
+def node_dir(job_id: str, node: str) -> str:
+    return f"{RUNS_ROOT}/{job_id}/{node}"
+
+
+# ----- finding and stopping a job's processes --------------------------------------
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return needle in b"\0" + handle.read() + b"\0"
+    except OSError:
+        return False
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    match = re.search(rb"(?:^|\0)RANK=(\d+)(?:\0|$)", raw)
+    return int(match.group(1)) if match else None
+
+
+def job_pids(job_id: str) -> list[int]:
+    """Every live process on this node started for the job (zombies have no environ)."""
+    needle = f"\0{JOB_ID_VAR}={job_id}\0".encode()
+    me = os.getpid()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            pid = int(entry)
+            if _environ_has(pid, needle):
+                pids.append(pid)
+    return pids
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def stop_job(job_id: str, grace: float = GRACE_S) -> dict[str, int]:
+    """TERM every process of the job, KILL what is left after `grace` seconds."""
+    found = job_pids(job_id)
+    _signal_all(found, signal.SIGTERM)
+    # A frozen process only sees TERM once it runs again.
+    _signal_all(found, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and job_pids(job_id):
+        time.sleep(0.1)
+    killed = 0
+    # New processes may be forked while we stop the others: KILL until none is left.
+    for _ in range(50):
+        left = job_pids(job_id)
+        if not left:
+            break
+        killed += len(left)
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.05)
+    return {"found": len(found), "killed": killed, "left": len(job_pids(job_id))}
+
+
+# ----- which rank failed -------------------------------------------------------
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.MULTILINE)
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def failure_from_text(text: str) -> tuple[int | None, int | None]:
+    """(rank, exit code) of the root-cause failure in torchrun's error report, if any."""
+    at = text.rfind("Root Cause")
+    if at < 0:
+        return None, None
+    tail = text[at:]
+    rank = _TORCHRUN_RANK.search(tail)
+    code = _TORCHRUN_EXIT.search(tail)
+    return (
+        int(rank.group(1)) if rank else None,
+        int(code.group(1)) if code else None,
+    )
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _zombie_exit_code(pid: int) -> int | None:
+    """The exit code of a process that ended but is not reaped yet (Linux >= 3.5)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    status = int(fields[-1])
+    return status >> 8 if status & 0x7F == 0 else -(status & 0x7F)
+
+
+class RankWatch:
+    """Remembers the job's ranks (RANK in their environment) and the order they ended in.
+
+    Ranks are not the agent's children: their ends are seen through pidfds (woken
+    at the moment a rank exits) and their exit codes read from /proc while their
+    launcher has not reaped them yet. Without pidfds, the periodic scan notices.
+    """
+
+    _TIE_S = 0.3  # ranks that ended this close together are told apart by exit code
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.alive: dict[int, int] = {}  # pid -> rank
+        self.ended: list[tuple[float, int, int | None]] = []  # (time, rank, exit code if seen)
+        self._lock = threading.Lock()
+        self._noted: set[int] = set()
+        self._not_ranks: set[int] = set()
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+        if hasattr(os, "pidfd_open"):
+            threading.Thread(target=self._wait_for_exits, daemon=True).start()
+
+    def scan(self) -> None:
+        current = {}
+        for pid in job_pids(self.job_id):
+            if pid in self._not_ranks:
+                continue
+            rank = self.alive.get(pid)
+            if rank is None:
+                rank = _rank_of(pid)
+                # A rank's own children (data loader workers...) inherit its RANK.
+                if rank is None or _rank_of(_parent_of(pid)) == rank:
+                    self._not_ranks.add(pid)
+                    continue
+            current[pid] = rank
+        with self._lock:
+            for pid in current.keys() - self.alive.keys():
+                self._watch(pid)
+            gone = [(pid, rank) for pid, rank in self.alive.items() if pid not in current]
+            self.alive.update(current)
+        for pid, rank in gone:
+            self._note(pid, rank)
+
+    def _watch(self, pid: int) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self._fds[os.pidfd_open(pid)] = pid
+
+    def _note(self, pid: int, rank: int) -> None:
+        code = _zombie_exit_code(pid)
+        with self._lock:
+            if pid in self._noted:
+                return
+            self._noted.add(pid)
+            self.ended.append((time.time(), rank, code))
+
+    def _wait_for_exits(self) -> None:
+        while True:
+            with self._lock:
+                fds = list(self._fds)
+            if not fds:
+                time.sleep(0.1)
+                continue
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            for fd, _event in poller.poll(200):
+                with self._lock:
+                    pid = self._fds.pop(fd, None)
+                    rank = self.alive.get(pid) if pid is not None else None
+                if pid is not None and rank is not None:
+                    self._note(pid, rank)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    @property
+    def gone_at(self) -> float | None:
+        with self._lock:
+            failed = [t for t, _rank, code in self.ended if code != 0]
+        return failed[0] if failed else None
+
+    def first_failed(self, node_code: int) -> tuple[int | None, int | None]:
+        """(rank, its exit code) of the first rank to end, when the node's command failed.
+
+        Ranks that ended together are told apart by their exit codes: the launcher
+        passes on the failing rank's code, and peers that lost it exit 1.
+        """
+        with self._lock:
+            # A rank that finished cleanly before the failure is not a suspect.
+            ended = [entry for entry in self.ended if entry[2] != 0]
+        if not ended:
+            return None, None
+        first = ended[0][0]
+        batch = [(rank, code) for t, rank, code in ended if t - first <= self._TIE_S]
+        for wanted in (lambda c: c == node_code, lambda c: c not in (None, 0)):
+            for rank, code in batch:
+                if wanted(code):
+                    return rank, code
+        return batch[0]
+
+
+# ----- talking to the head -------------------------------------------------------
+def _logwire():
+    if "orch_logwire" in sys.modules:  # shipped inline by the bootstrap
+        return sys.modules["orch_logwire"]
+    from orchestrator import logwire
+
+    return logwire
+
+
+class Channel:
+    """Writes wire lines to fd 1 from one thread; notices when the head is gone."""
+
+    def __init__(self) -> None:
+        self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=4096)
+        self.broken = threading.Event()
+        self.busy_since: float | None = None
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def send(self, line: bytes) -> None:
+        while not self.broken.is_set():
+            try:
+                self.lines.put(line, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
+    def stalled(self) -> bool:
+        since = self.busy_since
+        return since is not None and time.monotonic() - since > STALL_S
+
+    def close(self, timeout: float = 5.0) -> None:
+        with contextlib.suppress(queue.Full):
+            self.lines.put(None, timeout=timeout)
+        self.thread.join(timeout)
+
+    def _pump(self) -> None:
+        while True:
+            line = self.lines.get()
+            if line is None:
+                return
+            self.busy_since = time.monotonic()
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(1, view) :]
+            except OSError:
+                self.broken.set()
+                return
+            finally:
+                self.busy_since = None
+
+
+class Supervisor:
+    def __init__(self, spec: dict, node: str, rank: str) -> None:
+        self.spec = spec
+        self.job_id = str(spec["job_id"])
+        self.node = node
+        self.rank = rank
+        self.dir = Path(node_dir(self.job_id, node))
+        self.lw = _logwire()
+        self.channel = Channel()
+        self.tail = bytearray()  # the end of the output, to find a failure report in
+        self.tail_lock = threading.Lock()
+        self.stop_reason: str | None = None
+        self.ranks = RankWatch(self.job_id)
+
+    def control(self, kind: str, **fields: object) -> None:
+        self.channel.send(self.lw.encode_control(kind, **fields))
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in self.spec.get("env", {}).items()})
+        env[JOB_ID_VAR] = self.job_id
+        env[NODE_VAR] = self.node
+        env[NODE_RANK_VAR] = self.rank
+        env[NODE_DIR_VAR] = str(self.dir)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _write_files(self) -> None:
+        for name, content in self.spec.get("files", {}).items():
+            path = self.dir / os.path.basename(name)
+            path.write_text(content)
+
+    def _argv(self) -> list[str]:
+        if self.spec.get("shell"):
+            return ["/bin/sh", "-c", self.spec["shell"]]
+        return [str(word) for word in self.spec["command"]]
+
+    def _pump_stream(self, fd: int, stream: str, raw: Path) -> None:
+        framer = self.lw.WireFramer(stream)
+        with raw.open("ab") as log:
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                log.write(data)
+                log.flush()
+                with self.tail_lock:
+                    self.tail += data
+                    del self.tail[:-TAIL_BYTES]
+                wire = framer.feed(data)
+                if wire:  # one hand-off per read, not per line: the rank is not slowed
+                    self.channel.send(b"".join(wire))
+            for line in framer.flush():
+                self.channel.send(line)
+        os.close(fd)
+
+    def _wait_for_main(self) -> bool:
+        target = self.spec.get("wait_for")
+        if not target or self.rank == "0":
+            return True
+        host, port = target[0], int(target[1])
+        deadline = time.monotonic() + float(self.spec.get("wait_timeout", 120))
+        last_beat = 0.0
+        while time.monotonic() < deadline and not self.channel.broken.is_set():
+            if time.monotonic() - last_beat >= HEARTBEAT_S:
+                self.control("heartbeat", waiting=f"{host}:{port}")
+                last_beat = time.monotonic()
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+                return True
+            time.sleep(0.5)
+        return False
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stop_reason = signal.Signals(signum).name
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_files()
+        workdir = self.spec.get("workdir") or os.getcwd()
+        if not os.path.isdir(workdir):
+            return self._finish(
+                127, error=f"working directory {workdir} does not exist on {self.node}"
+            )
+        if not self._wait_for_main():
+            host, port = self.spec["wait_for"]
+            return self._finish(1, error=f"main port {host}:{port} never answered")
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            child = subprocess.Popen(
+                self._argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                env=self._env(),
+                cwd=workdir,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as err:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            return self._finish(127, error=f"cannot start {self._argv()[0]}: {err}")
+        os.close(out_w)
+        os.close(err_w)
+        self.control("started", pid=child.pid, node=self.node, node_rank=int(self.rank))
+        pumps = [
+            threading.Thread(target=self._pump_stream, args=(fd, name, self.dir / raw), daemon=True)
+            for fd, name, raw in ((out_r, "out", "stdout.raw"), (err_r, "err", "stderr.raw"))
+        ]
+        for pump in pumps:
+            pump.start()
+        code = self._watch(child)
+        for pump in pumps:
+            pump.join(5.0)
+        return self._finish(code)
+
+    def _watch(self, child: subprocess.Popen[bytes]) -> int:
+        last_beat = 0.0
+        while True:
+            code = child.poll()
+            if code is not None:
+                self.ranks.scan()
+                return code
+            self.ranks.scan()
+            if self.channel.broken.is_set() or self.channel.stalled():
+                self.stop_reason = "head gone"
+            if self.stop_reason:
+                stop_job(self.job_id, float(self.spec.get("grace", GRACE_S)))
+                child.wait()
+                return 128 + signal.SIGTERM
+            if time.monotonic() - last_beat >= HEARTBEAT_S:
+                self.control("heartbeat")
+                last_beat = time.monotonic()
+            time.sleep(_EXIT_SCAN_S)
+
+    def _finish(self, code: int, error: str | None = None) -> int:
+        # Nothing of the job may outlive its command on this node.
+        stopped = stop_job(self.job_id, float(self.spec.get("grace", GRACE_S)))
+        with self.tail_lock:
+            text = self.tail.decode(errors="replace")
+        rank, rank_code = failure_from_text(text)
+        if rank is None and code != 0:
+            rank, rank_code = self.ranks.first_failed(code)
+        fields: dict[str, object] = {"code": code, "node": self.node}
+        if rank is not None:
+            fields["rank"] = rank
+        if rank_code is not None:
+            fields["rank_code"] = rank_code
+        if code != 0 and self.ranks.gone_at is not None:
+            fields["failed_at"] = round(self.ranks.gone_at, 3)
+        if error:
+            fields["error"] = error
+        if self.stop_reason:
+            fields["stopped"] = self.stop_reason
+        if stopped["killed"]:
+            fields["killed_leftovers"] = stopped["killed"]
+        self.control("exit", **fields)
+        self.channel.close()
+        return code if code >= 0 else 128 - code
+
+
+# ----- entry points ---------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    mode = argv[0] if argv else ""
+    if mode == "run" and len(argv) == 4:
+        spec = json.loads(base64.b64decode(argv[1]))
+        return Supervisor(spec, argv[2], argv[3]).run()
+    if mode == "kill" and len(argv) == 3:
+        result = stop_job(argv[1], float(argv[2]))
+        print(json.dumps(result), flush=True)
+        return 0 if result["left"] == 0 else 1
+    if mode == "list" and len(argv) == 2:
+        print(json.dumps(sorted(job_pids(argv[1]))), flush=True)
+        return 0
+    print("usage: agent run SPEC NODE RANK | kill JOB_ID GRACE | list JOB_ID", file=sys.stderr)
+    return 2
+
+
+# ----- head side: building the inline command --------------------------------------
+_BOOT = """\
+import sys, types
+def _load(name, source):
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, name, "exec"), module.__dict__)
+    return module
+_load("orch_logwire", %r)
+sys.exit(_load("orch_agent", %r).main(sys.argv[1:]))
+"""
+
+
+def _blob(with_logwire: bool = True) -> str:
+    here = Path(__file__).resolve().parent
+    logwire = (here / "logwire.py").read_text() if with_logwire else ""
+    agent = (here / "agent.py").read_text()
+    payload = _BOOT % (logwire, agent)
+    return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
+
+
+def _python_c(python: str, blob: str) -> str:
+    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
+    interpreter = '"$P"' if python == "$P" else shlex.quote(python)
+    return f"{interpreter} -c {shlex.quote(code)}"
+
+
+def agent_command(python: str, spec: dict) -> str:
+    """The remote shell command (for pdsh) that runs the agent; %h/%n filled in by pdsh."""
+    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+    return f"{_python_c(python, _blob())} run {encoded} %h %n"
+
+
+def kill_command(python: str, job_id: str, grace: float = GRACE_S) -> str:
+    """The remote shell command that stops every process of the job on a node.
+
+    The kill program needs only the standard library: when the job's interpreter
+    is missing on a node, any python3 there does.
+    """
+    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
+    return fallback + f"{_python_c('$P', _blob())} kill {shlex.quote(job_id)} {grace:g}"
+
+
+def list_command(python: str, job_id: str) -> str:
+    return f"{_python_c(python, _blob())} list {shlex.quote(job_id)}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

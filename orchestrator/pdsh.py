@@ -1,0 +1,283 @@
+"""Running pdsh: the one module that builds pdsh command lines and starts pdsh.
+
+`build_pdsh_argv` is pure. `start_streaming` starts a fan-out (pdsh itself, or
+the head-side launcher that runs pdsh for us) in its own session with one merged
+output pipe, so the caller can read `node: line` output as it comes and stop the
+whole process group at once. `run_pdsh` runs a short command on every node with
+a timeout (used for teardown). `shim_main` is the `pdsh` that orch puts first on
+DeepSpeed's PATH: it wraps DeepSpeed's per-node launcher in the orch agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import OrchError
+
+DEFAULT_FANOUT = 64
+DEFAULT_CONNECT_TIMEOUT = 10
+# Keepalives make ssh itself notice a node that stops answering.
+SSH_ARGS_APPEND = "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+
+
+def build_pdsh_argv(
+    hosts: Sequence[str],
+    remote_command: str,
+    fanout: int = DEFAULT_FANOUT,
+    *,
+    connect_timeout: int | None = DEFAULT_CONNECT_TIMEOUT,
+    command_timeout: int | None = None,
+    pdsh: str = "pdsh",
+) -> list[str]:
+    """pdsh over ssh on `hosts`; -S: exit with the largest remote exit code."""
+    if not hosts:
+        raise OrchError("no hosts to run on", "check the hostfile")
+    argv = [pdsh, "-R", "ssh", "-S", "-f", str(fanout)]
+    if connect_timeout is not None:
+        argv += ["-t", str(connect_timeout)]
+    if command_timeout is not None:
+        argv += ["-u", str(command_timeout)]
+    return [*argv, "-w", ",".join(hosts), remote_command]
+
+
+def pdsh_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment pdsh runs in: ssh rcmd, batch mode and keepalives added."""
+    env = dict(base)
+    env["PDSH_RCMD_TYPE"] = "ssh"
+    extra = env.get("PDSH_SSH_ARGS_APPEND", "")
+    if SSH_ARGS_APPEND not in extra:
+        env["PDSH_SSH_ARGS_APPEND"] = f"{extra} {SSH_ARGS_APPEND}".strip()
+    return env
+
+
+def find_pdsh() -> str:
+    found = shutil.which("pdsh")
+    if not found:
+        raise OrchError(
+            "pdsh is not installed on the head node", "install it: `sudo apt-get install -y pdsh`"
+        )
+    return found
+
+
+@dataclass
+class StreamingProcess:
+    """A started fan-out: read `.stdout` line by line; `stop()` ends its whole group."""
+
+    process: subprocess.Popen[bytes]
+    watchdog: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def stdout(self):
+        return self.process.stdout
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.process.wait(timeout)
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signum)
+
+    def stop(self, grace: float = 3.0) -> int:
+        """TERM the process group, KILL it after `grace` seconds."""
+        if self.process.poll() is None:
+            self.signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(grace)
+        # Children of the group may outlive its leader; KILL whatever is left.
+        self.signal(signal.SIGKILL)
+        try:
+            return self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            return -9
+        finally:
+            self._release_watchdog()
+
+    def _release_watchdog(self) -> None:
+        if self.watchdog is not None and self.watchdog.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.watchdog.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.watchdog.wait(2.0)
+
+
+def start_streaming(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+) -> StreamingProcess:
+    """Start argv in its own session, stdout and stderr merged into one pipe."""
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as err:
+        raise OrchError(f"cannot start {argv[0]}: {err}", "check that it is installed") from err
+    return StreamingProcess(process, _watchdog(process.pid))
+
+
+# If orch dies without cleaning up (kill -9), pdsh would live on and keep the job's
+# ssh channels open; this reader of a pipe only orch holds then kills pdsh's group,
+# the channels break, and every node's agent tears its job down.
+_WATCHDOG = 'read _ignored; kill -9 -"$1" 2>/dev/null'
+
+
+def _watchdog(pgid: int) -> subprocess.Popen[bytes] | None:
+    try:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", _WATCHDOG, "orch-watchdog", str(pgid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class PdshRun:
+    exit_code: int
+    output: tuple[tuple[str, str], ...]  # (node, line) in arrival order; node "" for pdsh's own
+    timed_out: bool
+
+    def lines_of(self, node: str) -> list[str]:
+        return [line for name, line in self.output if name == node]
+
+
+def split_node_line(line: str) -> tuple[str, str]:
+    """pdsh's `node: text` into (node, text); ("", line) when it is pdsh's own message."""
+    if line.startswith("pdsh@"):
+        return "", line
+    node, sep, rest = line.partition(": ")
+    if not sep or " " in node:
+        return "", line
+    return node, rest
+
+
+def run_pdsh(
+    hosts: Sequence[str],
+    remote_command: str,
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> PdshRun:
+    """Run a short command on every host; never longer than `timeout` seconds."""
+    argv = build_pdsh_argv(
+        hosts,
+        remote_command,
+        connect_timeout=min(DEFAULT_CONNECT_TIMEOUT, max(1, int(timeout))),
+        command_timeout=max(1, int(timeout)),
+        pdsh=find_pdsh(),
+    )
+    proc = start_streaming(argv, env=pdsh_environment(env if env is not None else os.environ))
+    timed_out = False
+    try:
+        out, _ = proc.process.communicate(timeout=timeout + 5)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.stop(grace=1.0)
+        out, _ = proc.process.communicate()
+    lines = out.decode(errors="replace").splitlines()
+    return PdshRun(
+        exit_code=proc.process.returncode,
+        output=tuple(split_node_line(line) for line in lines),
+        timed_out=timed_out,
+    )
+
+
+# ----- the pdsh shim on DeepSpeed's PATH ------------------------------------------
+SHIM_CONFIG = "pdsh-shim.json"
+# pdsh options that take a value (the ones DeepSpeed passes and a few common ones).
+_OPTIONS_WITH_VALUE = {"-f", "-w", "-x", "-R", "-l", "-t", "-u", "-g", "-X", "-N"}
+
+
+def split_pdsh_args(args: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """(options, hosts, remote command words) of a pdsh command line."""
+    options: list[str] = []
+    hosts: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg in _OPTIONS_WITH_VALUE and i + 1 < len(args):
+            if arg == "-w":
+                hosts += [h for h in args[i + 1].split(",") if h]
+            else:
+                options += [arg, args[i + 1]]
+            i += 2
+        elif arg.startswith("-w") and len(arg) > 2:
+            hosts += [h for h in arg[2:].split(",") if h]
+            i += 1
+        else:
+            options.append(arg)
+            i += 1
+    return options, hosts, list(args[i:])
+
+
+def write_shim(directory: Path, config: Mapping[str, object]) -> Path:
+    """Write `directory/pdsh` (an executable) and its config; put `directory` first on PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / SHIM_CONFIG).write_text(json.dumps(dict(config), indent=2) + "\n")
+    shim = directory / "pdsh"
+    shim.write_text(
+        f"#!{sys.executable}\n"
+        "# Written by orch for one job: wraps DeepSpeed's per-node command in the orch agent.\n"
+        "import sys\n"
+        "from orchestrator.pdsh import shim_main\n"
+        f"sys.exit(shim_main({str(directory / SHIM_CONFIG)!r}, sys.argv[1:]))\n"
+    )
+    shim.chmod(0o755)
+    return shim
+
+
+def shim_main(config_path: str, args: list[str]) -> int:
+    """Rewrite DeepSpeed's pdsh call so the agent runs its command, then exec the real pdsh."""
+    # Imported here: the shim runs in its own process, after the runner started it.
+    from orchestrator.agent import agent_command, kill_command
+
+    config = json.loads(Path(config_path).read_text())
+    options, hosts, words = split_pdsh_args(args)
+    remote = " ".join(words)
+    if remote.lstrip().startswith("pkill"):
+        # DeepSpeed's Ctrl-C cleanup is `pkill -f <pattern>`, which would hit other
+        # jobs on the same nodes; stop this job by its id instead.
+        remote = kill_command(config["python"], config["job_id"], grace=3.0)
+    else:
+        # pdsh substitutes %n with the node's rank; inside the agent the rank is a variable.
+        remote = agent_command(
+            config["python"],
+            {**config["agent"], "shell": remote.replace("%n", "$ORCH_NODE_RANK")},
+        )
+    real = config["real_pdsh"]
+    argv = [real, *options, "-w", ",".join(hosts), remote]
+    env = pdsh_environment(os.environ)
+    os.execve(real, argv, env)
+    return 127  # not reached
+
+
+def quote_words(words: Sequence[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)

@@ -1,0 +1,213 @@
+"""Job records: `runs/<job-id>/` holds what was launched and how it ended.
+
+`job.json` carries the id, state, command, launcher, hosts, per-node exit codes,
+the first failure (node, rank, last lines), start and end times, and the head
+process (pid and start time), so a job whose head died is shown as such rather
+than as running. The directory also holds the hostfile and configs the job used,
+the environment with secrets redacted (env.json), and logs/<node>.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from orchestrator.errors import OrchError, UsageError
+
+RUNS_DIR_VAR = "ORCH_RUNS_DIR"
+JOB_FILE = "job.json"
+
+# States a record can hold; "head-died" is derived when reading a running record.
+RUNNING_STATES = ("starting", "running", "stopping")
+FINAL_STATES = ("succeeded", "failed", "killed", "interrupted")
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    node: str
+    rank: int | None
+    exit_code: int | None
+    reason: str
+    last_lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    state: str
+    launcher: str
+    command: tuple[str, ...]
+    hosts: tuple[str, ...]
+    workdir: str
+    started_at: str
+    head_pid: int
+    head_start: str | None  # /proc start time of the head process, against pid reuse
+    ended_at: str | None = None
+    exit_code: int | None = None
+    node_exit_codes: Mapping[str, int | None] = field(default_factory=dict)
+    first_failure: FirstFailure | None = None
+    recipe: str | None = None
+    python: str = "python3"  # the interpreter on the nodes (runs the kill program too)
+    node_logs: Mapping[str, str] = field(default_factory=dict)  # node -> "ok" or the problem
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["command"] = list(self.command)
+        data["hosts"] = list(self.hosts)
+        data["node_exit_codes"] = dict(self.node_exit_codes)
+        data["node_logs"] = dict(self.node_logs)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> JobRecord:
+        failure = data.get("first_failure")
+        return cls(
+            id=str(data["id"]),
+            state=str(data["state"]),
+            launcher=str(data.get("launcher", "")),
+            command=tuple(data.get("command", ())),
+            hosts=tuple(data.get("hosts", ())),
+            workdir=str(data.get("workdir", "")),
+            started_at=str(data.get("started_at", "")),
+            head_pid=int(data.get("head_pid", 0)),
+            head_start=data.get("head_start"),
+            ended_at=data.get("ended_at"),
+            exit_code=data.get("exit_code"),
+            node_exit_codes=dict(data.get("node_exit_codes", {})),
+            first_failure=(
+                FirstFailure(**{**failure, "last_lines": tuple(failure.get("last_lines", ()))})
+                if failure
+                else None
+            ),
+            recipe=data.get("recipe"),
+            python=str(data.get("python") or "python3"),
+            node_logs=dict(data.get("node_logs", {})),
+        )
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_job_id() -> str:
+    """Sortable by time, unique across heads: 20261121-232700-9f3a1c."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def runs_root(option: str | os.PathLike | None = None) -> Path:
+    """--runs-dir, else $ORCH_RUNS_DIR, else ./runs."""
+    chosen = option or os.environ.get(RUNS_DIR_VAR) or "runs"
+    return Path(chosen).expanduser().resolve()
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of a process (clock ticks since boot), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None
+    return fields[19]
+
+
+def head_alive(record: JobRecord) -> bool:
+    return (
+        record.head_start is not None and process_start_time(record.head_pid) == record.head_start
+    )
+
+
+def shown_state(record: JobRecord) -> str:
+    """The state to show: a running job whose head process is gone is "head-died"."""
+    if record.state in RUNNING_STATES and not head_alive(record):
+        return "head-died"
+    return record.state
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def job_file(self) -> Path:
+        return self.path / JOB_FILE
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def node_logs(self) -> Path:
+        """Raw node-local logs pulled back when the job ends."""
+        return self.path / "nodes"
+
+    def create(self) -> RunDir:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def write_file(self, name: str, content: str) -> Path:
+        target = self.path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        return target
+
+    def save(self, record: JobRecord) -> None:
+        tmp = self.path / f".{JOB_FILE}.tmp"
+        tmp.write_text(json.dumps(record.to_json(), indent=2) + "\n")
+        tmp.replace(self.job_file)
+
+    def load(self) -> JobRecord:
+        try:
+            return JobRecord.from_json(json.loads(self.job_file.read_text()))
+        except FileNotFoundError as err:
+            raise UsageError(
+                f"no job record at {self.job_file}", "see `orch status` for the jobs there are"
+            ) from err
+        except (ValueError, KeyError, TypeError) as err:
+            raise OrchError(f"{self.job_file}: unreadable job record ({err})") from err
+
+
+def run_dir(root: Path, job_id: str) -> RunDir:
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        raise UsageError(f"not a job id: {job_id!r}", "see `orch status` for the jobs there are")
+    return RunDir(root / job_id)
+
+
+def list_jobs(root: Path) -> list[JobRecord]:
+    """Every readable record under root, oldest first."""
+    if not root.is_dir():
+        return []
+    records = []
+    for entry in sorted(root.iterdir()):
+        if (entry / JOB_FILE).is_file():
+            try:
+                records.append(RunDir(entry).load())
+            except OrchError:
+                continue
+    return records
+
+
+def find_job(root: Path, job: str | None) -> RunDir:
+    """A job by id, by unique prefix, or (None) the newest one."""
+    records = list_jobs(root)
+    if not records:
+        raise UsageError(f"no jobs recorded under {root}", "launch one, or pass --runs-dir")
+    if job is None:
+        return RunDir(root / records[-1].id)
+    exact = [r for r in records if r.id == job]
+    matches = exact or [r for r in records if r.id.startswith(job)]
+    if len(matches) != 1:
+        which = "no job" if not matches else f"{len(matches)} jobs"
+        raise UsageError(f"{which} under {root} match {job!r}", "see `orch status`")
+    return RunDir(root / matches[0].id)
+
+
+def finished(record: JobRecord, **changes: object) -> JobRecord:
+    return replace(record, ended_at=now_iso(), **changes)  # type: ignore[arg-type]

@@ -1,0 +1,175 @@
+"""`--sync`: copy the head's working directory to every node before a launch.
+
+For clusters without a shared filesystem. Files go over SFTP (one SSH connection
+per node, nodes in parallel); what .gitignore ignores is skipped (plain patterns;
+`!` negations are not supported), as are .git and virtual environments. A file
+whose size and modification time already match on the node is not sent again.
+
+A node that already sees the head's directory (a shared filesystem: a marker
+file written here is visible there) is left alone: copying a file onto itself
+would truncate it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import secrets
+import shlex
+import stat
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.transport import SSHError, open_session
+
+if TYPE_CHECKING:  # the transport module owns paramiko; this is for type hints only
+    from paramiko import SFTPClient
+
+ALWAYS_SKIPPED = (".git", ".venv", "venv", "__pycache__", ".orch-sync-marker-*")
+_MARKER_PREFIX = ".orch-sync-marker-"
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    node: str
+    ok: bool
+    sent: int = 0  # files copied
+    unchanged: int = 0  # files already there
+    shared: bool = False  # the node sees the head's directory itself: nothing to copy
+    problem: str | None = None
+
+
+def ignore_patterns(root: Path) -> tuple[str, ...]:
+    """ALWAYS_SKIPPED plus the patterns of root/.gitignore."""
+    patterns = list(ALWAYS_SKIPPED)
+    gitignore = root / ".gitignore"
+    if gitignore.is_file():
+        for line in gitignore.read_text(errors="replace").splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "!")):
+                patterns.append(line)
+    return tuple(patterns)
+
+
+def is_ignored(relative: str, is_dir: bool, patterns: Sequence[str]) -> bool:
+    """Whether a path (relative to the root, '/'-separated) matches a gitignore pattern."""
+    name = posixpath.basename(relative)
+    for raw in patterns:
+        dir_only = raw.endswith("/")
+        pattern = raw.rstrip("/")
+        if dir_only and not is_dir:
+            continue
+        anchored = pattern.startswith("/") or "/" in pattern
+        pattern = pattern.lstrip("/")
+        if anchored:
+            if fnmatch.fnmatchcase(relative, pattern):
+                return True
+        elif fnmatch.fnmatchcase(name, pattern):
+            return True
+    return False
+
+
+def files_to_sync(root: Path, patterns: Sequence[str]) -> list[str]:
+    """Every file under root that is not ignored, relative and '/'-separated, sorted."""
+    found: list[str] = []
+    for current, dirs, files in os.walk(root):
+        base = Path(current).relative_to(root).as_posix()
+        base = "" if base == "." else base
+        dirs[:] = sorted(d for d in dirs if not is_ignored(posixpath.join(base, d), True, patterns))
+        for name in sorted(files):
+            relative = posixpath.join(base, name)
+            full = Path(current) / name
+            if (
+                full.is_file()
+                and not full.is_symlink()
+                and not is_ignored(relative, False, patterns)
+            ):
+                found.append(relative)
+    return sorted(found)
+
+
+def _sync_node(
+    node: str, root: Path, remote_root: str, files: Sequence[str], marker: str, timeout: float
+) -> SyncResult:
+    try:
+        with open_session(node, timeout=timeout) as session:
+            probe = session.run(
+                f"test -e {shlex.quote(posixpath.join(remote_root, marker))} && echo shared; "
+                f"mkdir -p {shlex.quote(remote_root)}",
+                timeout=timeout,
+            )
+            if b"shared" in probe.stdout:
+                return SyncResult(node, ok=True, shared=True)
+            if probe.exit_code != 0:
+                message = probe.stderr.decode(errors="replace").strip()
+                return SyncResult(node, ok=False, problem=f"cannot create {remote_root}: {message}")
+            sftp = session.sftp()
+            sftp.get_channel().settimeout(timeout)
+            try:
+                return _copy(node, sftp, root, remote_root, files)
+            finally:
+                sftp.close()
+    except SSHError as err:
+        return SyncResult(node, ok=False, problem=err.failure.message)
+    except OSError as err:
+        return SyncResult(node, ok=False, problem=f"{node}: copy failed ({err})")
+
+
+def _copy(
+    node: str, sftp: SFTPClient, root: Path, remote_root: str, files: Sequence[str]
+) -> SyncResult:
+    made: set[str] = {remote_root}
+    sent = unchanged = 0
+    for relative in files:
+        local = root / relative
+        remote = posixpath.join(remote_root, relative)
+        info = local.stat()
+        try:
+            there = sftp.stat(remote)
+            if there.st_size == info.st_size and int(there.st_mtime or 0) == int(info.st_mtime):
+                unchanged += 1
+                continue
+        except OSError:
+            pass
+        _makedirs(sftp, posixpath.dirname(remote), made)
+        sftp.put(str(local), remote)
+        sftp.chmod(remote, stat.S_IMODE(info.st_mode))
+        sftp.utime(remote, (info.st_atime, info.st_mtime))
+        sent += 1
+    return SyncResult(node, ok=True, sent=sent, unchanged=unchanged)
+
+
+def _makedirs(sftp: SFTPClient, directory: str, made: set[str]) -> None:
+    if directory in made or not directory:
+        return
+    _makedirs(sftp, posixpath.dirname(directory), made)
+    try:
+        sftp.mkdir(directory)
+    except OSError:
+        sftp.stat(directory)  # it exists already; anything else raises here
+    made.add(directory)
+
+
+def sync_workdir(
+    nodes: Sequence[str], local_root: str | os.PathLike[str], remote_root: str,
+    *, timeout: float = 30.0, max_parallel: int = 16,
+) -> list[SyncResult]:  # fmt: skip
+    """Copy local_root to remote_root on every node; one result per node, in order."""
+    root = Path(local_root).resolve()
+    files = files_to_sync(root, ignore_patterns(root))
+    marker = f"{_MARKER_PREFIX}{secrets.token_hex(8)}"
+    (root / marker).write_text("orch --sync: shared filesystem check\n")
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(nodes)))) as pool:
+            return list(
+                pool.map(
+                    lambda node: _sync_node(node, root, remote_root, files, marker, timeout),
+                    nodes,
+                )
+            )
+    finally:
+        (root / marker).unlink(missing_ok=True)

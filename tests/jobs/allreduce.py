@@ -1,0 +1,58 @@
+"""A small torch.distributed (gloo) job for launch tests.
+
+Every rank joins the process group and runs `--steps` all_reduce steps. Fault
+switches: `--fail-rank R --exit-code C` makes rank R exit with C after the steps
+while the others wait in one more all_reduce; `--sleep S` keeps every rank
+alive S seconds after the steps (for interrupt and kill tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--exit-code", type=int, default=7)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    args, _unknown = parser.parse_known_args()
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=900))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank}/{world} up on {socket.gethostname()} job={os.environ.get('ORCH_JOB_ID')}")
+    for step in range(args.steps):
+        value = torch.ones(1) * (rank + 1)
+        dist.all_reduce(value)
+        print(f"rank {rank} step {step} sum {int(value.item())}", flush=True)
+        sys.stderr.write(f"\rrank {rank} progress {step + 1}/{args.steps}")
+        sys.stderr.flush()
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    sys.stderr.write("\n")
+    if rank == args.fail_rank:
+        print(f"rank {rank} failing with exit code {args.exit_code}", flush=True)
+        os._exit(args.exit_code)
+    if args.fail_rank >= 0:
+        # The others block here until the job is torn down.
+        dist.all_reduce(torch.ones(1))
+    if args.sleep:
+        time.sleep(args.sleep)
+    dist.barrier()
+    print(f"rank {rank} done", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

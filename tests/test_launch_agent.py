@@ -1,0 +1,117 @@
+"""The node agent on real sandbox nodes (shipped inline over pdsh), and its pure parts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from orchestrator.agent import agent_command, failure_from_text, kill_command, node_dir
+from orchestrator.logwire import decode_wire
+from orchestrator.pdsh import run_pdsh
+
+TORCHRUN_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_23:32:29
+  host      : n2
+  rank      : 3 (local_rank: 1)
+  exitcode  : 7 (pid: 445)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def test_torchrun_root_cause_gives_rank_and_exit_code():
+    assert failure_from_text("noise\n" + TORCHRUN_REPORT) == (3, 7)
+    assert failure_from_text("no report here") == (None, None)
+
+
+def _records(run, node):
+    return [r for r in (decode_wire(line.encode()) for line in run.lines_of(node)) if r]
+
+
+def _control(run, node, kind):
+    return [r.fields for r in _records(run, node) if r.kind == "control" and r.text == kind]
+
+
+@pytest.mark.sandbox
+def test_agent_frames_output_tees_raw_logs_and_reports_the_exit_code(sandbox):
+    _box, state = sandbox
+    node = state.nodes[0].name
+    job_id = f"t-{uuid.uuid4().hex[:8]}"
+    spec = {
+        "job_id": job_id,
+        "workdir": "/tmp",
+        "env": {"GREETING": "it's \"quoted\" $HOME"},
+        "command": ["sh", "-c", 'echo "$GREETING $ORCH_JOB_ID $ORCH_NODE"; '
+                    "printf '10%%\\r50%%\\r100%%\\n' >&2; exit 3"],
+    }  # fmt: skip
+    run = run_pdsh([node], agent_command(sys.executable, spec), timeout=60)
+    lines = [r.text for r in _records(run, node) if r.kind == "line"]
+    assert f'it\'s "quoted" $HOME {job_id} {node}' in lines
+    assert "100%" in lines
+    [exit_fields] = _control(run, node, "exit")
+    assert exit_fields["code"] == 3
+    assert _control(run, node, "started")
+    raw = subprocess.run(["ssh", node, f"cat {node_dir(job_id, node)}/stderr.raw"],
+                         capture_output=True, timeout=30, check=True).stdout  # fmt: skip
+    assert raw == b"10%\r50%\r100%\n"
+
+
+@pytest.mark.sandbox
+def test_agent_reports_a_missing_working_directory(sandbox):
+    _box, state = sandbox
+    node = state.nodes[1].name
+    spec = {"job_id": f"t-{uuid.uuid4().hex[:8]}", "workdir": "/no/such/dir", "command": ["true"]}
+    run = run_pdsh([node], agent_command(sys.executable, spec), timeout=60)
+    [exit_fields] = _control(run, node, "exit")
+    assert exit_fields["code"] != 0
+    assert "/no/such/dir does not exist" in exit_fields["error"]
+
+
+def _start_tagged_sleep(node: str, job_id: str) -> None:
+    subprocess.run(
+        ["ssh", node, f"ORCH_JOB_ID={job_id} setsid sleep 300 >/dev/null 2>&1 < /dev/null &"],
+        timeout=30, check=True,
+    )  # fmt: skip
+
+
+def _count(node: str, job_id: str) -> int:
+    script = (
+        f"for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null "
+        f"| grep -qx 'ORCH_JOB_ID={job_id}' && echo hit; done; true"
+    )
+    out = subprocess.run(["ssh", node, script], capture_output=True, text=True, timeout=30)
+    return out.stdout.split().count("hit")
+
+
+@pytest.mark.sandbox
+def test_kill_by_job_id_stops_only_that_job(sandbox):
+    _box, state = sandbox
+    nodes = [n.name for n in state.nodes[:2]]
+    mine, other = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
+    for node in nodes:
+        _start_tagged_sleep(node, mine)
+        _start_tagged_sleep(node, other)
+    try:
+        assert all(_count(n, mine) == 1 and _count(n, other) == 1 for n in nodes)
+        run = run_pdsh(nodes, kill_command(sys.executable, mine, grace=2), timeout=30)
+        for node in nodes:
+            report = json.loads(run.lines_of(node)[-1])
+            assert report["found"] == 1 and report["left"] == 0
+            assert _count(node, mine) == 0
+            assert _count(node, other) == 1
+    finally:
+        run_pdsh(nodes, kill_command(sys.executable, other, grace=1), timeout=30)
+    assert all(_count(n, other) == 0 for n in nodes)

@@ -1,0 +1,54 @@
+"""`orch launch/submit --dry-run`, usage errors and `orch status` without running a job."""
+
+from __future__ import annotations
+
+import json
+
+from launch_support import REPO, run_orch
+
+
+def _hostfile(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("a1 slots=2\na2 slots=2\n")
+    return str(path)
+
+
+def test_launch_dry_run_prints_the_plan_as_json_with_secrets_redacted(tmp_path):
+    result = run_orch(["launch", "--hostfile", _hostfile(tmp_path), "--launcher", "torchrun",
+                       "--env", "HF_TOKEN=hunter2", "--dry-run", "train.py", "--", "--lr", "1"],
+                      tmp_path / "runs")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["launcher"] == "torchrun" and plan["world_size"] == 4
+    assert plan["node_command"][-3:] == ["train.py", "--lr", "1"]
+    assert plan["env"]["HF_TOKEN"] == "***"
+    assert "hunter2" not in result.stdout
+    assert not (tmp_path / "runs").exists()  # nothing written, nothing run
+
+
+def test_submit_dry_run_resolves_the_recipe(tmp_path):
+    recipe = str(REPO / "recipes" / "cpu-smoke.yaml")
+    result = run_orch(["submit", recipe, "--hostfile", _hostfile(tmp_path), "--dry-run"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["launcher"] == "pdsh"
+    assert plan["script"].endswith("recipes/scripts/cpu_smoke.py")
+    assert "deepspeed_multinode_launcher: pdsh" in plan["files"]["accelerate.yaml"]
+
+
+def test_usage_errors_exit_2_and_say_how_to_fix(tmp_path):
+    unknown = run_orch(["launch", "--hostfile", _hostfile(tmp_path), "--launcher", "slurm",
+                        "train.py"], tmp_path)  # fmt: skip
+    assert unknown.returncode == 2 and "unknown launcher 'slurm'" in unknown.stderr
+    missing = run_orch(["launch", "--hostfile", str(tmp_path / "nope"), "train.py"], tmp_path)
+    assert missing.returncode == 2 and "nope" in missing.stderr
+    no_hostfile = run_orch(["launch", "train.py"], tmp_path)
+    assert no_hostfile.returncode == 2 and "--hostfile" in no_hostfile.stderr
+
+
+def test_status_with_no_jobs(tmp_path):
+    listing = run_orch(["status", "--json"], tmp_path)
+    assert listing.returncode == 0
+    assert json.loads(listing.stdout)["jobs"] == []
+    one = run_orch(["status", "nope"], tmp_path)
+    assert one.returncode == 2 and "no jobs recorded" in one.stderr

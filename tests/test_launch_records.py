@@ -1,0 +1,58 @@
+"""Job records on disk: round trip, lookup, and a running job whose head is gone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.records import (
+    FirstFailure,
+    JobRecord,
+    RunDir,
+    find_job,
+    list_jobs,
+    process_start_time,
+    shown_state,
+)
+
+
+def _record(job_id: str, **kw) -> JobRecord:
+    base = dict(id=job_id, state="running", launcher="torchrun", command=("python", "x.py"),
+                hosts=("n1", "n2"), workdir="/w", started_at="2026-01-01T00:00:00+00:00",
+                head_pid=os.getpid(), head_start=process_start_time(os.getpid()))  # fmt: skip
+    base.update(kw)
+    return JobRecord(**base)
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    failure = FirstFailure("n2", 3, 7, "exited with code 7", ("a", "b"))
+    record = _record("j1", state="failed", exit_code=7, first_failure=failure,
+                     node_exit_codes={"n1": 143, "n2": 7}, node_logs={"n1": "ok"})  # fmt: skip
+    run = RunDir(tmp_path / "j1").create()
+    run.save(record)
+    assert run.load() == record
+
+
+def test_running_job_with_a_live_head_is_running_and_a_dead_head_is_shown(tmp_path):
+    assert shown_state(_record("j1")) == "running"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert shown_state(_record("j2", head_pid=gone.pid, head_start="1")) == "head-died"
+    # A finished job stays what it was, whatever became of its head.
+    assert shown_state(_record("j3", state="killed", head_pid=gone.pid)) == "killed"
+
+
+def test_find_job_by_id_prefix_or_newest(tmp_path):
+    for job_id in ("20260101-000000-aaaaaa", "20260102-000000-bbbbbb"):
+        RunDir(tmp_path / job_id).create().save(_record(job_id))
+    assert [r.id for r in list_jobs(tmp_path)] == ["20260101-000000-aaaaaa",
+                                                   "20260102-000000-bbbbbb"]  # fmt: skip
+    assert find_job(tmp_path, None).path.name == "20260102-000000-bbbbbb"
+    assert find_job(tmp_path, "20260101").path.name == "20260101-000000-aaaaaa"
+    with pytest.raises(UsageError, match="2 jobs"):
+        find_job(tmp_path, "2026")
+    with pytest.raises(UsageError, match="no jobs recorded"):
+        find_job(tmp_path / "empty", None)

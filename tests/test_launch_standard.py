@@ -1,0 +1,42 @@
+"""The standard launcher: one accelerate config per machine rank, `accelerate launch` on
+every node through pdsh and the agent, workers started once the main port answers."""
+
+from __future__ import annotations
+
+import pytest
+from launch_support import job_ids, job_json, job_processes, launch_args, log_text, run_orch
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def pair(sandbox_factory):
+    return sandbox_factory(2, 2)
+
+
+def test_standard_launcher_runs_every_rank_with_its_machine_rank(pair, tmp_path):
+    _box, state = pair
+    names = [n.name for n in state.nodes]
+    result = run_orch(launch_args(state.hostfile, "standard", "--steps", "2", nproc=2), tmp_path,
+                      timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    [job_id] = job_ids(tmp_path)
+    for rank in range(4):
+        node = names[rank // 2]
+        assert f"rank {rank} done" in log_text(tmp_path, job_id, node)
+    run = tmp_path / job_id
+    assert "machine_rank: 1" in (run / "accelerate_1.yaml").read_text()
+    assert job_json(tmp_path, job_id)["node_exit_codes"] == dict.fromkeys(names, 0)
+
+
+def test_standard_launcher_failing_rank_sets_exit_code_and_leaves_nothing(pair, tmp_path):
+    _box, state = pair
+    names = [n.name for n in state.nodes]
+    args = launch_args(state.hostfile, "standard", "--steps", "2", "--fail-rank", "1",
+                       "--exit-code", "7", nproc=2)  # fmt: skip
+    result = run_orch(args, tmp_path, timeout=600)
+    assert result.returncode == 7, result.stderr[-3000:]
+    assert f"first failure: {names[0]} rank 1" in result.stderr
+    [job_id] = job_ids(tmp_path)
+    for node in names:
+        assert job_processes(node, job_id) == [], f"job left running on {node}"

@@ -1,0 +1,167 @@
+"""`orch launch --launcher torchrun` on a real sandbox: success, a failing rank, a frozen
+node, Ctrl-C next to another job, `orch kill`, a dead head, and `orch status` on each."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from launch_support import (
+    all_ranks_up,
+    job_ids,
+    job_json,
+    job_processes,
+    launch_args,
+    log_text,
+    run_orch,
+    start_orch,
+    wait_for,
+)
+
+pytestmark = pytest.mark.sandbox
+
+
+def _names(state) -> list[str]:
+    return [n.name for n in state.nodes]
+
+
+def _status(runs: Path, job_id: str) -> dict:
+    result = run_orch(["status", job_id, "--json"], runs)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_success_leaves_every_ranks_output_and_a_complete_record(sandbox, hostfile, tmp_path):
+    _box, state = sandbox
+    names = _names(state)
+    result = run_orch(launch_args(hostfile, "torchrun", "--steps", "3"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "succeeded" in result.stderr
+    [job_id] = job_ids(tmp_path)
+    for rank, node in enumerate(names):
+        log = log_text(tmp_path, job_id, node)
+        assert f"rank {rank} step 2 sum {sum(range(1, len(names) + 1))}" in log
+        assert f"rank {rank} done" in log
+        assert "\r" not in log
+    record = job_json(tmp_path, job_id)
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert record["launcher"] == "torchrun" and record["hosts"] == names
+    assert record["node_exit_codes"] == dict.fromkeys(names, 0)
+    assert record["started_at"] and record["ended_at"]
+    assert "--rdzv_backend=c10d" in record["command"]
+    assert (tmp_path / job_id / "hostfile").read_text().split()[0] == names[0]
+    assert json.loads((tmp_path / job_id / "env.json").read_text())["ORCH_JOB_ID"] == job_id
+    assert _status(tmp_path, job_id)["state"] == "succeeded"
+
+
+def test_failing_rank_sets_the_exit_code_names_node_and_rank_and_leaves_nothing(
+    sandbox, hostfile, tmp_path
+):
+    _box, state = sandbox
+    names = _names(state)
+    result = run_orch(
+        launch_args(hostfile, "torchrun", "--steps", "2", "--fail-rank", "2", "--exit-code", "7"),
+        tmp_path,
+    )
+    assert result.returncode == 7, result.stderr
+    assert f"first failure: {names[2]} rank 2" in result.stderr
+    assert "rank 2 failing with exit code 7" in result.stderr or "exitcode  : 7" in result.stderr
+    [job_id] = job_ids(tmp_path)
+    for node in names:
+        assert job_processes(node, job_id) == [], f"job left running on {node}"
+    doc = _status(tmp_path, job_id)
+    assert doc["state"] == "failed" and doc["exit_code"] == 7
+    assert doc["first_failure"]["node"] == names[2] and doc["first_failure"]["rank"] == 2
+    text = run_orch(["status", job_id], tmp_path).stdout
+    assert f"first failure: {names[2]} rank 2" in text
+
+
+def test_sigint_stops_only_its_job_and_orch_kill_stops_the_other(sandbox, hostfile, tmp_path):
+    _box, state = sandbox
+    names = _names(state)
+    first = start_orch(launch_args(hostfile, "torchrun", "--sleep", "600"), tmp_path,
+                       tmp_path / "first.out")  # fmt: skip
+    assert wait_for(lambda: len(job_ids(tmp_path)) == 1, 30)
+    [job_a] = job_ids(tmp_path)
+    # Two jobs on the same nodes need their own rendezvous ports (launch_args picks one).
+    second_args = launch_args(hostfile, "torchrun", "--sleep", "600", "--steps", "1")
+    second = start_orch(second_args, tmp_path, tmp_path / "second.out")
+    try:
+        assert wait_for(lambda: len(job_ids(tmp_path)) == 2, 30)
+        job_b = next(j for j in job_ids(tmp_path) if j != job_a)
+        assert wait_for(lambda: all_ranks_up(tmp_path, job_a, names), 120)
+        assert wait_for(lambda: all_ranks_up(tmp_path, job_b, names), 120)
+
+        first.send_signal(signal.SIGINT)
+        assert first.wait(60) == 130
+        for node in names:
+            assert job_processes(node, job_a) == [], f"first job left on {node}"
+            assert job_processes(node, job_b), f"second job was touched on {node}"
+        assert _status(tmp_path, job_a)["state"] == "interrupted"
+        assert _status(tmp_path, job_b)["state"] == "running"
+
+        killed = run_orch(["kill", job_b], tmp_path, timeout=120)
+        assert killed.returncode == 0, killed.stderr
+        assert second.wait(60) == 143
+        for node in names:
+            assert job_processes(node, job_b) == [], f"second job left on {node}"
+        assert _status(tmp_path, job_b)["state"] == "killed"
+        listing = run_orch(["status"], tmp_path).stdout
+        assert "interrupted" in listing and "killed" in listing
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_frozen_node_is_named_and_the_job_ends_within_60s(sandbox_factory, tmp_path):
+    box, state = sandbox_factory(2, 1)
+    names = _names(state)
+    out = tmp_path / "orch.out"
+    runs = tmp_path / "runs"
+    proc = start_orch(
+        launch_args(state.hostfile, "torchrun", "--steps", "100000", "--step-sleep", "0.2"),
+        runs, out,
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: len(job_ids(runs)) == 1, 30)
+        [job_id] = job_ids(runs)
+        assert wait_for(lambda: "step 5 " in log_text(runs, job_id, names[1]), 120)
+        box.freeze(names[1])
+        frozen_at = time.monotonic()
+        code = proc.wait(90)
+        assert time.monotonic() - frozen_at < 60
+        text = out.read_text()
+        assert code != 0
+        assert f"first failure: {names[1]}: stopped answering" in text
+        assert job_processes(names[0], job_id) == []
+        assert job_json(runs, job_id)["first_failure"]["node"] == names[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        box.thaw(names[1])
+    # Once it runs again, the frozen node's agent finds its head gone and cleans up.
+    assert wait_for(lambda: job_processes(names[1], job_id) == [], 60)
+
+
+def test_dead_head_nodes_clean_up_by_themselves(sandbox, hostfile, tmp_path):
+    _box, state = sandbox
+    names = _names(state)
+    proc = start_orch(launch_args(hostfile, "torchrun", "--sleep", "600", "--steps", "1"),
+                      tmp_path, tmp_path / "orch.out")  # fmt: skip
+    try:
+        assert wait_for(lambda: len(job_ids(tmp_path)) == 1, 30)
+        [job_id] = job_ids(tmp_path)
+        assert wait_for(lambda: all_ranks_up(tmp_path, job_id, names), 120)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _status(tmp_path, job_id)["state"] == "head-died"
+    for node in names:
+        assert wait_for(lambda node=node: job_processes(node, job_id) == [], 60), node

@@ -1,0 +1,88 @@
+"""pdsh command lines (pure) and running pdsh against real sandbox nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import OrchError
+from orchestrator.pdsh import (
+    SSH_ARGS_APPEND,
+    build_pdsh_argv,
+    pdsh_environment,
+    run_pdsh,
+    split_node_line,
+    split_pdsh_args,
+)
+
+
+def test_argv_runs_over_ssh_on_every_host_with_timeouts():
+    argv = build_pdsh_argv(["a1", "a2"], "echo hi", fanout=8, command_timeout=30)
+    assert argv[0] == "pdsh"
+    assert argv[argv.index("-R") + 1] == "ssh"
+    assert "-S" in argv  # exit with the largest remote exit code
+    assert argv[argv.index("-f") + 1] == "8"
+    assert argv[argv.index("-t") + 1] == "10"
+    assert argv[argv.index("-u") + 1] == "30"
+    assert argv[-2:] == ["a1,a2", "echo hi"]
+
+
+def test_no_hosts_is_an_error():
+    with pytest.raises(OrchError, match="no hosts"):
+        build_pdsh_argv([], "true")
+
+
+def test_environment_keeps_the_users_ssh_args_and_adds_keepalives():
+    env = pdsh_environment({"PDSH_SSH_ARGS_APPEND": "-p 2222"})
+    assert env["PDSH_RCMD_TYPE"] == "ssh"
+    assert env["PDSH_SSH_ARGS_APPEND"] == f"-p 2222 {SSH_ARGS_APPEND}"
+    assert pdsh_environment(env) == env  # idempotent
+
+
+def test_split_deepspeed_pdsh_call():
+    # What DeepSpeed's PDSHRunner runs (its remote command is split into words).
+    args = ["-S", "-f", "1024", "-w", "n1,n2", "export", "A=1;", "cd", "/w;", "python", "-u",
+            "-m", "deepspeed.launcher.launch", "--node_rank=%n", "train.py"]  # fmt: skip
+    options, hosts, words = split_pdsh_args(args)
+    assert options == ["-S", "-f", "1024"]
+    assert hosts == ["n1", "n2"]
+    assert words[0] == "export" and words[-1] == "train.py"
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("n1: hello: world", ("n1", "hello: world")),
+        ("pdsh@head: n2: ssh exited", ("", "pdsh@head: n2: ssh exited")),
+        ("no prefix here", ("", "no prefix here")),
+    ],
+)  # fmt: skip
+def test_split_node_line(line, expected):
+    assert split_node_line(line) == expected
+
+
+@pytest.mark.sandbox
+def test_run_pdsh_reaches_every_node_and_reports_each(sandbox):
+    _box, state = sandbox
+    names = [n.name for n in state.nodes]
+    run = run_pdsh(names, "hostname; echo rank=%n", timeout=20)
+    assert run.exit_code == 0 and not run.timed_out
+    for rank, name in enumerate(names):
+        # (A login shell may add its own noise; the command's lines come in order.)
+        lines = run.lines_of(name)
+        assert lines.index(name) < lines.index(f"rank={rank}")
+
+
+@pytest.mark.sandbox
+def test_run_pdsh_returns_the_largest_exit_code(sandbox):
+    _box, state = sandbox
+    names = [n.name for n in state.nodes[:2]]
+    run = run_pdsh(names, "exit %n", timeout=20)
+    assert run.exit_code == 1
+    assert any("exit code 1" in line for node, line in run.output if node == "")
+
+
+@pytest.mark.sandbox
+def test_run_pdsh_never_outlives_its_timeout(sandbox):
+    _box, state = sandbox
+    run = run_pdsh([state.nodes[0].name], "sleep 60", timeout=2)
+    assert run.exit_code != 0
