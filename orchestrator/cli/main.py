@@ -43,6 +43,7 @@ def _register_commands() -> None:
         doctor_cmds,
         files_cmds,
         job_cmds,
+        logs_cmds,
         sandbox_cmds,
     )
 

@@ -1,0 +1,182 @@
+"""`orch logs JOB`: a job's per-node logs, one node or all, by node or by time, or followed."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import typer
+
+from orchestrator.cli.main import app
+from orchestrator.errors import OrchError, UsageError
+from orchestrator.logsink import (
+    HEAD_NODE,
+    LogFollower,
+    log_file_name,
+    merge_by_time,
+    read_log_lines,
+)
+from orchestrator.records import (
+    RUNNING_STATES,
+    JobRecord,
+    RunDir,
+    find_job,
+    head_alive,
+    runs_root,
+)
+
+_FOLLOW_POLL_S = 0.5
+_NODE = typer.Option([], "--node", "-n", help="Only this node (repeat, or comma-separate).")
+_RUNS_DIR = typer.Option(
+    None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
+)
+_RAW_FILES = ("stdout.raw", "stderr.raw")
+
+
+def _selected_nodes(record: JobRecord, run: RunDir, wanted: list[str]) -> list[str]:
+    known = list(record.hosts)
+    extra = sorted(
+        p.stem for p in run.logs.glob("*.log") if p.stem not in known and p.stem != HEAD_NODE
+    )
+    known += extra
+    if not wanted:
+        return known
+    names = [name for item in wanted for name in item.split(",") if name]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(
+            f"job {record.id} has no node {', '.join(unknown)}",
+            f"its nodes are: {', '.join(known) or '(none)'}",
+        )
+    return names
+
+
+def _prefixed(node: str, lines: Iterable[bytes], prefix: bool) -> Iterator[bytes]:
+    head = node.encode() + b" "
+    for line in lines:
+        yield (head + line if prefix else line) + b"\n"
+
+
+def _write_all(out: BinaryIO, chunks: Iterable[bytes]) -> None:
+    batch: list[bytes] = []
+    for chunk in chunks:
+        batch.append(chunk)
+        if len(batch) >= 4096:
+            out.write(b"".join(batch))
+            batch.clear()
+    out.write(b"".join(batch))
+    out.flush()
+
+
+def _show(run: RunDir, nodes: list[str], by_time: bool, out: BinaryIO) -> list[str]:
+    paths = {node: run.logs / log_file_name(node) for node in nodes}
+    present = {node: path for node, path in paths.items() if path.is_file()}
+    prefix = len(nodes) > 1
+    if by_time:
+        merged = merge_by_time({n: read_log_lines(p) for n, p in present.items()})
+        lines = ((n.encode() + b" " if prefix else b"") + line + b"\n" for n, line in merged)
+        _write_all(out, lines)
+    else:
+        for node, path in present.items():
+            _write_all(out, _prefixed(node, read_log_lines(path), prefix))
+    return [node for node in nodes if node not in present]
+
+
+def _still_running(run: RunDir) -> bool:
+    try:
+        record = run.load()
+    except OrchError:
+        return False
+    return record.state in RUNNING_STATES and head_alive(record)
+
+
+def _follow(run: RunDir, nodes: list[str], out: BinaryIO) -> None:
+    prefix = len(nodes) > 1
+    followers = {node: LogFollower(run.logs / log_file_name(node)) for node in nodes}
+    while True:
+        running = _still_running(run)  # checked before reading: nothing written is missed
+        for node, follower in followers.items():
+            while lines := follower.read_new():
+                _write_all(out, _prefixed(node, lines, prefix))
+        if not running:
+            return
+        time.sleep(_FOLLOW_POLL_S)
+
+
+def _show_raw(run: RunDir, nodes: list[str], out: BinaryIO) -> list[str]:
+    missing = []
+    for node in nodes:
+        directory = _raw_dir(run, node)
+        files = [directory / name for name in _RAW_FILES if (directory / name).is_file()]
+        if not files:
+            missing.append(node)
+            continue
+        for path in files:
+            out.write(f"==> {node}/{path.name} <==\n".encode())
+            with path.open("rb") as handle:
+                while block := handle.read(1 << 20):
+                    out.write(block)
+            out.write(b"\n")
+    out.flush()
+    return missing
+
+
+def _raw_dir(run: RunDir, node: str) -> Path:
+    return run.node_logs / node
+
+
+@app.command()
+def logs(
+    job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
+    node: list[str] = _NODE,
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing new lines until the job ends."
+    ),
+    raw: bool = typer.Option(
+        False, "--raw", help="The raw node-local logs pulled back at the end, byte for byte."
+    ),
+    by_time: bool = typer.Option(
+        False, "--by-time/--by-node", help="Interleave nodes by time, or one node after another."
+    ),
+    runs_dir: Path = _RUNS_DIR,
+) -> None:
+    """Print a job's per-node logs (timestamp, stream, text), prefixed by node when several."""
+    if raw and follow:
+        raise UsageError(
+            "--raw and --follow cannot be combined",
+            "raw logs are pulled back when the job ends; follow the head-side logs instead",
+        )
+    run = find_job(runs_root(runs_dir), job)
+    record = run.load()
+    nodes = _selected_nodes(record, run, node)
+    out = sys.stdout.buffer
+    try:
+        if raw:
+            missing = _show_raw(run, nodes, out)
+            what = "raw logs"
+        elif follow:
+            _follow(run, nodes, out)
+            missing = []
+            what = ""
+        else:
+            missing = _show(run, nodes, by_time, out)
+            what = "head-side log"
+    except BrokenPipeError:
+        # `orch logs JOB | head`: the reader left; not an error.
+        sys.stdout = None  # type: ignore[assignment]
+        raise typer.Exit(0) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if missing:
+        hint = (
+            "the node could not be reached when the job ended; its raw logs stay in "
+            f"/tmp/orch-runs/{record.id}/<node>/ on the node"
+            if raw
+            else "the node printed nothing (or never started); see `orch status " + record.id + "`"
+        )
+        if len(missing) == len(nodes):
+            raise OrchError(f"job {record.id}: no {what} for {', '.join(missing)}", hint)
+        typer.echo(f"note: no {what} for {', '.join(missing)} ({hint})", err=True)

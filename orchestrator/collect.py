@@ -1,0 +1,259 @@
+"""Pull each node's raw job logs back to the head, whole and verified.
+
+During a job the node agent tees its ranks' raw output into
+`/tmp/orch-runs/<job-id>/<node>/` on the node. When the job ends, whatever way
+it ended, `collect_logs` fetches every file of that directory over SFTP into
+`runs/<job-id>/<nodes dir>/<node>/`, checks each against the size and sha256
+the node itself computes (over the same SSH connection), and only then removes
+the node's copy (unless keep_remote). A node that cannot be reached, or whose
+files do not arrive whole, is reported with what went wrong and how to get the
+files by hand: never skipped silently, never hiding the other nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import stat
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.agent import node_dir
+from orchestrator.errors import UsageError
+from orchestrator.transport import NodeSession, SSHError, open_session
+
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
+_PARTIAL_SUFFIX = ".partial"
+_ATTEMPTS = 2  # a file still being written when first fetched gets one more try
+
+
+@dataclass(frozen=True)
+class PulledFile:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class NodeCollection:
+    """What happened to one node's raw logs."""
+
+    node: str
+    ok: bool
+    remote_dir: str
+    local_dir: str
+    files: tuple[PulledFile, ...] = ()
+    problem: str | None = None  # set when not ok
+    hint: str | None = None
+    remote_removed: bool = False
+
+
+@dataclass(frozen=True)
+class CollectReport:
+    nodes: tuple[NodeCollection, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(n.ok for n in self.nodes)
+
+    @property
+    def failed(self) -> tuple[NodeCollection, ...]:
+        return tuple(n for n in self.nodes if not n.ok)
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _is_safe(value: str) -> bool:
+    # Job ids and node names become parts of a path removed with rm -rf: be strict.
+    return bool(_SAFE.fullmatch(value)) and ".." not in value
+
+
+def _hash_command(remote_dir: str) -> str:
+    quoted = shlex.quote(remote_dir)
+    # One line per regular file: "<size> <sha256>  <name>"; exit 3: no such directory.
+    return (
+        f"cd -- {quoted} 2>/dev/null || exit 3; "
+        'for f in * .[!.]*; do [ -f "$f" ] || continue; '
+        'printf "%s " "$(stat -c %s -- "$f")"; sha256sum -- "$f" || exit 4; done'
+    )
+
+
+def _parse_hashes(stdout: bytes) -> dict[str, tuple[int, str]]:
+    hashes: dict[str, tuple[int, str]] = {}
+    for line in stdout.decode("utf-8", "surrogateescape").splitlines():
+        size, _, rest = line.partition(" ")
+        digest, _, name = rest.partition("  ")
+        if size.isdigit() and len(digest) == 64 and name:
+            hashes[name] = (int(size), digest)
+    return hashes
+
+
+def _local_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _remote_hashes(
+    session: NodeSession, remote_dir: str, timeout: float
+) -> dict[str, tuple[int, str]] | None:
+    result = session.run(_hash_command(remote_dir), timeout=timeout)
+    if result.exit_code == 3:
+        return None
+    if result.exit_code != 0:
+        raise _Mismatch(
+            f"hashing the files in {remote_dir} failed (exit {result.exit_code}): "
+            + result.stderr.decode("utf-8", "replace").strip()[-300:]
+        )
+    return _parse_hashes(result.stdout)
+
+
+def _pull_files(
+    session: NodeSession, remote_dir: str, local_dir: Path, names: Sequence[str]
+) -> None:
+    local_dir.mkdir(parents=True, exist_ok=True)
+    sftp = session.sftp()
+    try:
+        for name in names:
+            remote = f"{remote_dir}/{name}"
+            if not stat.S_ISREG(sftp.stat(remote).st_mode or 0):
+                continue
+            partial = local_dir / (name + _PARTIAL_SUFFIX)
+            sftp.get(remote, str(partial))
+    finally:
+        sftp.close()
+
+
+def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledFile]:
+    pulled = []
+    for name, (size, digest) in sorted(hashes.items()):
+        partial = local_dir / (name + _PARTIAL_SUFFIX)
+        got_size = partial.stat().st_size
+        got_digest = _local_sha256(partial)
+        if (got_size, got_digest) != (size, digest):
+            raise _Mismatch(
+                f"{name}: got {got_size} bytes sha256 {got_digest[:12]}, "
+                f"node has {size} bytes sha256 {digest[:12]}"
+            )
+        pulled.append(PulledFile(name, size, digest))
+    for item in pulled:
+        os.replace(local_dir / (item.name + _PARTIAL_SUFFIX), local_dir / item.name)
+    return pulled
+
+
+def _collect_over(
+    session: NodeSession, node: str, remote_dir: str, local_dir: Path, keep_remote: bool,
+    timeout: float,
+) -> NodeCollection:  # fmt: skip
+    base = {"node": node, "remote_dir": remote_dir, "local_dir": str(local_dir)}
+    problem = ""
+    for _attempt in range(_ATTEMPTS):
+        before = _remote_hashes(session, remote_dir, timeout)
+        if before is None:
+            return NodeCollection(
+                ok=False,
+                problem=f"{node}: no raw logs at {remote_dir}",
+                hint="the job never started on this node, or its logs were already removed",
+                **base,
+            )
+        _pull_files(session, remote_dir, local_dir, sorted(before))
+        after = _remote_hashes(session, remote_dir, timeout) or {}
+        try:
+            if after != before:
+                raise _Mismatch("files changed on the node while they were copied")
+            files = _verify(local_dir, after)
+        except _Mismatch as err:
+            problem = str(err)
+            continue
+        removed = False
+        if not keep_remote:
+            removed = _remove_remote(session, remote_dir, timeout)
+        return NodeCollection(ok=True, files=tuple(files), remote_removed=removed, **base)
+    return NodeCollection(
+        ok=False,
+        problem=f"{node}: raw logs did not arrive whole: {problem}",
+        hint=f"the node's copy was kept; fetch it by hand: scp -r {node}:{remote_dir} .",
+        **base,
+    )
+
+
+def _remove_remote(session: NodeSession, remote_dir: str, timeout: float) -> bool:
+    job_dir = os.path.dirname(remote_dir)
+    command = (
+        f"rm -rf -- {shlex.quote(remote_dir)} && "
+        f"{{ rmdir -- {shlex.quote(job_dir)} 2>/dev/null; true; }}"
+    )
+    return session.run(command, timeout=timeout).exit_code == 0
+
+
+def collect_node(
+    node: str,
+    job_id: str,
+    dest_root: str | os.PathLike[str],
+    *,
+    keep_remote: bool = False,
+    connect_timeout: float = 10.0,
+    timeout: float = 120.0,
+) -> NodeCollection:
+    """Fetch one node's raw logs into dest_root/<node>/; never raises for a node problem."""
+    if not _is_safe(job_id):
+        raise UsageError(f"not a job id: {job_id!r}", "see `orch status` for the jobs there are")
+    remote_dir = node_dir(job_id, node)
+    local_dir = Path(dest_root) / node
+    base = {"node": node, "remote_dir": remote_dir, "local_dir": str(local_dir)}
+    if not _is_safe(node):
+        return NodeCollection(
+            ok=False,
+            problem=f"{node!r}: not a node name orch will build a path from",
+            hint="name nodes by host name, IP or ssh alias (letters, digits, . _ - @)",
+            **{**base, "local_dir": ""},
+        )
+    try:
+        with open_session(node, timeout=connect_timeout) as session:
+            return _collect_over(session, node, remote_dir, local_dir, keep_remote, timeout)
+    except SSHError as err:
+        hint = f"{err.failure.hint}; its logs stay on the node in {remote_dir}"
+        return NodeCollection(ok=False, problem=err.failure.message, hint=hint, **base)
+    except (OSError, EOFError) as err:  # SFTP or the connection failed mid-way
+        return NodeCollection(
+            ok=False,
+            problem=f"{node}: fetching {remote_dir} failed ({type(err).__name__}: {err})",
+            hint=f"its logs stay on the node; fetch them by hand: scp -r {node}:{remote_dir} .",
+            **base,
+        )
+
+
+def collect_logs(
+    nodes: Sequence[str],
+    job_id: str,
+    dest_root: str | os.PathLike[str],
+    *,
+    keep_remote: bool = False,
+    connect_timeout: float = 10.0,
+    timeout: float = 120.0,
+    max_parallel: int = 16,
+) -> CollectReport:
+    """Every node's raw logs, in parallel; one NodeCollection per node, in order."""
+    if not nodes:
+        return CollectReport(())
+    with ThreadPoolExecutor(max_workers=min(max_parallel, len(nodes))) as pool:
+        results = pool.map(
+            lambda node: collect_node(
+                node,
+                job_id,
+                dest_root,
+                keep_remote=keep_remote,
+                connect_timeout=connect_timeout,
+                timeout=timeout,
+            ),
+            nodes,
+        )
+        return CollectReport(tuple(results))

@@ -1,0 +1,280 @@
+"""What the head shows while a job runs.
+
+On a terminal (`LiveView`): a rich Live block with one line per node showing
+its latest progress frame or output line, updated in place, while output lines
+scroll above it, prefixed with the node (and rank when the agent reported
+one). A job that prints faster than anyone can read is not allowed to cost the
+head: at most `max_lines_per_second` lines reach the screen, the rest are
+counted ("... 12000 lines not shown") and are all in `orch logs`.
+
+Not a terminal (`PlainView`: CI, `| tee`): plain `node: text` lines, no escape
+codes, and progress frames throttled to one per node every `frame_interval`
+seconds so the output stays readable.
+
+Both take bytes from the log router (see logsink.LogView) and must be closed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import BinaryIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.logsink import HEAD_NODE, strip_terminal_codes
+
+MAX_SHOWN_CHARS = 2000  # a 1 MiB line goes to the log file, not to the screen
+_HEAD = "head"
+
+
+def _display_text(data: bytes, limit: int = MAX_SHOWN_CHARS) -> str:
+    text = strip_terminal_codes(data).decode("utf-8", "backslashreplace")
+    text = text.replace("\t", "    ")
+    return text if len(text) <= limit else text[:limit] + f"... ({len(data)} bytes)"
+
+
+def _is_pdsh(node: str) -> bool:
+    return node == HEAD_NODE or node.startswith("pdsh@") or not node
+
+
+class _Ranks:
+    """Node -> rank label, from the agent's `started` message when it names one."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {}
+
+    def note(self, node: str, kind: str, fields: dict) -> None:
+        if kind == "started" and "rank" in fields:
+            self.labels[node] = f"{node}[{fields['rank']}]"
+
+    def prefix(self, node: str) -> str:
+        return self.labels.get(node) or node or _HEAD
+
+
+class PlainView:
+    """Prefixed lines on a byte stream; frames throttled per node. Thread-safe flushing."""
+
+    def __init__(
+        self,
+        out: BinaryIO | None = None,
+        *,
+        frame_interval: float = 5.0,
+        flush_interval: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._out = out if out is not None else sys.stdout.buffer
+        self._frame_interval = frame_interval
+        self._clock = clock
+        self._last_frame: dict[str, float] = {}
+        self._ranks = _Ranks()
+        self._prefixes: dict[str, bytes] = {}
+        self._dirty = False
+        self._broken = False
+        self._closed = threading.Event()
+        self._flush_interval = flush_interval
+        # Flushing every line would cost a syscall per line; a slow job's output
+        # still shows within flush_interval.
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
+        self._flusher.start()
+        atexit.register(self.close)  # a view nobody closed still ends its output
+
+    def _prefix(self, node: str) -> bytes:
+        prefix = self._prefixes.get(node)
+        if prefix is None:
+            prefix = self._prefixes[node] = self._ranks.prefix(node).encode() + b": "
+        return prefix
+
+    def line(self, node: str, stream: str, data: bytes) -> None:
+        if b"\x1b" in data or b"\r" in data:
+            data = strip_terminal_codes(data)
+        self._write(self._prefix(node) + data + b"\n")
+        self._last_frame.pop(node, None)  # a new bar starts with its first frame shown
+
+    def frame(self, node: str, stream: str, data: bytes) -> None:
+        now = self._clock()
+        last = self._last_frame.get(node)
+        if last is not None and now - last < self._frame_interval:
+            return
+        self._last_frame[node] = now
+        self._write(self._prefix(node) + strip_terminal_codes(data) + b"\n")
+
+    def control(self, node: str, kind: str, fields: dict) -> None:
+        self._ranks.note(node, kind, fields)
+        self._prefixes.pop(node, None)
+
+    def _write(self, data: bytes) -> None:
+        if self._broken:
+            return
+        try:
+            self._out.write(data)
+        except (OSError, ValueError):
+            self._broken = True  # e.g. `| head` exited: keep the job going, logs have it all
+        self._dirty = True
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(self._flush_interval):
+            self.flush()
+
+    def flush(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            # stdout may be gone (a closed pipe): the log files still have it all.
+            with contextlib.suppress(OSError, ValueError):
+                self._out.flush()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._flusher.join(2.0)
+        self.flush()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> PlainView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _NodeRow:
+    __slots__ = ("latest", "state")
+
+    def __init__(self) -> None:
+        self.state = "waiting"
+        self.latest = ""
+
+
+class LiveView:
+    """rich Live: one row per node (its latest frame or line), output lines scrolling above."""
+
+    def __init__(
+        self,
+        nodes: Sequence[str] = (),
+        *,
+        console: Console | None = None,
+        max_lines_per_second: int = 2000,
+        tick: float = 0.1,
+    ) -> None:
+        self.console = console if console is not None else Console(highlight=False)
+        self._rows: dict[str, _NodeRow] = {node: _NodeRow() for node in nodes}
+        self._ranks = _Ranks()
+        self._pending: deque[tuple[str, bytes]] = deque()
+        self._budget = max(1, int(max_lines_per_second * tick))
+        self._hidden = 0
+        self._lock = threading.Lock()
+        self._tick = tick
+        self._closed = threading.Event()
+        self._live = Live(
+            self, console=self.console, refresh_per_second=4, redirect_stdout=False,
+            redirect_stderr=False, transient=False,
+        )  # fmt: skip
+        self._live.start()
+        self._printer = threading.Thread(target=self._print_loop, daemon=True)
+        self._printer.start()
+        atexit.register(self.close)  # a view nobody closed still restores the terminal
+
+    # -- LogView -----------------------------------------------------------
+
+    def _row(self, node: str) -> _NodeRow:
+        row = self._rows.get(node)
+        if row is None:
+            with self._lock:
+                row = self._rows.setdefault(node, _NodeRow())
+        return row
+
+    def line(self, node: str, stream: str, data: bytes) -> None:
+        with self._lock:
+            if len(self._pending) < self._budget:
+                self._pending.append((node, data))
+            else:
+                self._hidden += 1
+        if not _is_pdsh(node):
+            row = self._row(node)
+            row.latest = data[:400].decode("utf-8", "replace")
+            if row.state == "waiting":
+                row.state = "running"
+
+    def frame(self, node: str, stream: str, data: bytes) -> None:
+        row = self._row(node)
+        row.latest = data[:400].decode("utf-8", "replace")
+        if row.state == "waiting":
+            row.state = "running"
+
+    def control(self, node: str, kind: str, fields: dict) -> None:
+        self._ranks.note(node, kind, fields)
+        row = self._row(node)
+        if kind == "started":
+            row.state = "running"
+        elif kind == "exit":
+            code = fields.get("code")
+            row.state = "done" if code == 0 else f"exit {code}"
+
+    # -- rendering -----------------------------------------------------------
+
+    def __rich__(self) -> Table:
+        table = Table.grid(padding=(0, 1), expand=True)
+        table.add_column(no_wrap=True, style="bold")
+        table.add_column(no_wrap=True)
+        table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+        with self._lock:
+            rows = list(self._rows.items())
+        for node, row in rows:
+            style = "green" if row.state == "done" else "red" if "exit" in row.state else ""
+            latest = Text(strip_terminal_codes(row.latest.encode()).decode(), overflow="ellipsis")
+            table.add_row(self._ranks.prefix(node), Text(row.state, style=style), latest)
+        return table
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch = list(self._pending)
+            self._pending.clear()
+            hidden, self._hidden = self._hidden, 0
+        if not batch and not hidden:
+            return
+        lines = [
+            Text.assemble((self._ranks.prefix(node) + ": ", "dim"), _display_text(data))
+            for node, data in batch
+        ]
+        if hidden:
+            lines.append(Text(f"... {hidden} lines not shown (all are in `orch logs`)", "dim"))
+        self._live.console.print(Group(*lines), soft_wrap=True)
+
+    def _print_loop(self) -> None:
+        while not self._closed.wait(self._tick):
+            self._drain()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._printer.join(2.0)
+        self._drain()
+        self._live.stop()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> LiveView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_view(
+    nodes: Sequence[str] = (), *, tty: bool | None = None, frame_interval: float = 5.0
+) -> LiveView | PlainView:
+    """The live view on a terminal, plain throttled lines otherwise."""
+    if tty is None:
+        tty = sys.stdout.isatty()
+    if tty:
+        return LiveView(nodes)
+    return PlainView(frame_interval=frame_interval)

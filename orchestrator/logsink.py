@@ -1,0 +1,483 @@
+"""Head side of the log path: pdsh's merged output in, one readable log file per node out.
+
+pdsh prints every node's output as `node: payload`. Each payload is a wire line
+(see logwire) or plain output from outside the job (an ssh error, a shell
+message). `LogRouter` splits pdsh's stream by node, `NodeLogWriter` writes
+`runs/<id>/logs/<node>.log`:
+
+    2026-11-21T23:30:01.123Z out step 10 loss 0.25
+    2026-11-21T23:30:01.125Z err 100%|##########| 100/100 [00:01<00:00]
+
+one line per line the job printed, each with the time the head received it and
+its stream (`out`, `err`; `sys` for plain output outside the wire, `orch` for
+what the node agent reported). Progress frames are collapsed: only a bar's final
+frame is kept (plus one sample every `frame_sample_interval` seconds of a long
+bar); no `\\r` or terminal escape codes reach the file; bytes that are not UTF-8
+are written as they came. Memory is bounded: nothing is held but the partial
+line of each stream, capped at `max_line_bytes` (a longer line is written in
+pieces, the later ones tagged `out+` / `err+`).
+
+Pure apart from writing the files: no subprocess, no network.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from orchestrator.logwire import MAGIC, WireRecord, decode_wire, unescape_payload
+
+_L, _P, _F, _C, _K = (ord(c) for c in "LPFCK")
+_STREAM_TAG = {ord("o"): b"out", ord("e"): b"err"}
+_ANSI = re.compile(
+    rb"\x1b(?:\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erase
+    rb"|\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: titles, hyperlinks
+    rb"|[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC strings
+    rb"|[ -/]*[0-~])?"  # two-byte escapes; a lone ESC goes too
+)
+_BLANK = b" \t\x0b\x0c"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
+DEFAULT_FRAME_SAMPLE_S = 30.0
+HEAD_NODE = "_pdsh"  # lines pdsh printed without a node prefix
+STAMP_LEN = len("2026-11-21T23:30:01.123Z")
+SMALL_BATCH_LINES = 256
+MAX_PENDING_BYTES = 1 << 20
+
+
+def strip_terminal_codes(data: bytes) -> bytes:
+    """Remove ANSI escape sequences and any \\r (keeping what a terminal would show last)."""
+    if b"\r" in data:
+        parts = [p for p in data.split(b"\r") if p.strip(_BLANK)]
+        data = parts[-1] if parts else data.replace(b"\r", b"")
+    if b"\x1b" in data:
+        data = _ANSI.sub(b"", data)
+    return data
+
+
+def split_pdsh_line(line: bytes) -> tuple[str, bytes]:
+    """`node: payload\\n` as pdsh prints it -> (node, payload). No prefix: ("", line)."""
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    node, sep, payload = line.partition(b": ")
+    if not sep or not _is_node_name(node):
+        return "", line
+    return node.decode("utf-8", "replace"), payload
+
+
+def _is_node_name(node: bytes) -> bool:
+    # pdsh's own messages read `pdsh@head: ...`; node names never hold spaces.
+    return bool(node) and b" " not in node and not node.startswith(b"pdsh@")
+
+
+def log_file_name(node: str) -> str:
+    """The file name of a node's log: the node name made safe for a path."""
+    return (_SAFE_NAME.sub("_", node) or HEAD_NODE) + ".log"
+
+
+class _Timestamps:
+    """ISO-8601 UTC with milliseconds, formatted once per second, not once per line.
+
+    Standalone, every write takes the time; under a LogRouter the router takes
+    it once per batch of pdsh output (those lines all arrived at that instant).
+    """
+
+    def __init__(self, clock: Callable[[], float], per_write: bool = True) -> None:
+        self.clock = clock
+        self.per_write = per_write
+        self._second = -1
+        self._prefix = b""
+        self.t = 0.0
+        self.current = b""
+        self.refresh()
+
+    def refresh(self) -> float:
+        t = self.clock()
+        second = int(t)
+        if second != self._second:
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
+        self.t = t
+        self.current = b"%s.%03dZ " % (self._prefix, int((t - second) * 1000))
+        return t
+
+
+class _StreamState:
+    __slots__ = ("chunks", "chunks_len", "frame", "frame_since", "last_written_frame", "pieces")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.chunks_len = 0
+        self.pieces = 0  # pieces of an over-long line already written
+        self.frame: bytes | None = None  # latest non-blank frame of the current bar
+        self.frame_since = 0.0  # when the current bar's frame was last sampled
+        self.last_written_frame: bytes | None = None
+
+
+class NodeLogWriter:
+    """Writes one node's head-side log file; see the module docstring for the format."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        frame_sample_interval: float | None = DEFAULT_FRAME_SAMPLE_S,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        flush_interval: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab", buffering=256 * 1024)  # noqa: SIM115 (closed in close())
+        self._stamps = _Timestamps(clock)
+        self._streams = {code: _StreamState() for code in _STREAM_TAG}
+        self._sample = frame_sample_interval
+        self._max_line = max_line_bytes
+        self._flush_interval = flush_interval
+        self._flushed_at = 0.0
+        self.lines_written = 0
+
+    # -- input ------------------------------------------------------------
+
+    def write_wire(self, kind: int, stream: int, data: bytes) -> None:
+        """One wire record, already unescaped (see logwire.parse_wire)."""
+        state = self._streams.get(stream)
+        if state is None:
+            return
+        if kind == _L and not state.chunks and state.frame is None and not state.pieces:
+            self._write(_STREAM_TAG[stream], data)  # the common case, kept short
+            return
+        if kind == _C:
+            self._add_chunk(state, stream, data)
+            return
+        if state.chunks:
+            state.chunks.append(data)
+            data = b"".join(state.chunks)
+            state.chunks, state.chunks_len = [], 0
+        if kind == _F:
+            self._on_frame(state, stream, data)
+        elif kind in (_L, _P):
+            self._on_line(state, stream, data)
+
+    def add(self, record: WireRecord) -> None:
+        """One decoded record (the slower, typed form of write_wire)."""
+        if record.kind == "control":
+            self.note_control(record.text, record.fields)
+            return
+        kind = {"line": _L, "frame": _F, "chunk": _C}[record.kind]
+        if record.kind == "line" and not record.newline:
+            kind = _P
+        stream = {"out": ord("o"), "err": ord("e")}.get(record.stream, 0)
+        self.write_wire(kind, stream, record.data)
+
+    def write_plain(self, data: bytes) -> None:
+        """Output that did not come through the wire (ssh errors, a crashed agent)."""
+        self._write(b"sys", strip_terminal_codes(data))
+
+    def note(self, text: str) -> None:
+        """A line from orch itself (agent started, exit code, ...)."""
+        self._write(b"orch", text.encode("utf-8", "backslashreplace"))
+
+    def note_control(self, kind: str, fields: dict) -> None:
+        if kind == "heartbeat":
+            return
+        details = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(fields.items()))
+        self.note(f"{kind} {details}".rstrip())
+
+    # -- frames and lines -------------------------------------------------
+
+    def _add_chunk(self, state: _StreamState, stream: int, data: bytes) -> None:
+        state.chunks.append(data)
+        state.chunks_len += len(data)
+        if state.chunks_len >= self._max_line:
+            # Bounded memory: write what we have; the rest follows as a tagged piece.
+            piece = b"".join(state.chunks)
+            state.chunks, state.chunks_len = [], 0
+            self._write(self._piece_tag(state, stream), piece)
+
+    def _piece_tag(self, state: _StreamState, stream: int) -> bytes:
+        tag = _STREAM_TAG[stream]
+        state.pieces += 1
+        return tag if state.pieces == 1 else tag + b"+"
+
+    def _on_frame(self, state: _StreamState, stream: int, data: bytes) -> None:
+        if not data.strip(_BLANK):
+            self._end_bar(state, stream)  # a blank frame clears the bar: keep its last frame
+            return
+        state.pieces = 0
+        stamps = self._stamps
+        now = stamps.refresh() if stamps.per_write else stamps.t
+        if state.frame is None:
+            state.frame_since = now
+        state.frame = data
+        if self._sample is not None and now - state.frame_since >= self._sample:
+            state.frame_since = now
+            self._write_frame(state, stream, data)
+
+    def _write_frame(self, state: _StreamState, stream: int, data: bytes) -> None:
+        if data != state.last_written_frame:
+            self._write(_STREAM_TAG[stream], data)
+            state.last_written_frame = data
+
+    def _end_bar(self, state: _StreamState, stream: int) -> None:
+        if state.frame is not None:
+            self._write_frame(state, stream, state.frame)
+        state.frame = None
+        state.last_written_frame = None
+
+    def _on_line(self, state: _StreamState, stream: int, data: bytes) -> None:
+        if state.frame is not None and not data.strip(_BLANK):
+            data = state.frame  # "frame\r\n": the line is the frame it shows
+        tag = _STREAM_TAG[stream]
+        if state.pieces:
+            tag = self._piece_tag(state, stream)
+            state.pieces = 0
+        state.frame = None
+        state.last_written_frame = None
+        self._write(tag, data)
+
+    # -- output -----------------------------------------------------------
+
+    def _write(self, tag: bytes, data: bytes) -> None:
+        if b"\x1b" in data:
+            data = _ANSI.sub(b"", data)
+        stamps = self._stamps
+        if stamps.per_write:
+            t = stamps.refresh()
+            if t - self._flushed_at >= self._flush_interval:
+                self._flushed_at = t
+                self._file.flush()
+        self._file.write(b"%s%s %s\n" % (stamps.current, tag, data))
+        self.lines_written += 1
+
+    def share_timestamps(self, stamps: _Timestamps) -> None:
+        """Take the time from `stamps` (refreshed by the caller once per batch)."""
+        self._stamps = stamps
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        """End of the job's output: keep unfinished lines and each bar's last frame."""
+        if self._file.closed:
+            return
+        for stream, state in self._streams.items():
+            if state.chunks:
+                data = b"".join(state.chunks)
+                state.chunks, state.chunks_len = [], 0
+                self._on_line(state, stream, data)
+            self._end_bar(state, stream)
+        self._file.close()
+
+    def __enter__(self) -> NodeLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LogView(Protocol):
+    """What a live display receives from the router (see liveview)."""
+
+    def line(self, node: str, stream: str, data: bytes) -> None: ...
+    def frame(self, node: str, stream: str, data: bytes) -> None: ...
+    def control(self, node: str, kind: str, fields: dict) -> None: ...
+
+
+_VIEW_STREAM = {ord("o"): "out", ord("e"): "err"}
+
+
+class LogRouter:
+    """Feeds pdsh's stdout, in chunks of any size, into one NodeLogWriter per node.
+
+    `feed` returns the control records (node, record) in arrival order, for the
+    launcher to act on (started, heartbeat, exit); lines and frames also go to
+    `view` when one is given.
+    """
+
+    def __init__(
+        self,
+        logs_dir: str | Path,
+        *,
+        view: LogView | None = None,
+        writer_factory: Callable[[Path], NodeLogWriter] = NodeLogWriter,
+    ) -> None:
+        self.logs_dir = Path(logs_dir)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self._view = view
+        self._factory = writer_factory
+        self._writers: dict[bytes, NodeLogWriter] = {}
+        self._names: dict[bytes, str] = {}
+        self._rest = b""
+        self._stamps = _Timestamps(time.time, per_write=False)
+        self._flushed_at = 0.0
+        self.flush_interval = 0.5
+        self.lines = 0
+
+    def writer(self, node: str) -> NodeLogWriter:
+        return self._writer_for(node.encode())
+
+    def _writer_for(self, node: bytes) -> NodeLogWriter:
+        writer = self._writers.get(node)
+        if writer is not None:
+            return writer
+        if node == b"" or node.startswith(b"pdsh@"):
+            # pdsh's own messages (`pdsh@head: n2: ssh exited ...`) share one file; the
+            # view still sees who said it, so it can tell pdsh's voice from a node's.
+            writer = self._writers.get(b"") or self._new_writer(b"", HEAD_NODE)
+            self._writers[node] = writer
+            self._names[node] = node.decode("utf-8", "replace") or HEAD_NODE
+            return writer
+        return self._new_writer(node, node.decode("utf-8", "replace"))
+
+    def _new_writer(self, node: bytes, name: str) -> NodeLogWriter:
+        writer = self._factory(self.logs_dir / log_file_name(name))
+        writer.share_timestamps(self._stamps)
+        self._writers[node] = writer
+        self._names[node] = name
+        return writer
+
+    @property
+    def nodes(self) -> list[str]:
+        return [self._names[n] for n in self._writers if n and not n.startswith(b"pdsh@")]
+
+    def feed(self, data: bytes) -> list[tuple[str, WireRecord]]:
+        """pdsh's output, in chunks of any size."""
+        if self._rest:
+            data = self._rest + data
+        lines = data.split(b"\n")
+        self._rest = lines.pop()
+        if len(self._rest) > MAX_PENDING_BYTES:
+            # pdsh never prints a line this long; whatever this is, keep memory bounded.
+            lines.append(self._rest)
+            self._rest = b""
+        return self.feed_lines(lines)
+
+    def feed_lines(self, lines: Iterable[bytes]) -> list[tuple[str, WireRecord]]:
+        """Complete pdsh lines, without their newline."""
+        controls: list[tuple[str, WireRecord]] = []
+        writers = self._writers
+        view = self._view
+        count = 0
+        now = self._stamps.refresh()
+        for line in lines:
+            count += 1
+            node, sep, payload = line.partition(b": ")
+            writer = writers.get(node) if sep else None
+            if writer is None:
+                if not sep or not (_is_node_name(node) or node.startswith(b"pdsh@")):
+                    node, payload = b"", line
+                writer = self._writer_for(node)
+            if payload[:3] != MAGIC or len(payload) < 6:
+                self._plain(node, writer, payload)
+                continue
+            kind = payload[3]
+            if kind == _K:
+                record = decode_wire(payload)
+                if record is not None:
+                    writer.note_control(record.text, record.fields)
+                    controls.append((self._names[node], record))
+                    if view is not None:
+                        view.control(self._names[node], record.text, record.fields)
+                continue
+            body = payload[6:]
+            if b"\\" in body:
+                body = unescape_payload(body)
+            writer.write_wire(kind, payload[4], body)
+            if view is not None and kind != _C:
+                stream = _VIEW_STREAM.get(payload[4], "")
+                if kind == _F:
+                    view.frame(self._names[node], stream, body)
+                else:
+                    view.line(self._names[node], stream, body)
+        self.lines += count
+        # A small batch means the nodes are quiet: flushing is cheap then, and
+        # `orch logs --follow` sees a slow job's last line at once (the agents'
+        # heartbeats make a small batch at least every few seconds).
+        if count < SMALL_BATCH_LINES or now - self._flushed_at >= self.flush_interval:
+            self.flush()
+        return controls
+
+    def flush(self) -> None:
+        self._flushed_at = self._stamps.t
+        for writer in set(self._writers.values()):
+            writer.flush()
+
+    def _plain(self, node: bytes, writer: NodeLogWriter, payload: bytes) -> None:
+        writer.write_plain(payload)
+        if node.startswith(b"pdsh@"):
+            # `n2: ssh exited with exit code 255` also belongs in n2's own log.
+            about, sep, _ = payload.partition(b": ")
+            target = self._writers.get(about) if sep else None
+            if target is not None and target is not writer:
+                target.write_plain(payload)
+        if self._view is not None:
+            self._view.line(self._names[node], "sys", payload)
+
+    def close(self) -> None:
+        if self._rest:
+            rest, self._rest = self._rest, b""
+            self.feed_lines([rest])
+        for writer in set(self._writers.values()):
+            writer.close()
+
+    def __enter__(self) -> LogRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- reading logs back (orch logs) ---------------------------------------------
+
+
+def read_log_lines(path: str | Path) -> Iterator[bytes]:
+    """The entries of a head-side log file, each without its newline, streamed."""
+    with open(path, "rb") as handle:
+        for line in handle:
+            yield line.rstrip(b"\n")
+
+
+def merge_by_time(logs: Mapping[str, Iterable[bytes]]) -> Iterator[tuple[str, bytes]]:
+    """(node, entry) from every node's log, ordered by timestamp, streamed.
+
+    Entries start with a fixed-width UTC timestamp, so bytes order is time
+    order; ties keep each file's own order, then the order of `logs`.
+    """
+    keyed = [_stamped(index, node, lines) for index, (node, lines) in enumerate(logs.items())]
+    for _stamp, _index, node, line in heapq.merge(*keyed, key=lambda item: item[:2]):
+        yield node, line
+
+
+def _stamped(
+    index: int, node: str, lines: Iterable[bytes]
+) -> Iterator[tuple[bytes, int, str, bytes]]:
+    for line in lines:
+        yield line[:STAMP_LEN], index, node, line
+
+
+class LogFollower:
+    """Reads the complete entries appended to a log file since the last call."""
+
+    def __init__(self, path: str | Path, *, from_start: bool = True) -> None:
+        self.path = Path(path)
+        self._offset = 0 if from_start or not self.path.exists() else self.path.stat().st_size
+        self._rest = b""
+
+    def read_new(self, max_bytes: int = 1 << 22) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read(max_bytes)
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        data = self._rest + data
+        lines = data.split(b"\n")
+        self._rest = lines.pop()
+        return lines

@@ -1,0 +1,143 @@
+"""Raw node logs pulled back over SFTP from real sandbox nodes, verified, cleaned up."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent import node_dir
+from orchestrator.collect import collect_logs, collect_node
+from orchestrator.transport import run_on_nodes
+
+pytestmark = pytest.mark.sandbox
+
+
+def new_job_id() -> str:
+    return f"logtest-{uuid.uuid4().hex[:10]}"
+
+
+def write_on_node(node: str, job_id: str, files: dict[str, bytes]) -> None:
+    """Write the files on the node itself (through ssh), the way the agent would."""
+    directory = node_dir(job_id, node)
+    for name, data in files.items():
+        command = f"mkdir -p {directory} && base64 -d > {directory}/{name}"
+        outcome = run_on_nodes([node], command, timeout=30, stdin=base64.b64encode(data))[0]
+        assert outcome.ok, outcome
+
+
+@pytest.fixture
+def job_ids():
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(new_job_id())
+        return made[-1]
+
+    yield make
+    for job in made:
+        shutil.rmtree(f"/tmp/orch-runs/{job}", ignore_errors=True)
+
+
+def test_raw_logs_come_back_byte_for_byte_and_remote_copy_is_removed(
+    sandbox, tmp_path: Path, job_ids
+) -> None:
+    _, state = sandbox
+    nodes = [n.name for n in state.nodes[:3]]
+    job = job_ids()
+    expected: dict[str, dict[str, bytes]] = {}
+    for index, node in enumerate(nodes):
+        files = {
+            "stdout.raw": os.urandom(200_000 + index) + b"\r\x00\xff no newline",
+            "stderr.raw": b"".join(b"\rstep %d" % i for i in range(5000)) + b"\n",
+        }
+        write_on_node(node, job, files)
+        expected[node] = files
+
+    report = collect_logs(nodes, job, tmp_path / "nodes")
+
+    assert report.ok, report.failed
+    for result, node in zip(report.nodes, nodes, strict=True):
+        assert result.node == node and result.remote_removed
+        assert sorted(f.name for f in result.files) == ["stderr.raw", "stdout.raw"]
+        for name, data in expected[node].items():
+            assert (tmp_path / "nodes" / node / name).read_bytes() == data
+        assert not list((tmp_path / "nodes" / node).glob("*.partial"))
+        assert not Path(node_dir(job, node)).exists()
+    assert not Path(f"/tmp/orch-runs/{job}").exists()
+
+
+def test_keep_remote_leaves_the_node_copy(sandbox, tmp_path: Path, job_ids) -> None:
+    node = sandbox[1].nodes[0].name
+    job = job_ids()
+    write_on_node(node, job, {"stdout.raw": b"hello\n"})
+    result = collect_node(node, job, tmp_path, keep_remote=True)
+    assert result.ok and not result.remote_removed
+    assert (tmp_path / node / "stdout.raw").read_bytes() == b"hello\n"
+    assert Path(node_dir(job, node), "stdout.raw").read_bytes() == b"hello\n"
+
+
+def test_node_without_logs_is_reported(sandbox, tmp_path: Path, job_ids) -> None:
+    node = sandbox[1].nodes[1].name
+    result = collect_node(node, job_ids(), tmp_path)
+    assert not result.ok
+    assert "no raw logs" in result.problem and node in result.problem
+
+
+def test_file_still_growing_is_not_verified_and_stays_on_the_node(
+    sandbox, tmp_path: Path, job_ids
+) -> None:
+    node = sandbox[1].nodes[2].name
+    job = job_ids()
+    write_on_node(node, job, {"stdout.raw": b"start\n"})
+    target = Path(node_dir(job, node), "stdout.raw")  # shared filesystem, as on a cluster
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        with target.open("ab") as handle:
+            while not stop.is_set():
+                handle.write(b"more output\n")
+                handle.flush()
+                time.sleep(0.002)
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        result = collect_node(node, job, tmp_path)
+    finally:
+        stop.set()
+        writer.join()
+    assert not result.ok
+    assert "did not arrive whole" in result.problem
+    assert "scp -r" in result.hint
+    assert target.exists()
+
+
+def test_dead_node_is_named_and_others_still_collected(sandbox_factory, tmp_path: Path) -> None:
+    box, state = sandbox_factory(2, 1)
+    alive, frozen = state.nodes[0].name, state.nodes[1].name
+    job = new_job_id()
+    try:
+        for node in (alive, frozen):
+            write_on_node(node, job, {"stdout.raw": b"line from " + node.encode() + b"\n"})
+        box.freeze(frozen)
+        started = time.monotonic()
+        try:
+            report = collect_logs([frozen, alive], job, tmp_path, connect_timeout=3)
+        finally:
+            box.thaw(frozen)
+        assert time.monotonic() - started < 3 + 30  # no hang: the connect timeout holds
+        dead, good = report.nodes
+        assert good.ok and (tmp_path / alive / "stdout.raw").read_bytes().startswith(b"line")
+        assert not dead.ok and dead.node == frozen
+        assert frozen in dead.problem
+        assert node_dir(job, frozen) in dead.hint
+        assert Path(node_dir(job, frozen), "stdout.raw").exists()
+    finally:
+        shutil.rmtree(f"/tmp/orch-runs/{job}", ignore_errors=True)

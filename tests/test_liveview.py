@@ -1,0 +1,73 @@
+"""The head's live view: readable on a terminal and in a pipe, and cheap either way."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from orchestrator.liveview import LiveView, PlainView, make_view
+
+
+def test_plain_view_prefixes_lines_and_throttles_frames() -> None:
+    out = io.BytesIO()
+    now = [0.0]
+    view = PlainView(out, frame_interval=5.0, clock=lambda: now[0])
+    view.control("n1", "started", {"rank": 0})
+    view.line("n1", "out", b"\x1b[32mready\x1b[0m")
+    for step in range(100):
+        now[0] = step * 0.1  # 10 s of frames, 10 per second
+        view.frame("n1", "err", b"%d/100" % step)
+        view.frame("n2", "err", b"n2 %d/100" % step)
+    view.line("n2", "err", b"n2 done")
+    view.close()
+    lines = out.getvalue().decode().splitlines()
+    assert lines[0] == "n1[0]: ready"
+    assert [x for x in lines if x.startswith("n1")] == ["n1[0]: ready", "n1[0]: 0/100",
+                                                        "n1[0]: 50/100"]  # fmt: skip
+    assert [x for x in lines if x.startswith("n2")] == ["n2: n2 0/100", "n2: n2 50/100",
+                                                        "n2: n2 done"]  # fmt: skip
+    assert "\x1b" not in out.getvalue().decode() and "\r" not in out.getvalue().decode()
+
+
+def test_plain_view_survives_a_closed_pipe() -> None:
+    out = io.BytesIO()
+    view = PlainView(out)
+    out.close()
+    view.line("n1", "out", b"still running")  # must not raise into the job's watch loop
+    view.close()
+
+
+def test_live_view_shows_latest_frame_per_node_and_lines_above() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=100, color_system=None)
+    view = LiveView(["n1", "n2"], console=console, tick=0.05)
+    view.line("n1", "out", b"epoch 1 starting")
+    view.frame("n1", "err", b" 40%|####      | 4/10")
+    view.frame("n2", "err", b" 70%|#######   | 7/10")
+    view.control("n2", "exit", {"code": 0})
+    view.close()
+    text = buffer.getvalue()
+    assert "n1: epoch 1 starting" in text
+    assert "40%|####      | 4/10" in text
+    assert "70%|#######   | 7/10" in text
+    assert "done" in text
+
+
+def test_live_view_does_not_print_every_line_of_a_flood() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=100, color_system=None)
+    view = LiveView(["n1"], console=console, max_lines_per_second=100, tick=10.0)
+    for i in range(5000):
+        view.line("n1", "out", b"line %d" % i)
+    view.close()
+    text = buffer.getvalue()
+    assert text.count("n1: line ") == 1000  # 100 lines/s over one 10 s tick
+    assert "4000 lines not shown" in text
+    assert "line 4999" in text  # the node's row still shows its latest line
+
+
+def test_make_view_is_plain_without_a_terminal() -> None:
+    view = make_view(tty=False)
+    assert isinstance(view, PlainView)
+    view.close()

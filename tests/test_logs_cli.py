@@ -1,0 +1,162 @@
+"""`orch logs JOB`: what a user sees, through the real `orch` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.main import main
+from orchestrator.logsink import NodeLogWriter
+from orchestrator.records import JobRecord, RunDir, process_start_time
+
+ORCH = Path(sys.executable).parent / "orch"
+JOB = "20261121-230000-abc123"
+
+
+class Result:
+    def __init__(self, returncode: int, stdout: bytes, stderr: bytes) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def orch(capfdbinary):
+    """`orch ARGS --runs-dir RUNS` in this process (the CLI's start-up cost is paid once)."""
+
+    def run(*args: str, runs: Path) -> Result:
+        capfdbinary.readouterr()
+        try:
+            main([*args, "--runs-dir", str(runs)])
+            code = 0
+        except SystemExit as done:
+            code = int(done.code or 0)
+        out, err = capfdbinary.readouterr()
+        return Result(code, out, err)
+
+    return run
+
+
+def make_job(runs: Path, state: str = "succeeded", head_pid: int = 0) -> RunDir:
+    run = RunDir(runs / JOB).create()
+    record = JobRecord(
+        id=JOB, state=state, launcher="pdsh", command=("train.py",), hosts=("n1", "n2"),
+        workdir="/tmp", started_at="2026-11-21T23:00:00+00:00", head_pid=head_pid,
+        head_start=process_start_time(head_pid) if head_pid else None,
+    )  # fmt: skip
+    run.save(record)
+    return run
+
+
+def write_log(path: Path, entries: list[tuple[float, str, bytes]]) -> None:
+    now = [0.0]
+    with NodeLogWriter(path, clock=lambda: now[0]) as writer:
+        for t, stream, data in entries:
+            now[0] = t
+            writer.write_wire(ord("L"), ord(stream[0]), data)
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    run = make_job(tmp_path)
+    write_log(run.logs / "n1.log", [(100.0, "out", b"n1 first"), (102.0, "err", b"n1 \xff third")])
+    write_log(run.logs / "n2.log", [(101.0, "out", b"n2 second"), (103.0, "out", b"n2 fourth")])
+    return tmp_path
+
+
+def texts(stdout: bytes) -> list[bytes]:
+    return [line.split(b" ", 3)[-1] if b" " in line else line for line in stdout.splitlines()]
+
+
+def test_by_node_and_by_time(runs: Path, orch) -> None:
+    by_node = orch("logs", JOB, runs=runs)
+    assert by_node.returncode == 0, by_node.stderr
+    assert texts(by_node.stdout) == [b"n1 first", b"n1 \xff third", b"n2 second", b"n2 fourth"]
+    assert by_node.stdout.startswith(b"n1 1970-01-01T00:01:40.000Z out n1 first\n")
+    by_time = orch("logs", JOB[:10], "--by-time", runs=runs)  # a unique prefix is enough
+    assert texts(by_time.stdout) == [b"n1 first", b"n2 second", b"n1 \xff third", b"n2 fourth"]
+    assert [line.split(b" ")[0] for line in by_time.stdout.splitlines()] == [
+        b"n1", b"n2", b"n1", b"n2",
+    ]  # fmt: skip
+
+
+def test_one_node_is_printed_as_its_file(runs: Path, orch) -> None:
+    result = orch("logs", JOB, "--node", "n2", runs=runs)
+    assert result.returncode == 0
+    assert result.stdout == (runs / JOB / "logs" / "n2.log").read_bytes()
+
+
+def test_unknown_node_is_a_usage_error(runs: Path, orch) -> None:
+    result = orch("logs", JOB, "--node", "n9", runs=runs)
+    assert result.returncode == 2
+    assert b"no node n9" in result.stderr and b"n1, n2" in result.stderr
+
+
+def test_raw_prints_pulled_back_files_and_names_missing_nodes(runs: Path, orch) -> None:
+    raw_dir = RunDir(runs / JOB).node_logs / "n1"
+    raw_dir.mkdir(parents=True)
+    (raw_dir / "stdout.raw").write_bytes(b"\rraw 1\rraw 2\n\xff")
+    result = orch("logs", JOB, "--raw", runs=runs)
+    assert result.returncode == 0
+    assert b"==> n1/stdout.raw <==\n\rraw 1\rraw 2\n\xff" in result.stdout
+    assert b"no raw logs for n2" in result.stderr
+    missing = orch("logs", JOB, "--raw", "-n", "n2", runs=runs)
+    assert missing.returncode == 1
+    assert b"error:" in missing.stderr and b"/tmp/orch-runs/" + JOB.encode() in missing.stderr
+
+
+def test_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
+    # A stand-in head process: the record counts as running while it lives.
+    head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = make_job(tmp_path, state="running", head_pid=head.pid)
+        writer = NodeLogWriter(run.logs / "n1.log", flush_interval=0)
+        follower = subprocess.Popen(
+            [str(ORCH), "logs", JOB, "-f", "-n", "n1", "--runs-dir", str(tmp_path)],
+            stdout=subprocess.PIPE,
+        )
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.extend(follower.stdout))
+        reader.start()
+        for i in range(5):
+            writer.write_wire(ord("L"), ord("o"), b"step %d" % i)
+            writer.flush()
+            time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert follower.poll() is None  # still following a running job
+        writer.write_wire(ord("L"), ord("o"), b"last words")
+        writer.close()
+        run.save(replace(run.load(), state="succeeded"))
+        assert follower.wait(15) == 0
+        reader.join(5)
+        assert [line.split(b" ", 2)[2] for line in got] == [
+            *(b"step %d\n" % i for i in range(5)), b"last words\n",
+        ]  # fmt: skip
+    finally:
+        head.kill()
+        head.wait()
+
+
+def test_raw_and_follow_together_is_a_usage_error(runs: Path, orch) -> None:
+    result = orch("logs", JOB, "--raw", "--follow", runs=runs)
+    assert result.returncode == 2
+
+
+def test_piped_into_head_is_not_an_error(runs: Path) -> None:
+    # `orch logs JOB | head -1`: the reader leaves early.
+    shell = f"{ORCH} logs {JOB} --runs-dir {runs} | head -1; echo ${{PIPESTATUS[0]}}"
+    result = subprocess.run(["bash", "-c", shell], capture_output=True, timeout=60)
+    assert result.stdout.splitlines()[-1] == b"0"
+    assert b"Traceback" not in result.stderr
+
+
+def test_no_job_record_names_the_directory(tmp_path: Path, orch) -> None:
+    result = orch("logs", "nope", runs=tmp_path)
+    assert result.returncode == 2
+    assert str(tmp_path).encode() in result.stderr

@@ -1,0 +1,227 @@
+"""Head-side log processing: pdsh lines in, one readable log per node out."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+from _logmodel import expected_log, read_log
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.logsink import (
+    LogRouter,
+    NodeLogWriter,
+    log_file_name,
+    split_pdsh_line,
+    strip_terminal_codes,
+)
+from orchestrator.logwire import WireFramer, encode_control
+
+
+def pdsh_output(node: str, writes: list[tuple[str, bytes]]) -> bytes:
+    framers = {"out": WireFramer("out"), "err": WireFramer("err")}
+    wire = [encode_control("started", pid=1)]
+    for stream, data in writes:
+        wire += framers[stream].feed(data)
+    for framer in framers.values():
+        wire += framer.flush()
+    wire.append(encode_control("exit", code=0))
+    prefix = node.encode() + b": "
+    return b"".join(prefix + w for w in wire)
+
+
+def feed_in_pieces(router: LogRouter, data: bytes, rng: random.Random) -> list:
+    controls = []
+    pos = 0
+    while pos < len(data):
+        step = rng.choice([1, 7, 100, 4096, 70_000])
+        controls += router.feed(data[pos : pos + step])
+        pos += step
+    return controls
+
+
+def one_stream_log(tmp_path: Path, chunks: list[bytes], stream: str = "out") -> list:
+    writer = NodeLogWriter(tmp_path / "n.log", frame_sample_interval=None)
+    router = LogRouter(tmp_path, writer_factory=lambda _path: writer)
+    router.feed(pdsh_output("n1", [(stream, c) for c in chunks]))
+    router.close()
+    tag = stream.encode()
+    return [text for t, text in read_log(tmp_path / "n.log") if t == tag]
+
+
+ALPHABET = [b"a", b"b9", b" ", b"\r", b"\n", b"\r\n", "é".encode(), b"\xff", b"\\", b"\x00"]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.sampled_from(ALPHABET), max_size=60),
+    st.lists(st.integers(min_value=0, max_value=200), max_size=8),
+)
+def test_any_stream_in_any_chunking_gives_the_terminal_view(
+    tmp_path_factory, parts: list[bytes], cuts: list[int]
+) -> None:
+    raw = b"".join(parts)
+    points = sorted({c % (len(raw) + 1) for c in cuts})
+    edges = [0, *points, len(raw)]
+    chunks = [raw[a:b] for a, b in itertools.pairwise(edges)]
+    got = one_stream_log(tmp_path_factory.mktemp("p"), chunks)
+    assert got == expected_log(raw)
+
+
+def test_numbered_lines_appear_exactly_once_among_tqdm_frames(tmp_path: Path) -> None:
+    rng = random.Random(6)
+    writes: list[tuple[str, bytes]] = []
+    for i in range(5000):
+        stream = "out" if i % 2 else "err"
+        writes.append((stream, b"line %d of stream\n" % i))
+        if i % 100 == 0:
+            for pct in range(0, 101, 25):
+                writes.append(("err", b"\rbar %d: %3d%%|%s" % (i, pct, b"#" * (pct // 10))))
+            writes.append(("err", b"\n"))
+    data = pdsh_output("n7", writes)
+    router = LogRouter(tmp_path)
+    controls = feed_in_pieces(router, data, rng)
+    router.close()
+    assert [(node, r.text) for node, r in controls] == [("n7", "started"), ("n7", "exit")]
+    entries = read_log(tmp_path / "n7.log")
+    texts = [text for _, text in entries]
+    for i in range(5000):
+        assert texts.count(b"line %d of stream" % i) == 1
+    for i in range(0, 5000, 100):
+        assert (b"err", b"bar %d: 100%%|##########" % i) in entries
+        assert not any(t.startswith(b"bar %d:  75%%" % i) for t in texts)
+    assert (b"orch", b"exit code=0") in entries
+
+
+def test_long_line_invalid_utf8_and_no_final_newline_are_kept(tmp_path: Path) -> None:
+    big = b"x" * (1 << 20)
+    chunks = [b"a\xffb\n", big[:300_000], big[300_000:] + b"\n", b"tail without newline"]
+    assert one_stream_log(tmp_path, chunks) == [b"a\xffb", big, b"tail without newline"]
+
+
+def test_over_long_line_is_written_in_tagged_pieces(tmp_path: Path) -> None:
+    writer = NodeLogWriter(tmp_path / "n.log", max_line_bytes=100_000)
+    router = LogRouter(tmp_path, writer_factory=lambda _path: writer)
+    line = bytes(b"0123456789"[i % 10] for i in range(350_000))
+    router.feed(pdsh_output("n1", [("out", line + b"\nnext\n")]))
+    router.close()
+    entries = read_log(tmp_path / "n.log")
+    pieces = [(t, x) for t, x in entries if t in (b"out", b"out+")]
+    assert b"".join(x for _, x in pieces[:-1]) == line
+    assert [t for t, _ in pieces] == [b"out", b"out+", b"out+", b"out+", b"out"]
+    assert pieces[-1] == (b"out", b"next")
+
+
+def test_escape_codes_are_removed(tmp_path: Path) -> None:
+    chunks = [b"\x1b[1;31mred\x1b[0m plain \x1b]0;title\x07end\x1b(B\n"]
+    assert one_stream_log(tmp_path, chunks, "err") == [b"red plain end"]
+
+
+def test_long_bar_is_sampled_and_final_frame_kept(tmp_path: Path) -> None:
+    now = [1000.0]
+    writer = NodeLogWriter(tmp_path / "n.log", frame_sample_interval=30, clock=lambda: now[0])
+    for step in range(1, 101):
+        now[0] += 1.0
+        writer.write_wire(ord("F"), ord("e"), b"%d/100" % step)
+    writer.close()
+    # first frame at t=1001, then one sample per 30 s, then the final frame at close
+    assert [t for _, t in read_log(tmp_path / "n.log")] == [
+        b"31/100",
+        b"61/100",
+        b"91/100",
+        b"100/100",
+    ]
+
+
+class RecordingView:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, bytes]] = []
+
+    def line(self, node: str, stream: str, data: bytes) -> None:
+        self.seen.append((node, stream, data))
+
+    def frame(self, node: str, stream: str, data: bytes) -> None:
+        self.seen.append((node, "frame:" + stream, data))
+
+    def control(self, node: str, kind: str, fields: dict) -> None:
+        self.seen.append((node, "control", kind.encode()))
+
+
+def test_plain_output_and_pdsh_messages(tmp_path: Path) -> None:
+    view = RecordingView()
+    router = LogRouter(tmp_path, view=view)
+    router.feed(b"n2: %o1Lo hello\n")
+    router.feed(b"n2: ssh: connect to host n2 port 22: Connection refused\r\n")
+    router.feed(b"pdsh@head: n2: ssh exited with exit code 255\n")
+    router.feed(b"no prefix at all\n")
+    router.close()
+    assert read_log(tmp_path / "n2.log") == [
+        (b"out", b"hello"),
+        (b"sys", b"ssh: connect to host n2 port 22: Connection refused"),
+        (b"sys", b"n2: ssh exited with exit code 255"),
+    ]
+    assert read_log(tmp_path / "_pdsh.log") == [
+        (b"sys", b"n2: ssh exited with exit code 255"),
+        (b"sys", b"no prefix at all"),
+    ]
+    assert view.seen == [
+        ("n2", "out", b"hello"),
+        ("n2", "sys", b"ssh: connect to host n2 port 22: Connection refused\r"),
+        ("pdsh@head", "sys", b"n2: ssh exited with exit code 255"),
+        ("_pdsh", "sys", b"no prefix at all"),
+    ]
+    assert router.nodes == ["n2"]
+
+
+def test_split_pdsh_line() -> None:
+    assert split_pdsh_line(b"node3: a: b\n") == ("node3", b"a: b")
+    assert split_pdsh_line(b"no prefix here") == ("", b"no prefix here")
+    assert split_pdsh_line(b"pdsh@h: x") == ("", b"pdsh@h: x")
+
+
+def test_strip_terminal_codes_leaves_what_was_shown_last() -> None:
+    assert strip_terminal_codes(b"10%\r50%\r   \r") == b"50%"
+    assert strip_terminal_codes(b"\x1b[32mok\x1b[0m") == b"ok"
+
+
+def test_log_file_name_is_safe() -> None:
+    assert log_file_name("node1") == "node1.log"
+    assert log_file_name("../etc/x") == ".._etc_x.log"
+    assert "/" not in log_file_name("a/b")
+
+
+def test_memory_stays_bounded_for_a_huge_line(tmp_path: Path) -> None:
+    writer = NodeLogWriter(tmp_path / "n.log", max_line_bytes=1 << 20)
+    framer = WireFramer("out")
+    block = b"y" * 65536
+    held = 0
+    for _ in range(160):  # 10 MiB in one line, never terminated
+        for wire in framer.feed(block):
+            writer.write_wire(wire[3], wire[4], wire[6:-1])
+        state = writer._streams[ord("o")]
+        held = max(held, state.chunks_len + len(framer._buf))
+    for wire in framer.flush():
+        writer.write_wire(wire[3], wire[4], wire[6:-1])
+    writer.close()
+    assert held <= (1 << 20) + 65536
+    assert (tmp_path / "n.log").read_bytes().count(b"y") == 160 * 65536
+
+
+def test_a_quiet_node_s_last_line_reaches_the_file_at_once(tmp_path: Path) -> None:
+    router = LogRouter(tmp_path)
+    router.feed_lines([b"n1: %%o1Lo step %d" % i for i in range(1000)])  # a burst
+    router.feed_lines([b"n1: %o1Lo epoch 1 done, now computing for an hour"])  # then quiet
+    entries = read_log(tmp_path / "n1.log")  # read while the router is still open
+    assert entries[-1] == (b"out", b"epoch 1 done, now computing for an hour")
+    router.close()
+
+
+def test_router_holds_no_unbounded_partial_line(tmp_path: Path) -> None:
+    router = LogRouter(tmp_path)
+    for _ in range(40):  # 2.5 MiB of something that is not pdsh output, no newline
+        router.feed(b"z" * 65536)
+    assert len(router._rest) <= (1 << 20) + 65536
+    router.close()
+    assert (tmp_path / "_pdsh.log").read_bytes().count(b"z") == 40 * 65536
