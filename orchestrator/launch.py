@@ -39,6 +39,7 @@ from orchestrator.logsink import LogRouter, LogView
 from orchestrator.pdsh import (
     build_pdsh_argv,
     find_pdsh,
+    job_fanout,
     pdsh_environment,
     run_pdsh,
     start_streaming,
@@ -227,7 +228,12 @@ class JobRunner:
         if plan.head_command:
             return self._start_head_launcher()
         spec = {**self._agent_spec(), "command": list(plan.node_command)}
-        argv = build_pdsh_argv(plan.hosts, agent.agent_command(plan.python, spec), pdsh=find_pdsh())
+        argv = build_pdsh_argv(
+            plan.hosts,
+            agent.agent_command(plan.python, spec),
+            fanout=job_fanout(len(plan.hosts)),
+            pdsh=find_pdsh(),
+        )
         return start_streaming(argv, env=pdsh_environment(os.environ), cwd=plan.workdir)
 
     def _start_head_launcher(self):

@@ -30,6 +30,16 @@ DEFAULT_CONNECT_TIMEOUT = 10
 SSH_ARGS_APPEND = "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
 
 
+def job_fanout(host_count: int) -> int:
+    """Fan-out for a command that runs until the job ends.
+
+    pdsh's fan-out is a sliding window: with fewer slots than nodes, the nodes
+    past the window start only when a running one finishes, which for a
+    training job is never. Short commands keep the default window.
+    """
+    return max(DEFAULT_FANOUT, host_count)
+
+
 def build_pdsh_argv(
     hosts: Sequence[str],
     remote_command: str,

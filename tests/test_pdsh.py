@@ -6,8 +6,10 @@ import pytest
 
 from orchestrator.errors import OrchError
 from orchestrator.pdsh import (
+    DEFAULT_FANOUT,
     SSH_ARGS_APPEND,
     build_pdsh_argv,
+    job_fanout,
     pdsh_environment,
     run_pdsh,
     split_node_line,
@@ -24,6 +26,13 @@ def test_argv_runs_over_ssh_on_every_host_with_timeouts():
     assert argv[argv.index("-t") + 1] == "10"
     assert argv[argv.index("-u") + 1] == "30"
     assert argv[-2:] == ["a1,a2", "echo hi"]
+
+
+def test_a_job_gets_one_fanout_slot_per_node_beyond_the_default_window():
+    hosts = [f"gpu{k:03d}" for k in range(1, 201)]
+    argv = build_pdsh_argv(hosts, "true", fanout=job_fanout(len(hosts)))
+    assert argv[argv.index("-f") + 1] == "200"
+    assert job_fanout(4) == DEFAULT_FANOUT
 
 
 def test_no_hosts_is_an_error():

@@ -1,0 +1,235 @@
+"""Benchmark: DeepSpeed's own pre-launch check against `orch doctor`.
+
+DeepSpeed's runner checks one thing before a multi-node launch: that
+`ssh -o PasswordAuthentication=no <first host> hostname` succeeds (first host
+only, no timeout of its own). This runs exactly that command and `orch doctor
+--hostfile H --json` alternating on the same private sandbox, for each size:
+wall time, head CPU seconds per node, and how many nodes each one looked at.
+
+Then what each catches: on a 4-node sandbox whose LAST node is frozen (SIGSTOP:
+sockets open, nothing answers), does the check fail, how long does it take, and
+does it name the node.
+
+Two orch rows: `orch-doctor` is the command as a user runs it (CLI start-up
+included); `orch-preflight` is doctor's `run_preflight` in a fresh Python process,
+without the CLI's imports, as bench/bench_doctor.py measures it.
+
+Run: .venv/bin/python bench/bench_preflight_deepspeed.py [--sizes 1,4,16,32] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (
+    ORCH,
+    PYTHON,
+    ROOT,
+    Budget,
+    Sample,
+    alternation,
+    command_line,
+    exit_cleanly_on_sigterm,
+    head_env,
+    machine,
+    machine_line,
+    now_utc,
+    print_header,
+    private_sandbox,
+    ratio,
+    ratio_text,
+    render_table,
+    run_timed,
+    sandbox_of,
+    summarize,
+    write_results,
+)
+from orchestrator.sandbox import SandboxState
+
+METHODS = ("deepspeed-check", "orch-preflight", "orch-doctor")
+# doctor's pre-flight in a fresh process without the CLI's start-up (as bench_doctor.py
+# measures it); prints doctor's JSON-like findings for the nodes it names.
+PREFLIGHT = """
+import json, sys
+from orchestrator.inventory import read_hostfile
+from orchestrator.preflight import run_preflight
+hostfile, python, workdir, port, timeout = sys.argv[1:6]
+report = run_preflight(read_hostfile(hostfile), python=python, workdir=workdir, script=None,
+                       main_port=int(port), timeout=float(timeout))
+findings = [{"node": f.node, "severity": f.severity} for f in report.findings]
+print(json.dumps({"ok": report.ok, "findings": findings}))
+sys.exit(0 if report.ok else 1)
+"""
+# Per-node step timeout for the timing rows: generous, as the sandbox's nodes share the
+# head's 2 cores (a probe can queue for seconds); the frozen-node row uses orch's default.
+DOCTOR_TIMEOUT_S = 60
+FROZEN_TIMEOUT_S = 10
+
+
+def deepspeed_check_argv(state: SandboxState) -> list[str]:
+    # deepspeed/launcher/runner.py: the whole multi-node pre-launch check.
+    return ["ssh", "-o", "PasswordAuthentication=no", state.nodes[0].name, "hostname"]
+
+
+def doctor_argv(state: SandboxState, port: int, timeout: float) -> list[str]:
+    return [
+        ORCH, "doctor", "--hostfile", state.hostfile, "--json",
+        "--timeout", str(timeout), "--python", PYTHON, "--workdir", str(ROOT),
+        "--main-port", str(port),
+    ]  # fmt: skip
+
+
+def preflight_argv(state: SandboxState, port: int, timeout: float) -> list[str]:
+    return [
+        PYTHON, "-c", PREFLIGHT, state.hostfile, PYTHON, str(ROOT), str(port), str(timeout),
+    ]  # fmt: skip
+
+
+def run_method(
+    method: str, state: SandboxState, port: int, cap: float, timeout: float = DOCTOR_TIMEOUT_S
+) -> Sample:
+    if method == "deepspeed-check":
+        argv = deepspeed_check_argv(state)
+    elif method == "orch-preflight":
+        argv = preflight_argv(state, port, timeout)
+    else:
+        argv = doctor_argv(state, port, timeout)
+    done = run_timed(argv, cwd=ROOT, env=head_env(), timeout=cap)
+    checked = 1 if method == "deepspeed-check" else len(state.nodes)
+    note = f"exit {done.code}"
+    named: list[str] = []
+    if method != "deepspeed-check":
+        named = sorted(_nodes_named(done.output))
+        if named:
+            note += f", names {', '.join(named)}"
+    return Sample(
+        wall=done.wall, cpu=done.cpu, ok=done.code == 0, note=note,
+        extra={"nodes_checked": checked, "exit_code": done.code, "nodes_named": named},
+    )  # fmt: skip
+
+
+def _nodes_named(output: str) -> set[str]:
+    """The nodes that doctor's JSON findings name (errors only)."""
+    # stdout and stderr arrive merged: the JSON document is the part from its first line.
+    start = 0 if output.startswith("{") else output.find("\n{") + 1
+    try:
+        document = json.loads(output[start:]) if start >= 0 else {}
+    except ValueError:
+        return set()
+    return {
+        f.get("node", "")
+        for f in document.get("findings", [])
+        if isinstance(f, dict) and f.get("severity") == "error"
+    }
+
+
+def bench_sizes(sizes: list[int], reps: int, budget: Budget) -> dict[int, dict[str, list[Sample]]]:
+    results: dict[int, dict[str, list[Sample]]] = {}
+    for nodes in sizes:
+        if budget.expired():
+            break
+        port = 29100 + uuid.uuid4().int % 500
+        results[nodes] = {m: [] for m in METHODS}
+        with private_sandbox(nodes, 1, tag="pd") as state:
+            for rep, method in alternation(METHODS, reps):
+                sample = run_method(method, state, port, cap=300)
+                results[nodes][method].append(sample)
+                print(f"  {nodes:3d} nodes rep {rep + 1} {method:16s} {sample.wall:6.2f} s "
+                      f"{sample.cpu:6.2f} s CPU  {sample.note}", flush=True)  # fmt: skip
+    return results
+
+
+def frozen_node_check(cap: float) -> dict[str, Sample]:
+    """4 nodes, the last one frozen: which check notices, how fast, naming what."""
+    outcome: dict[str, Sample] = {}
+    with private_sandbox(4, 1, tag="pf") as state:
+        box = sandbox_of(state)
+        victim = state.nodes[-1].name
+        box.freeze(victim)
+        try:
+            for method in METHODS:
+                outcome[method] = run_method(method, state, 29099, cap, FROZEN_TIMEOUT_S)
+                print(f"  frozen {victim}: {method:16s} {outcome[method].wall:6.2f} s "
+                      f"{outcome[method].note}", flush=True)  # fmt: skip
+        finally:
+            box.thaw(victim)
+    return outcome
+
+
+def size_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for nodes, by_method in results.items():
+        ds = summarize([s.wall for s in by_method["deepspeed-check"] if s.ok])
+        for method, samples in by_method.items():
+            good = [s for s in samples if s.ok]
+            wall = summarize([s.wall for s in good])
+            cpu_per_node = summarize([s.cpu / nodes for s in good])
+            checked = samples[0].extra["nodes_checked"] if samples else 0
+            rows.append([
+                nodes, method, f"{checked}/{nodes}", wall.text(2), cpu_per_node.text(3),
+                ratio_text(ratio(wall.median, ds.median)), f"{len(good)}/{len(samples)}",
+            ])  # fmt: skip
+    return rows
+
+
+def frozen_rows(outcome: dict[str, Sample]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for method, sample in outcome.items():
+        verdict = "passes: the frozen node is not seen" if sample.ok else "fails"
+        named = sample.extra.get("nodes_named") or []
+        rows.append([method, f"{sample.wall:.2f}", verdict, ", ".join(named) or "-"])  # type: ignore[arg-type]
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,4,16,32")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cap", type=float, default=1800.0, help="total time cap, s")
+    parser.add_argument("--quick", action="store_true", help="sizes 1,4; 1 repetition")
+    return parser.parse_args()
+
+
+def main() -> None:
+    exit_cleanly_on_sigterm()
+    args = parse_args()
+    sizes = [1, 4] if args.quick else [int(s) for s in args.sizes.split(",")]
+    reps = 1 if args.quick else args.reps
+    info = machine()
+    print_header("pre-flight: DeepSpeed's pre-launch check vs orch doctor", info)
+    budget = Budget(args.cap)
+    results = bench_sizes(sizes, reps, budget)
+    frozen = frozen_node_check(cap=120.0)
+    headers = ["nodes", "method", "nodes checked", "wall s, median (min-max)",
+               "head CPU s per node", "wall / DeepSpeed check", "ok runs"]  # fmt: skip
+    table = render_table(headers, size_rows(results))
+    frozen_table = render_table(
+        ["4 nodes, last one frozen", "wall s", "verdict", "nodes named"], frozen_rows(frozen)
+    )
+    print(table)
+    print(frozen_table)
+    path = write_results(
+        "preflight-deepspeed",
+        {
+            "benchmark": "preflight-deepspeed",
+            "date": now_utc(),
+            "command": command_line(),
+            "machine": info,
+            "machine_line": machine_line(info),
+            "reps": reps,
+            "results": {str(n): r for n, r in results.items()},
+            "frozen_last_node": frozen,
+            "tables": {"sizes": table, "frozen": frozen_table},
+        },
+    )
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
