@@ -264,7 +264,9 @@ class Channel:
     """Writes wire lines to fd 1 from one thread; notices when the head is gone."""
 
     def __init__(self) -> None:
-        self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=4096)
+        # Items are whole reads of a rank's output (up to 64 KiB of wire lines):
+        # 256 of them bound the agent's memory to ~16 MiB before ranks block.
+        self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=256)
         self.broken = threading.Event()
         self.busy_since: float | None = None
         self.thread = threading.Thread(target=self._pump, daemon=True)
