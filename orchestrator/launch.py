@@ -274,8 +274,10 @@ class JobRunner:
         chunks: queue.Queue[bytes | None] = queue.Queue()
         reader = threading.Thread(target=_read_into, args=(process.stdout, chunks), daemon=True)
         reader.start()
-        router = LogRouter(self.run_dir.logs, view=self.tracker)
-        redactor = _Redactor(dict(self.plan.env))
+        router = LogRouter(self.run_dir.logs, view=self.tracker, nodes=self.plan.hosts)
+        # The head launcher inherits this process's environment, and accelerate hands all
+        # of it to DeepSpeed, whose runner logs it: mask the head's secrets as well.
+        redactor = _Redactor({**os.environ, **dict(self.plan.env)})
         started = time.monotonic()
         eof = False
         stop_at: float | None = None

@@ -306,8 +306,12 @@ class LogRouter:
         *,
         view: LogView | None = None,
         writer_factory: Callable[[Path], NodeLogWriter] = NodeLogWriter,
+        nodes: Iterable[str] | None = None,
     ) -> None:
         self.logs_dir = Path(logs_dir)
+        # The job's nodes, when known: the head launcher's own `WARNING: ...` lines
+        # look like pdsh's `node: ...` and must not become a node of their own.
+        self._known = None if nodes is None else {n.encode() for n in nodes}
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._view = view
         self._factory = writer_factory
@@ -342,6 +346,11 @@ class LogRouter:
         self._names[node] = name
         return writer
 
+    def _is_source(self, node: bytes) -> bool:
+        if node.startswith(b"pdsh@"):
+            return True
+        return _is_node_name(node) and (self._known is None or node in self._known)
+
     @property
     def nodes(self) -> list[str]:
         return [self._names[n] for n in self._writers if n and not n.startswith(b"pdsh@")]
@@ -370,7 +379,7 @@ class LogRouter:
             node, sep, payload = line.partition(b": ")
             writer = writers.get(node) if sep else None
             if writer is None:
-                if not sep or not (_is_node_name(node) or node.startswith(b"pdsh@")):
+                if not sep or not self._is_source(node):
                     node, payload = b"", line
                 writer = self._writer_for(node)
             if payload[:3] != MAGIC or len(payload) < 6:

@@ -225,3 +225,14 @@ def test_router_holds_no_unbounded_partial_line(tmp_path: Path) -> None:
     assert len(router._rest) <= (1 << 20) + 65536
     router.close()
     assert (tmp_path / "_pdsh.log").read_bytes().count(b"z") == 40 * 65536
+
+
+def test_head_lines_that_look_like_node_prefixes_stay_in_the_head_log(tmp_path: Path) -> None:
+    # accelerate prints `WARNING: Skipping ...` on the head, between pdsh's node lines.
+    router = LogRouter(tmp_path, nodes=["n1", "n2"])
+    router.feed(b"WARNING: Skipping PDSH_SSH_ARGS_APPEND\nn1: hello\n")
+    router.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_pdsh.log", "n1.log"]
+    head = (tmp_path / "_pdsh.log").read_bytes()
+    assert b"WARNING: Skipping PDSH_SSH_ARGS_APPEND" in head
+    assert b"hello" in (tmp_path / "n1.log").read_bytes()
