@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -48,15 +49,29 @@ def start_pdsh(nodes: list[str], raw_dir: Path, lines: int, pause: float = 0.0):
     )
 
 
-def pump(process: subprocess.Popen, router: LogRouter, stop_after_lines: int | None = None):
+def pump(
+    process: subprocess.Popen,
+    router: LogRouter,
+    stop_after_lines: int | None = None,
+    nodes: Sequence[str] = (),
+):
+    """Feed pdsh's output to the router; stop early once every one of `nodes` (or, with
+    none named, all of them together) has sent `stop_after_lines` lines."""
     controls = []
+    prefixes = [f"{node}: ".encode() for node in nodes]
+    seen = [0] * len(prefixes)
     fd = process.stdout.fileno()
     while True:
         data = os.read(fd, 1 << 16)
         if not data:
             break
         controls += router.feed(data)
-        if stop_after_lines is not None and router.lines >= stop_after_lines:
+        for i, prefix in enumerate(prefixes):
+            seen[i] += data.count(b"\n" + prefix)
+        if stop_after_lines is None:
+            continue
+        counts = seen if prefixes else [router.lines]
+        if min(counts) >= stop_after_lines:
             break
     return controls
 
@@ -129,7 +144,8 @@ def test_killed_half_way_keeps_what_was_written(sandbox, job_dirs) -> None:
     job, raw_dir, run = job_dirs
     process = start_pdsh(nodes, raw_dir, 40_000, pause=0.01)
     router = LogRouter(run / "logs")
-    pump(process, router, stop_after_lines=20_000)
+    # Each node must be well under way before the cut: under load one may start late.
+    pump(process, router, stop_after_lines=10_000, nodes=nodes)
     os.killpg(process.pid, signal.SIGKILL)  # the head's fan-out dies mid-job
     pump(process, router)  # what was already in the pipe
     router.close()

@@ -38,7 +38,7 @@ def _root(
 
 
 def _register_commands() -> None:
-    # Each area owns one module; importing it registers its commands on `app`.
+    # Each command group lives in its own module; importing it registers its commands.
     from orchestrator.cli import (  # noqa: F401
         doctor_cmds,
         files_cmds,
