@@ -36,7 +36,6 @@ from bench.common import (
     Budget,
     Sample,
     accelerate_pdsh_config,
-    alternation,
     command_line,
     exit_cleanly_on_sigterm,
     head_env,
@@ -51,6 +50,7 @@ from bench.common import (
     ratio,
     ratio_text,
     render_table,
+    run_alternating,
     run_timed,
     summarize,
     warm_up_job_ops,
@@ -127,22 +127,10 @@ class Launches:
 def bench_size(
     nodes: int, reps: int, steps: int, methods: tuple[str, ...], budget: Budget
 ) -> dict[str, list[Sample]]:
-    samples: dict[str, list[Sample]] = {m: [] for m in methods}
     with private_sandbox(nodes, SLOTS, tag="bl") as state:
         base = Path(tempfile.mkdtemp(prefix=f"orch-bench-launch-{nodes}-"))
         launches = Launches(state, base, steps)
-        for rep, method in alternation(methods, reps):
-            if budget.expired():
-                print(f"  time cap reached: stopping at rep {rep + 1}", file=sys.stderr)
-                break
-            sample = launches.run(method)
-            samples[method].append(sample)
-            print(
-                f"  {nodes} nodes rep {rep + 1} {method:12s} {sample.wall:7.1f} s wall "
-                f"{sample.cpu:6.1f} s head CPU  {sample.note}",
-                flush=True,
-            )
-    return samples
+        return run_alternating(methods, reps, budget, launches.run, label=f"{nodes} nodes ")
 
 
 def table_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]]:

@@ -39,7 +39,6 @@ from common import (
     Budget,
     Sample,
     accelerate_pdsh_config,
-    alternation,
     command_line,
     head_env,
     kill_token,
@@ -52,6 +51,7 @@ from common import (
     ratio,
     ratio_text,
     render_table,
+    run_alternating,
     run_timed,
     summarize,
     write_results,
@@ -243,21 +243,10 @@ def main() -> None:
         flush=True,
     )
     budget = Budget(args.cap)
-    samples: dict[str, list[Sample]] = {m: [] for m in methods}
     with private_sandbox(args.nodes, args.slots, tag="lg") as state:
         base = Path(tempfile.mkdtemp(prefix="orch-bench-logs-"))
         runs = LogRuns(state, base, args.lines, args.slots)
-        for rep, method in alternation(methods, args.reps):
-            if budget.expired():
-                print(f"  time cap reached: stopping at rep {rep + 1}", file=sys.stderr)
-                break
-            sample = runs.run(method)
-            samples[method].append(sample)
-            print(
-                f"  rep {rep + 1} {method:11s} {sample.wall:7.1f} s wall "
-                f"{sample.cpu:6.1f} s head CPU  {sample.note}",
-                flush=True,
-            )
+        samples = run_alternating(methods, args.reps, budget, runs.run)
     table = render_table(HEADERS, table_rows(samples))
     print(table)
     path = write_results(

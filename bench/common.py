@@ -100,6 +100,30 @@ def alternation(methods: Sequence[str], reps: int) -> list[tuple[int, str]]:
     return order
 
 
+def run_alternating(
+    methods: Sequence[str],
+    reps: int,
+    budget: Budget,
+    run: Callable[[str], Sample],
+    label: str = "",
+) -> dict[str, list[Sample]]:
+    """Run every method `reps` times in `alternation` order until the budget runs out,
+    printing one progress line per run."""
+    samples: dict[str, list[Sample]] = {m: [] for m in methods}
+    for rep, method in alternation(methods, reps):
+        if budget.expired():
+            print(f"  time cap reached: stopping at rep {rep + 1}", file=sys.stderr)
+            break
+        sample = run(method)
+        samples[method].append(sample)
+        print(
+            f"  {label}rep {rep + 1} {method:12s} {sample.wall:7.1f} s wall "
+            f"{sample.cpu:6.1f} s head CPU  {sample.note}",
+            flush=True,
+        )
+    return samples
+
+
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A GitHub markdown table; every cell turned into text, pipes escaped."""
 

@@ -11,10 +11,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (
     Budget,
+    Sample,
     alternation,
     ratio,
     ratio_text,
     render_table,
+    run_alternating,
     summarize,
 )
 
@@ -70,3 +72,19 @@ def test_budget_expires_on_its_clock() -> None:
     assert budget.remaining() == 30.0 and not budget.expired()
     now[0] = 131.0
     assert budget.remaining() == 0.0 and budget.expired()
+
+
+def test_run_alternating_runs_each_method_per_rep_until_the_budget_ends(capsys) -> None:
+    now = [0.0]
+    budget = Budget(25.0, clock=lambda: now[0])
+    order: list[str] = []
+
+    def run(method: str) -> Sample:
+        order.append(method)
+        now[0] += 10.0  # every run takes 10 s of the 25 s budget
+        return Sample(wall=1.0, cpu=0.5, ok=True)
+
+    samples = run_alternating(["a", "b"], 3, budget, run)
+    assert order == ["a", "b", "b"]  # rep 2 starts with the other method, then the cap
+    assert {m: len(s) for m, s in samples.items()} == {"a": 1, "b": 2}
+    assert "time cap reached: stopping at rep 2" in capsys.readouterr().err
