@@ -102,18 +102,10 @@ def render_standard_configs(
     nproc_per_node: int,
     main_ip: str,
     main_port: int,
-    launcher: str = "standard",
     hostfile_path: str | None = None,
-    machine_rank: int = 0,
 ) -> list[str]:
-    """One config per machine rank (index K is machine_rank K); they differ only there.
-
-    `machine_rank` is accepted for a signature shared with render_accelerate_config
-    and ignored: every rank is rendered.
-    """
-    del machine_rank
-    if launcher != "standard":
-        raise UsageError(f"per-rank configs are for the standard launcher, not {launcher!r}")
+    """One standard-launcher config per machine rank (index K is machine_rank K);
+    they differ only there."""
     return [
         render_accelerate_config(
             options,
@@ -121,7 +113,7 @@ def render_standard_configs(
             nproc_per_node=nproc_per_node,
             main_ip=main_ip,
             main_port=main_port,
-            launcher=launcher,
+            launcher="standard",
             hostfile_path=hostfile_path,
             machine_rank=rank,
         )

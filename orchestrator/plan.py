@@ -221,8 +221,6 @@ def _render_standard(options: object, hostfile: Hostfile, nproc: int, port: int)
         nproc_per_node=nproc,
         main_ip=hostfile.names[0],
         main_port=port,
-        launcher="standard",
-        hostfile_path=None,
     )
 
 
