@@ -9,22 +9,17 @@ refused before any text is produced. Pure.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-import yaml
-
+from orchestrator.accelerate_head import config_text
 from orchestrator.errors import UsageError
 from orchestrator.inventory import Hostfile, host_name_problem, processes_per_node
 from orchestrator.recipe import AccelerateOptions
-
-if TYPE_CHECKING:
-    from accelerate.commands.config.config_args import ClusterConfig
 
 CONFIG_LAUNCHERS = ("pdsh", "standard")
 _HEADER = "# accelerate config written by orch ({launcher} launcher, {machines} x {nproc})\n"
 
 
-def build_cluster_config(
+def cluster_config_fields(
     options: AccelerateOptions,
     *,
     hosts: Hostfile,
@@ -34,38 +29,39 @@ def build_cluster_config(
     launcher: str,
     hostfile_path: str | None,
     machine_rank: int = 0,
-) -> ClusterConfig:
-    """The accelerate ClusterConfig for one machine, after checking every value."""
-    # Imported here: accelerate pulls in torch, which costs seconds at every `orch` start.
-    from accelerate.commands.config.config_args import ClusterConfig
-    from accelerate.utils import ComputeEnvironment, DistributedType
-
+) -> dict[str, object]:
+    """The keyword arguments of accelerate's ClusterConfig for one machine, after checking
+    every value. JSON-able: enums are given by name, as ClusterConfig accepts them."""
     _check(options, hosts, nproc_per_node, main_ip, main_port, launcher, hostfile_path)
     machines = len(hosts.hosts)
     if not 0 <= machine_rank < machines:
         raise UsageError(f"machine_rank {machine_rank} is outside 0..{machines - 1}")
-    return ClusterConfig(
-        compute_environment=ComputeEnvironment.LOCAL_MACHINE,
-        distributed_type=DistributedType(options.distributed_type),
-        mixed_precision=options.mixed_precision,
-        use_cpu=options.use_cpu,
-        debug=options.debug,
-        num_processes=machines * nproc_per_node,
-        machine_rank=machine_rank,
-        num_machines=machines,
-        main_process_ip=main_ip,
-        main_process_port=main_port,
-        rdzv_backend=options.rdzv_backend,
-        same_network=options.same_network,
-        main_training_function=options.main_training_function,
-        enable_cpu_affinity=options.enable_cpu_affinity,
-        deepspeed_config=_deepspeed_section(options, launcher, hostfile_path),
-        dynamo_config=_dynamo_section(options),
-        downcast_bf16=options.downcast_bf16,
-        tpu_env=[],
-        tpu_use_cluster=False,
-        tpu_use_sudo=False,
-    )
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": options.distributed_type,
+        "mixed_precision": options.mixed_precision,
+        "use_cpu": options.use_cpu,
+        "debug": options.debug,
+        "num_processes": machines * nproc_per_node,
+        "machine_rank": machine_rank,
+        "num_machines": machines,
+        "main_process_ip": main_ip,
+        "main_process_port": main_port,
+        "rdzv_backend": options.rdzv_backend,
+        "same_network": options.same_network,
+        "main_training_function": options.main_training_function,
+        "enable_cpu_affinity": options.enable_cpu_affinity,
+        "deepspeed_config": _deepspeed_section(options, launcher, hostfile_path),
+        "dynamo_config": _dynamo_section(options),
+        "downcast_bf16": options.downcast_bf16,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+    }
+
+
+def config_header(launcher: str, machines: int, nproc_per_node: int) -> str:
+    return _HEADER.format(launcher=launcher, machines=machines, nproc=nproc_per_node)
 
 
 def render_accelerate_config(
@@ -80,7 +76,7 @@ def render_accelerate_config(
     machine_rank: int = 0,
 ) -> str:
     """YAML text that `accelerate launch --config_file` loads."""
-    config = build_cluster_config(
+    fields = cluster_config_fields(
         options,
         hosts=hosts,
         nproc_per_node=nproc_per_node,
@@ -90,9 +86,8 @@ def render_accelerate_config(
         hostfile_path=hostfile_path,
         machine_rank=machine_rank,
     )
-    header = _HEADER.format(launcher=launcher, machines=len(hosts.hosts), nproc=nproc_per_node)
-    # Same serialisation as ClusterConfig.to_yaml_file.
-    return header + yaml.safe_dump(config.to_dict())
+    # The same function writes the pdsh config on the head at launch time.
+    return config_text(fields, config_header(launcher, len(hosts.hosts), nproc_per_node))
 
 
 def render_standard_configs(

@@ -4,8 +4,9 @@ Pure: builds a frozen `LaunchPlan` from CLI options or a recipe plus a hostfile.
 `--dry-run` prints it (`plan_summary`); `orchestrator.launch` executes it.
 
 Launchers:
-- pdsh: the head runs `accelerate launch --config_file <pdsh config>`; DeepSpeed's
-  runner fans out with pdsh (orch's shim wraps each node's launcher in the agent).
+- pdsh: the head runs `accelerate launch --config_file <pdsh config>` (after writing
+  that config, in the same process: accelerate_head.py); DeepSpeed's runner fans
+  out with pdsh (orch's shim wraps each node's launcher in the agent).
 - standard: every node runs `accelerate launch` with its own machine-rank config,
   through pdsh and the agent; workers start once the main port answers.
 - torchrun: every node runs torchrun with c10d rendezvous at node 0.
@@ -13,11 +14,12 @@ Launchers:
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import UsageError
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 LAUNCHERS = ("pdsh", "standard", "torchrun")
 HOSTFILE_NAME = "hostfile"
 PDSH_CONFIG_NAME = "accelerate.yaml"
+PDSH_SPEC_NAME = "accelerate_config.json"  # ClusterConfig fields the head launcher renders
+HEAD_LAUNCHER_NAME = "accelerate_head.py"
 ENV_FILE_NAME = "deepspeed_env"
 DEFAULT_MAIN_PORT = 29500
 
@@ -165,12 +169,16 @@ def build_plan(
     options = accelerate if accelerate is not None else _default_accelerate_options()
     if launcher == "pdsh":
         config_path = f"{run_dir}/{PDSH_CONFIG_NAME}"
-        config = _render(options, hostfile, nproc, main_port, "pdsh", f"{run_dir}/{HOSTFILE_NAME}")
-        head = (python, "-m", "accelerate.commands.launch", "--config_file", config_path,
-                script, *args)  # fmt: skip
+        spec = _pdsh_config_spec(
+            options, hostfile, nproc, main_port, config_path, f"{run_dir}/{HOSTFILE_NAME}"
+        )
+        # The head's launcher writes the config (accelerate imported once, in that process).
+        head = (python, f"{run_dir}/{HEAD_LAUNCHER_NAME}", f"{run_dir}/{PDSH_SPEC_NAME}",
+                "--config_file", config_path, script, *args)  # fmt: skip
         files = (
             hostfile_file,
-            PlannedFile(PDSH_CONFIG_NAME, config),
+            PlannedFile(HEAD_LAUNCHER_NAME, _head_launcher_source()),
+            PlannedFile(PDSH_SPEC_NAME, json.dumps(spec, indent=2, sort_keys=True) + "\n"),
             # Holds real values (secrets too): written privately, never kept in the record.
             PlannedFile(ENV_FILE_NAME, _env_file(env), run_dir=False),
         )
@@ -196,20 +204,34 @@ def _default_accelerate_options() -> object:
     return AccelerateOptions()
 
 
-def _render(
-    options: object, hostfile: Hostfile, nproc: int, port: int, launcher: str, hostfile_path: str
-) -> str:
-    from orchestrator.accel_config import render_accelerate_config
+def _pdsh_config_spec(
+    options: object,
+    hostfile: Hostfile,
+    nproc: int,
+    port: int,
+    config_path: str,
+    hostfile_path: str,
+) -> dict[str, object]:
+    """What the head's launcher needs to write the pdsh config (accelerate_head.py)."""
+    from orchestrator.accel_config import cluster_config_fields, config_header
 
-    return render_accelerate_config(
+    fields = cluster_config_fields(
         options,  # type: ignore[arg-type]
         hosts=hostfile,
         nproc_per_node=nproc,
         main_ip=hostfile.names[0],
         main_port=port,
-        launcher=launcher,
+        launcher="pdsh",
         hostfile_path=hostfile_path,
     )
+    header = config_header("pdsh", len(hostfile.hosts), nproc)
+    return {"config_file": config_path, "header": header, "fields": fields}
+
+
+def _head_launcher_source() -> str:
+    from orchestrator import accelerate_head
+
+    return Path(accelerate_head.__file__).read_text(encoding="utf-8")
 
 
 def _render_standard(options: object, hostfile: Hostfile, nproc: int, port: int) -> list[str]:
@@ -274,11 +296,32 @@ def plan_summary(plan: LaunchPlan) -> dict:
         "node_command": list(plan.node_command),
         "workers_wait_for_main_port": plan.wait_for_main,
         "env": plan.redacted_env,
-        "files": {
-            f.name: (redact_env_text(f.content) if f.name == ENV_FILE_NAME else f.content)
-            for f in plan.files
-        },
+        "files": _files_summary(plan),
     }
+
+
+def _files_summary(plan: LaunchPlan) -> dict[str, str]:
+    files = {}
+    for planned in plan.files:
+        if planned.name == ENV_FILE_NAME:
+            files[planned.name] = redact_env_text(planned.content)
+        elif planned.name == HEAD_LAUNCHER_NAME:
+            files[planned.name] = (
+                f"(orch's head launcher: writes {PDSH_CONFIG_NAME}, then runs accelerate launch)"
+            )
+        else:
+            files[planned.name] = planned.content
+    if plan.launcher == "pdsh":
+        files[PDSH_CONFIG_NAME] = rendered_pdsh_config(plan)
+    return files
+
+
+def rendered_pdsh_config(plan: LaunchPlan) -> str:
+    """The accelerate config the head's launcher will write (imports accelerate)."""
+    from orchestrator.accelerate_head import config_text
+
+    spec = json.loads(plan.file(PDSH_SPEC_NAME).content)
+    return config_text(spec["fields"], spec["header"])
 
 
 def redact_env_text(text: str) -> str:

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 
 import pytest
 import yaml
+from accelerate.commands.config.config_args import load_config_from_file
 
 from orchestrator.errors import UsageError
 from orchestrator.inventory import make_hostfile
 from orchestrator.jobenv import JOB_ID_VAR
 from orchestrator.plan import (
     ENV_FILE_NAME,
+    HEAD_LAUNCHER_NAME,
     HOSTFILE_NAME,
     PDSH_CONFIG_NAME,
+    PDSH_SPEC_NAME,
     build_plan,
     plan_summary,
+    rendered_pdsh_config,
     standard_config_name,
 )
 
@@ -62,11 +68,11 @@ def test_job_env_carries_the_job_id_and_nccl_settings_not_the_rest():
 def test_pdsh_plan_runs_accelerate_on_the_head_with_its_files():
     plan = _plan("pdsh")
     assert plan.head_command[:5] == (
-        "/opt/py/bin/python", "-m", "accelerate.commands.launch", "--config_file",
-        f"/runs/job-1/{PDSH_CONFIG_NAME}",
+        "/opt/py/bin/python", f"/runs/job-1/{HEAD_LAUNCHER_NAME}",
+        f"/runs/job-1/{PDSH_SPEC_NAME}", "--config_file", f"/runs/job-1/{PDSH_CONFIG_NAME}",
     )  # fmt: skip
     assert plan.head_command[-4:] == ("train.py", "--lr", "0.1", "two words")
-    config = yaml.safe_load(plan.file(PDSH_CONFIG_NAME).content)
+    config = yaml.safe_load(rendered_pdsh_config(plan))
     assert config["num_machines"] == 3
     assert config["num_processes"] == 6
     assert config["deepspeed_config"]["deepspeed_multinode_launcher"] == "pdsh"
@@ -76,6 +82,34 @@ def test_pdsh_plan_runs_accelerate_on_the_head_with_its_files():
     assert f"{JOB_ID_VAR}=job-1\n" in env_file.content
     # The env file holds real values: it is never kept in the run directory.
     assert env_file.run_dir is False
+
+
+def test_pdsh_head_launcher_writes_the_config_the_dry_run_shows(tmp_path):
+    plan = _plan("pdsh", run_dir=str(tmp_path))
+    for planned in plan.files:
+        if planned.run_dir:
+            (tmp_path / planned.name).write_text(planned.content)
+    launcher = plan.file(HEAD_LAUNCHER_NAME).content
+    # It runs in the job's interpreter, where orch need not be installed.
+    assert "import orchestrator" not in launcher and "from orchestrator" not in launcher
+    namespace: dict = {"__name__": "head_launcher"}
+    exec(compile(launcher, HEAD_LAUNCHER_NAME, "exec"), namespace)
+    written = namespace["write_config"](str(tmp_path / PDSH_SPEC_NAME))
+    assert written == str(tmp_path / PDSH_CONFIG_NAME)
+    text = (tmp_path / PDSH_CONFIG_NAME).read_text()
+    assert text == plan_summary(plan)["files"][PDSH_CONFIG_NAME]
+    assert text.startswith("# accelerate config written by orch (pdsh launcher, 3 x 2)")
+    loaded = load_config_from_file(written)
+    assert loaded.num_machines == 3 and loaded.main_process_port == 29511
+    assert loaded.deepspeed_config["deepspeed_hostfile"] == str(tmp_path / HOSTFILE_NAME)
+
+
+def test_pdsh_head_launcher_without_arguments_prints_its_usage(tmp_path):
+    path = tmp_path / HEAD_LAUNCHER_NAME
+    path.write_text(_plan("pdsh").file(HEAD_LAUNCHER_NAME).content)
+    done = subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "usage: accelerate_head.py SPEC.json" in done.stderr
 
 
 def test_standard_plan_ships_one_config_per_machine_rank():

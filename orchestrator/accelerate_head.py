@@ -1,0 +1,59 @@
+"""The head's `accelerate launch` for the pdsh launcher, preceded by writing its config.
+
+orch copies this file into the run directory and runs it with the job's interpreter:
+
+    python accelerate_head.py SPEC.json --config_file CONFIG.yaml SCRIPT [ARGS...]
+
+It writes CONFIG.yaml with accelerate's own ClusterConfig from the fields in
+SPEC.json, then runs `accelerate launch` with the remaining arguments in the same
+process. accelerate (and torch under it) is imported once per job, here, instead
+of once in orch to render the config and again in the launcher.
+
+Standard library, PyYAML and accelerate only: the job's interpreter need not have
+orch installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+
+
+def config_text(fields: Mapping[str, object], header: str = "") -> str:
+    """The YAML `accelerate launch --config_file` loads, built by accelerate's ClusterConfig."""
+    import yaml
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    # ClusterConfig turns the enum names into enums and back; same text as its to_yaml_file.
+    return header + yaml.safe_dump(ClusterConfig(**fields).to_dict())
+
+
+def write_config(spec_path: str) -> str:
+    """Write the config SPEC names (private to the user, like the rest of the run) and
+    return its path."""
+    with open(spec_path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    path = spec["config_file"]
+    text = config_text(spec["fields"], spec.get("header", ""))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        sys.stderr.write("usage: accelerate_head.py SPEC.json ACCELERATE-LAUNCH-ARGS...\n")
+        return 2
+    write_config(argv[0])
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    # What `accelerate launch` itself does with its arguments.
+    launch_command(launch_command_parser().parse_args(argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
