@@ -31,15 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (
     JOB_SCRIPT,
-    ORCH,
-    VENV_BIN,
     Budget,
     Sample,
-    accelerate_pdsh_config,
     command_line,
     exit_cleanly_on_sigterm,
     head_env,
     kill_token,
+    launcher_argv,
     machine,
     machine_line,
     now_utc,
@@ -84,26 +82,10 @@ class Launches:
         return self.port + self.count
 
     def argv(self, method: str, token: str, workdir: Path) -> list[str]:
-        port = self._next_port()
-        job = self._job_args(token)
-        if method == "accelerate":
-            config = workdir / "accelerate_pdsh.yaml"
-            config.write_text(
-                accelerate_pdsh_config(self.state, processes_per_node=SLOTS, port=port)
-            )
-            return [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(config), *job]
-        if method == "deepspeed":
-            return [
-                str(VENV_BIN / "deepspeed"), "--hostfile", self.state.hostfile,
-                "--master_addr", self.state.nodes[0].address, "--master_port", str(port), *job,
-            ]  # fmt: skip
-        if method in ORCH_METHODS:
-            doctor = ["--no-doctor"] if method == "orch" else []
-            return [
-                ORCH, "launch", "--hostfile", self.state.hostfile, "--main-port", str(port),
-                "--runs-dir", str(self.base / "runs"), *doctor, "--", *job,
-            ]  # fmt: skip
-        raise ValueError(f"unknown method {method}")
+        return launcher_argv(
+            method, self.state, job=self._job_args(token), workdir=workdir,
+            port=self._next_port(), runs_dir=self.base / "runs", processes_per_node=SLOTS,
+        )  # fmt: skip
 
     def run(self, method: str) -> Sample:
         token = f"bench-launch-{uuid.uuid4().hex[:10]}"

@@ -38,17 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (
     JOB_SCRIPT,
-    ORCH,
-    VENV_BIN,
     Budget,
     Sample,
-    accelerate_pdsh_config,
     alternation,
     command_line,
     exit_cleanly_on_sigterm,
     head_env,
     kill_session,
     kill_token,
+    launcher_argv,
     machine,
     machine_line,
     now_utc,
@@ -111,24 +109,10 @@ class Teardowns:
 
     def argv(self, method: str, job: list[str], workdir: Path) -> list[str]:
         self.count += 1
-        port = self.port + self.count
-        if method == "accelerate":
-            config = workdir / "accelerate_pdsh.yaml"
-            config.write_text(
-                accelerate_pdsh_config(self.state, processes_per_node=SLOTS, port=port)
-            )
-            return [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(config), *job]
-        if method == "deepspeed":
-            return [
-                str(VENV_BIN / "deepspeed"), "--hostfile", self.state.hostfile,
-                "--master_addr", self.state.nodes[0].address, "--master_port", str(port), *job,
-            ]  # fmt: skip
-        if method == "orch":
-            return [
-                ORCH, "launch", "--hostfile", self.state.hostfile, "--main-port", str(port),
-                "--runs-dir", str(self.base / "runs"), "--no-doctor", "--", *job,
-            ]  # fmt: skip
-        raise ValueError(f"unknown method {method}")
+        return launcher_argv(
+            method, self.state, job=job, workdir=workdir, port=self.port + self.count,
+            runs_dir=self.base / "runs", processes_per_node=SLOTS,
+        )  # fmt: skip
 
     def job_args(self, scenario: str, token: str, events: Path) -> list[str]:
         job = [str(JOB_SCRIPT), "--steps", "6", "--events", str(events), "--token", token]

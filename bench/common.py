@@ -395,6 +395,42 @@ use_cpu: true
 """
 
 
+def launcher_argv(
+    method: str,
+    state: SandboxState,
+    *,
+    job: Sequence[str],
+    workdir: Path,
+    port: int,
+    runs_dir: Path,
+    processes_per_node: int,
+) -> list[str]:
+    """One launch of `job` (script and arguments) by one method, on the sandbox.
+
+    accelerate: `accelerate launch` with a hand-written pdsh config (the seed recipe);
+    deepspeed: `deepspeed --hostfile`; orch: `orch launch --no-doctor`;
+    orch+doctor: `orch launch` with its pre-flight.
+    """
+    if method == "accelerate":
+        config = workdir / "accelerate_pdsh.yaml"
+        config.write_text(
+            accelerate_pdsh_config(state, processes_per_node=processes_per_node, port=port)
+        )
+        return [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(config), *job]
+    if method == "deepspeed":
+        return [
+            str(VENV_BIN / "deepspeed"), "--hostfile", state.hostfile,
+            "--master_addr", state.nodes[0].address, "--master_port", str(port), *job,
+        ]  # fmt: skip
+    if method in ("orch", "orch+doctor"):
+        doctor = ["--no-doctor"] if method == "orch" else []
+        return [
+            ORCH, "launch", "--hostfile", state.hostfile, "--main-port", str(port),
+            "--runs-dir", str(runs_dir), *doctor, "--", *job,
+        ]  # fmt: skip
+    raise ValueError(f"unknown method {method}")
+
+
 def orch_launch_available() -> bool:
     """Whether `orch launch` exists in this checkout (it is benchmarked only then)."""
     if not Path(ORCH).exists():
