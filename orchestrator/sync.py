@@ -1,8 +1,9 @@
 """`--sync`: copy the head's working directory to every node before a launch.
 
 For clusters without a shared filesystem. Files go over SFTP (one SSH connection
-per node, nodes in parallel); what .gitignore ignores is skipped (plain patterns;
-`!` negations are not supported), as are .git and virtual environments. A file
+per node, nodes in parallel); what the .gitignore files ignore is skipped (git's
+rules, through pathspec: negations and nested .gitignore files included), as are
+.git and virtual environments. A file
 whose size and modification time already match on the node is not sent again.
 
 A node that already sees the head's directory (a shared filesystem: a marker
@@ -12,7 +13,6 @@ would truncate it.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import posixpath
 import secrets
@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pathspec import GitIgnoreSpec
 
 from orchestrator.transport import SSHError, open_session
 
@@ -43,51 +45,52 @@ class SyncResult:
     problem: str | None = None
 
 
-def ignore_patterns(root: Path) -> tuple[str, ...]:
-    """ALWAYS_SKIPPED plus the patterns of root/.gitignore."""
-    patterns = list(ALWAYS_SKIPPED)
-    gitignore = root / ".gitignore"
-    if gitignore.is_file():
-        for line in gitignore.read_text(errors="replace").splitlines():
-            line = line.strip()
-            if line and not line.startswith(("#", "!")):
-                patterns.append(line)
-    return tuple(patterns)
+class IgnoreRules:
+    """What git would ignore under one root: ALWAYS_SKIPPED, then every .gitignore
+    from the root down, each relative to its own directory (negations included,
+    matched by pathspec's git implementation; a deeper file decides over a higher one)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        # (directory relative to the root, its rules), in the order os.walk meets them
+        self._specs: list[tuple[str, GitIgnoreSpec]] = [
+            ("", GitIgnoreSpec.from_lines(ALWAYS_SKIPPED))
+        ]
+
+    def enter(self, directory: str) -> None:
+        """Read `directory`/.gitignore (relative to the root, '' for the root) if there is one."""
+        gitignore = self.root / directory / ".gitignore"
+        if gitignore.is_file():
+            lines = gitignore.read_text(errors="replace").splitlines()
+            self._specs.append((directory, GitIgnoreSpec.from_lines(lines)))
+
+    def ignored(self, relative: str, is_dir: bool) -> bool:
+        """Whether a path (relative to the root, '/'-separated) is ignored."""
+        verdict = False
+        for base, spec in self._specs:  # root first, then deeper directories
+            if base and not relative.startswith(base + "/"):
+                continue
+            inside = relative[len(base) + 1 :] if base else relative
+            decided = spec.check_file(inside + "/" if is_dir else inside).include
+            if decided is not None:
+                verdict = decided
+        return verdict
 
 
-def is_ignored(relative: str, is_dir: bool, patterns: Sequence[str]) -> bool:
-    """Whether a path (relative to the root, '/'-separated) matches a gitignore pattern."""
-    name = posixpath.basename(relative)
-    for raw in patterns:
-        dir_only = raw.endswith("/")
-        pattern = raw.rstrip("/")
-        if dir_only and not is_dir:
-            continue
-        anchored = pattern.startswith("/") or "/" in pattern
-        pattern = pattern.lstrip("/")
-        if anchored:
-            if fnmatch.fnmatchcase(relative, pattern):
-                return True
-        elif fnmatch.fnmatchcase(name, pattern):
-            return True
-    return False
-
-
-def files_to_sync(root: Path, patterns: Sequence[str]) -> list[str]:
+def files_to_sync(root: Path) -> list[str]:
     """Every file under root that is not ignored, relative and '/'-separated, sorted."""
+    rules = IgnoreRules(root)
     found: list[str] = []
     for current, dirs, files in os.walk(root):
         base = Path(current).relative_to(root).as_posix()
         base = "" if base == "." else base
-        dirs[:] = sorted(d for d in dirs if not is_ignored(posixpath.join(base, d), True, patterns))
+        rules.enter(base)
+        # As in git, nothing inside an ignored directory comes back.
+        dirs[:] = sorted(d for d in dirs if not rules.ignored(posixpath.join(base, d), True))
         for name in sorted(files):
             relative = posixpath.join(base, name)
             full = Path(current) / name
-            if (
-                full.is_file()
-                and not full.is_symlink()
-                and not is_ignored(relative, False, patterns)
-            ):
+            if full.is_file() and not full.is_symlink() and not rules.ignored(relative, False):
                 found.append(relative)
     return sorted(found)
 
@@ -160,7 +163,7 @@ def sync_workdir(
 ) -> list[SyncResult]:  # fmt: skip
     """Copy local_root to remote_root on every node; one result per node, in order."""
     root = Path(local_root).resolve()
-    files = files_to_sync(root, ignore_patterns(root))
+    files = files_to_sync(root)
     marker = f"{_MARKER_PREFIX}{secrets.token_hex(8)}"
     (root / marker).write_text("orch --sync: shared filesystem check\n")
     try:

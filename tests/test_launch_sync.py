@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from orchestrator.sync import files_to_sync, ignore_patterns, is_ignored, sync_workdir
+from orchestrator.sync import files_to_sync, sync_workdir
 
 
 def _tree(root):
@@ -25,14 +25,30 @@ def _tree(root):
     (root / "src" / "run.log").write_text("kept: the pattern is anchored")
 
 
-def test_gitignore_patterns_decide_what_goes(tmp_path):
+def test_gitignore_rules_decide_what_goes(tmp_path):
     _tree(tmp_path)
-    patterns = ignore_patterns(tmp_path)
-    assert files_to_sync(tmp_path, patterns) == [
-        ".gitignore", "run.sh", "src/pkg/train.py", "src/run.log",
+    (tmp_path / "keep.ckpt").write_text("re-included by the negation")
+    (tmp_path / "src" / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "src" / "pkg" / "__pycache__" / "train.cpython-311.pyc").write_text("x")
+    assert files_to_sync(tmp_path) == [
+        ".gitignore", "keep.ckpt", "run.sh", "src/pkg/train.py", "src/run.log",
     ]  # fmt: skip
-    assert is_ignored("a/b/__pycache__", True, patterns)
-    assert not is_ignored("outputs", False, patterns)  # dir-only pattern, and this is a file
+
+
+def test_a_nested_gitignore_applies_below_its_own_directory(tmp_path):
+    _tree(tmp_path)
+    (tmp_path / "src" / ".gitignore").write_text("*.log\n!train.py\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.log").write_text("kept: src/.gitignore does not reach here")
+    assert files_to_sync(tmp_path) == [
+        ".gitignore", "data/a.log", "run.sh", "src/.gitignore", "src/pkg/train.py",
+    ]  # fmt: skip
+
+
+def test_a_file_is_not_mistaken_for_an_ignored_directory(tmp_path):
+    (tmp_path / ".gitignore").write_text("outputs/\n")
+    (tmp_path / "outputs").write_text("a file, not the directory the pattern names")
+    assert files_to_sync(tmp_path) == [".gitignore", "outputs"]
 
 
 @pytest.mark.sandbox
