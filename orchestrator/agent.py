@@ -232,23 +232,34 @@ class RankWatch:
         return failed[0] if failed else None
 
     def first_failed(self, node_code: int) -> tuple[int | None, int | None]:
-        """(rank, its exit code) of the first rank to end, when the node's command failed.
-
-        Ranks that ended together are told apart by their exit codes: the launcher
-        passes on the failing rank's code, and peers that lost it exit 1.
-        """
+        """(rank, its exit code) of the rank that failed first, when the node's command failed."""
         with self._lock:
-            # A rank that finished cleanly before the failure is not a suspect.
-            ended = [entry for entry in self.ended if entry[2] != 0]
-        if not ended:
-            return None, None
-        first = ended[0][0]
-        batch = [(rank, code) for t, rank, code in ended if t - first <= self._TIE_S]
-        for wanted in (lambda c: c == node_code, lambda c: c not in (None, 0)):
-            for rank, code in batch:
-                if wanted(code):
-                    return rank, code
-        return batch[0]
+            ended = list(self.ended)
+        return first_failed_rank(ended, node_code, self._TIE_S)
+
+
+def first_failed_rank(
+    ended: list[tuple[float, int, int | None]], node_code: int, tie_s: float
+) -> tuple[int | None, int | None]:
+    """Which of the ranks that ended (time, rank, exit code or None if unseen) failed first.
+
+    Ranks that ended within `tie_s` of the first failure are told apart by exit code.
+    The node's launcher passes on the failing rank's code, so that code names it. A
+    rank whose code was not seen (its launcher reaped it first) comes next: its code
+    may well be that one, whereas a known different code belongs to a peer that lost
+    the failing rank (exit 1) or that the launcher stopped (-15).
+    """
+    # A rank that finished cleanly before the failure is not a suspect.
+    failed = [entry for entry in ended if entry[2] != 0]
+    if not failed:
+        return None, None
+    first = failed[0][0]
+    batch = [(rank, code) for t, rank, code in failed if t - first <= tie_s]
+    for wanted in (lambda c: c == node_code, lambda c: c is None):
+        for rank, code in batch:
+            if wanted(code):
+                return rank, code
+    return batch[0]
 
 
 # ----- talking to the head -------------------------------------------------------

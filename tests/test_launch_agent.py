@@ -9,7 +9,13 @@ import uuid
 
 import pytest
 
-from orchestrator.agent import agent_command, failure_from_text, kill_command, node_dir
+from orchestrator.agent import (
+    agent_command,
+    failure_from_text,
+    first_failed_rank,
+    kill_command,
+    node_dir,
+)
 from orchestrator.logwire import decode_wire
 from orchestrator.pdsh import run_pdsh
 
@@ -115,3 +121,24 @@ def test_kill_by_job_id_stops_only_that_job(sandbox):
     finally:
         run_pdsh(nodes, kill_command(sys.executable, other, grace=1), timeout=30)
     assert all(_count(n, other) == 0 for n in nodes)
+
+
+# (time, rank, exit code or None when the launcher reaped the rank before it was seen)
+@pytest.mark.parametrize(
+    ("ended", "node_code", "expected"),
+    [
+        # The launcher passes the failing rank's code on: that code names it.
+        ([(10.0, 6, 1), (10.1, 7, 7)], 7, (7, 7)),
+        # Rank 7's code went unseen; rank 6 was stopped by the launcher (-15).
+        ([(10.0, 6, -15), (10.05, 7, None)], 7, (7, None)),
+        ([(10.0, 7, None), (10.2, 6, -15)], 7, (7, None)),
+        # Far enough apart, the first failure stands whatever the codes.
+        ([(10.0, 3, 1), (12.0, 2, 7)], 7, (3, 1)),
+        # Ranks that finished cleanly before are not suspects.
+        ([(5.0, 0, 0), (10.0, 1, 9)], 9, (1, 9)),
+        ([(5.0, 0, 0)], 1, (None, None)),
+        ([], 1, (None, None)),
+    ],
+)
+def test_first_failed_rank_tells_tied_ends_apart(ended, node_code, expected):
+    assert first_failed_rank(ended, node_code, tie_s=0.3) == expected
