@@ -7,6 +7,7 @@ sessions on one machine do not collide.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent import RUNS_ROOT
 from orchestrator.sandbox import Sandbox, SandboxState
 
 
@@ -33,16 +35,33 @@ def sandbox_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         # scripts/test.sh installs these; a bare `pytest` without them is a setup error.
         pytest.fail(f"`{missing}` is not installed: run `bash scripts/test.sh`", pytrace=False)
     started: list[Sandbox] = []
+    node_names: list[str] = []
 
     def start(nodes: int = 4, slots: int = 2) -> tuple[Sandbox, SandboxState]:
         tag = uuid.uuid4().hex[:6]
         box = Sandbox(tmp_path_factory.mktemp(f"sandbox-{tag}", numbered=False))
         started.append(box)
-        return box, box.up(nodes=nodes, slots=slots, prefix=f"t{tag}n")
+        state = box.up(nodes=nodes, slots=slots, prefix=f"t{tag}n")
+        node_names.extend(node.name for node in state.nodes)
+        return box, state
 
     yield start
     for box in started:
         box.down()
+    _remove_node_local_logs(node_names)
+
+
+def _remove_node_local_logs(node_names: list[str]) -> None:
+    """Node-local raw logs that tests kept on purpose (or could not pull back): the
+    sandbox's nodes write them to this machine's /tmp. Only this session's nodes."""
+    root = Path(RUNS_ROOT)
+    if not root.is_dir():
+        return
+    for job in root.iterdir():
+        for name in node_names:
+            shutil.rmtree(job / name, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            job.rmdir()  # only when nothing else is left in it
 
 
 @pytest.fixture(scope="session")
