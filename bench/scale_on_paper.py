@@ -7,7 +7,7 @@ Measured here, on a private sandbox (default 16 nodes), in one run:
   threads per open connection, ssh client processes and their memory;
 - orch's SSH (paramiko, `orchestrator.transport.run_on_nodes`, as doctor uses it):
   head CPU per node, file descriptors and threads at its parallelism limit.
-Read from the latest bench/results files when present: doctor's per-node head CPU
+Read from the latest bench/results files when present: `orch doctor`'s per-node head CPU
 and the launch benchmark's wall times.
 
 The projection is arithmetic on those figures (printed with the formula), for a
@@ -22,6 +22,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -184,16 +185,20 @@ def latest_result(name: str) -> Mapping[str, object] | None:
     return json.loads(files[-1].read_text())
 
 
-def doctor_cpu_per_node(doctor: Mapping[str, object] | None) -> tuple[float, int] | None:
-    """(head CPU s per node, at how many nodes) from the doctor benchmark, largest size."""
-    if not doctor:
+def doctor_cpu_per_node(preflight: Mapping[str, object] | None) -> tuple[float, int] | None:
+    """(head CPU s per node, at how many nodes) of `orch doctor` from the pre-flight
+    benchmark (bench_preflight.py), at its largest size."""
+    if not preflight:
         return None
-    rows = [r for r in doctor.get("results", []) if isinstance(r, dict)]  # type: ignore[union-attr]
-    rows = [r for r in rows if "doctor_cpu_s_per_node" in r]
-    if not rows:
+    by_size = preflight.get("results") or {}
+    sizes = [int(n) for n, methods in by_size.items() if methods.get("orch-doctor")]  # type: ignore[union-attr]
+    if not sizes:
         return None
-    biggest = max(rows, key=lambda r: r["nodes"])
-    return float(biggest["doctor_cpu_s_per_node"]), int(biggest["nodes"])
+    nodes = max(sizes)
+    samples = [s for s in by_size[str(nodes)]["orch-doctor"] if s.get("ok")]  # type: ignore[index]
+    if not samples:
+        return None
+    return statistics.median(s["cpu"] / nodes for s in samples), nodes
 
 
 def limits() -> dict[str, object]:
@@ -291,7 +296,7 @@ def main() -> None:
     info = machine()
     print_header("scale on paper", info)
     pdsh, ssh = measure(count, reps)
-    doctor = doctor_cpu_per_node(latest_result("doctor"))
+    doctor = doctor_cpu_per_node(latest_result("preflight"))
     cores = int(info["cpus"] or 1)  # type: ignore[arg-type]
     lim = limits()
     measured = render_table(
@@ -305,9 +310,9 @@ def main() -> None:
             [f"orch SSH (paramiko), {count} nodes", f"{ssh['cpu_per_node']:.3f}",
              f"{ssh['wall']:.2f}", f"{ssh['fds_per_conn']:.1f}",
              f"{ssh['threads_per_conn']:.1f}", "in-process, no child processes"],
-            ["orch doctor (bench_doctor)",
+            ["orch doctor (bench_preflight)",
              "n/a" if doctor is None else f"{doctor[0]:.3f} (at {doctor[1]} nodes)",
-             "", "", "", "probe + checks, from the latest doctor results"],
+             "", "", "", "probe + checks, from the latest pre-flight results"],
         ],
     )  # fmt: skip
     projections = [

@@ -1,26 +1,29 @@
-"""Benchmark: DeepSpeed's own pre-launch check against `orch doctor`.
+"""Benchmark: pre-flight. `orch doctor` against a serial ssh loop and DeepSpeed's check.
 
-DeepSpeed's runner checks one thing before a multi-node launch: that
-`ssh -o PasswordAuthentication=no <first host> hostname` succeeds (first host
-only, no timeout of its own). This runs exactly that command and `orch doctor
---hostfile H --json` alternating on the same private sandbox, for each size:
-wall time, head CPU seconds per node, and how many nodes each one looked at.
+For each size (its own private sandbox), four methods alternate on the same nodes:
 
-Then what each catches: on a 4-node sandbox whose LAST node is frozen (SIGSTOP:
-sockets open, nothing answers), does the check fail, how long does it take, and
-does it name the node.
+- deepspeed-check: what DeepSpeed's runner checks before a multi-node launch,
+  `ssh -o PasswordAuthentication=no <first host> hostname` (first host only, no
+  timeout of its own);
+- serial-ssh: a shell loop over the hostfile, `ssh node <doctor's probe command>`
+  one node after the other: the same facts doctor gathers, by hand;
+- orch-preflight: doctor's `run_preflight` in a fresh Python process (parallel
+  SSH, the probe, the main-port test), without the CLI's start-up;
+- orch-doctor: `orch doctor --hostfile H --json`, as a user runs it.
 
-Two orch rows: `orch-doctor` is the command as a user runs it (CLI start-up
-included); `orch-preflight` is doctor's `run_preflight` in a fresh Python process,
-without the CLI's imports, as bench/bench_doctor.py measures it.
+Wall time, head CPU seconds per node (getrusage of the children), and how many
+nodes each looked at. Then what each catches: on a 4-node sandbox whose LAST node
+is frozen (SIGSTOP: sockets open, nothing answers), does it fail, how long does it
+take, and does it name the node.
 
-Run: .venv/bin/python bench/bench_preflight_deepspeed.py [--sizes 1,4,16,32] [--reps 3]
+Run: .venv/bin/python bench/bench_preflight.py [--sizes 1,4,16,32] [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import uuid
 from pathlib import Path
@@ -50,11 +53,12 @@ from bench.common import (
     summarize,
     write_results,
 )
+from orchestrator.probe import probe_command
 from orchestrator.sandbox import SandboxState
 
-METHODS = ("deepspeed-check", "orch-preflight", "orch-doctor")
-# doctor's pre-flight in a fresh process without the CLI's start-up (as bench_doctor.py
-# measures it); prints doctor's JSON-like findings for the nodes it names.
+METHODS = ("deepspeed-check", "serial-ssh", "orch-preflight", "orch-doctor")
+# doctor's pre-flight in a fresh process without the CLI's start-up; prints doctor's
+# findings for the nodes it names.
 PREFLIGHT = """
 import json, sys
 from orchestrator.inventory import read_hostfile
@@ -77,6 +81,17 @@ def deepspeed_check_argv(state: SandboxState) -> list[str]:
     return ["ssh", "-o", "PasswordAuthentication=no", state.nodes[0].name, "hostname"]
 
 
+def serial_ssh_argv(state: SandboxState) -> list[str]:
+    """`for node in hostfile: ssh node <probe>`, as a shell loop; stops at the first failure."""
+    names = [node.name for node in state.nodes]
+    probe = probe_command(PYTHON, workdir=str(ROOT), script=None, names=names)
+    loop = (
+        'for node in "$@"; do ssh -o BatchMode=yes "$node" ' + shlex.quote(probe)
+        + ' > /dev/null || { echo "failed: $node"; exit 1; }; done'
+    )  # fmt: skip
+    return ["bash", "-c", loop, "serial-ssh", *names]
+
+
 def doctor_argv(state: SandboxState, port: int, timeout: float) -> list[str]:
     return [
         ORCH, "doctor", "--hostfile", state.hostfile, "--json",
@@ -96,15 +111,20 @@ def run_method(
 ) -> Sample:
     if method == "deepspeed-check":
         argv = deepspeed_check_argv(state)
+    elif method == "serial-ssh":
+        argv = serial_ssh_argv(state)
     elif method == "orch-preflight":
         argv = preflight_argv(state, port, timeout)
     else:
         argv = doctor_argv(state, port, timeout)
     done = run_timed(argv, cwd=ROOT, env=head_env(), timeout=cap)
     checked = 1 if method == "deepspeed-check" else len(state.nodes)
-    note = f"exit {done.code}"
+    note = "killed at the cap" if done.code is None else f"exit {done.code}"
     named: list[str] = []
-    if method != "deepspeed-check":
+    if method == "serial-ssh":
+        named = sorted(line.split(": ", 1)[1] for line in done.output.splitlines()
+                       if line.startswith("failed: "))  # fmt: skip
+    elif method != "deepspeed-check":
         named = sorted(_nodes_named(done.output))
         if named:
             note += f", names {', '.join(named)}"
@@ -137,6 +157,8 @@ def bench_sizes(sizes: list[int], reps: int, budget: Budget) -> dict[int, dict[s
         port = 29100 + uuid.uuid4().int % 500
         results[nodes] = {m: [] for m in METHODS}
         with private_sandbox(nodes, 1, tag="pd") as state:
+            # One uncounted run first: the nodes' first Python start-ups fill the page cache.
+            run_method("orch-preflight", state, port, cap=300)
             for rep, method in alternation(METHODS, reps):
                 sample = run_method(method, state, port, cap=300)
                 results[nodes][method].append(sample)
@@ -166,6 +188,7 @@ def size_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]]
     rows: list[list[object]] = []
     for nodes, by_method in results.items():
         ds = summarize([s.wall for s in by_method["deepspeed-check"] if s.ok])
+        loop = summarize([s.wall for s in by_method["serial-ssh"] if s.ok])
         for method, samples in by_method.items():
             good = [s for s in samples if s.ok]
             wall = summarize([s.wall for s in good])
@@ -173,7 +196,8 @@ def size_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]]
             checked = samples[0].extra["nodes_checked"] if samples else 0
             rows.append([
                 nodes, method, f"{checked}/{nodes}", wall.text(2), cpu_per_node.text(3),
-                ratio_text(ratio(wall.median, ds.median)), f"{len(good)}/{len(samples)}",
+                ratio_text(ratio(wall.median, ds.median)),
+                ratio_text(ratio(loop.median, wall.median)), f"{len(good)}/{len(samples)}",
             ])  # fmt: skip
     return rows
 
@@ -181,7 +205,10 @@ def size_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]]
 def frozen_rows(outcome: dict[str, Sample]) -> list[list[object]]:
     rows: list[list[object]] = []
     for method, sample in outcome.items():
-        verdict = "passes: the frozen node is not seen" if sample.ok else "fails"
+        if sample.extra.get("exit_code") is None:
+            verdict = "still running at the cap (killed)"
+        else:
+            verdict = "passes: the frozen node is not seen" if sample.ok else "fails"
         named = sample.extra.get("nodes_named") or []
         rows.append([method, f"{sample.wall:.2f}", verdict, ", ".join(named) or "-"])  # type: ignore[arg-type]
     return rows
@@ -202,12 +229,13 @@ def main() -> None:
     sizes = [1, 4] if args.quick else [int(s) for s in args.sizes.split(",")]
     reps = 1 if args.quick else args.reps
     info = machine()
-    print_header("pre-flight: DeepSpeed's pre-launch check vs orch doctor", info)
+    print_header("pre-flight: orch doctor vs a serial ssh loop and DeepSpeed's check", info)
     budget = Budget(args.cap)
     results = bench_sizes(sizes, reps, budget)
     frozen = frozen_node_check(cap=120.0)
     headers = ["nodes", "method", "nodes checked", "wall s, median (min-max)",
-               "head CPU s per node", "wall / DeepSpeed check", "ok runs"]  # fmt: skip
+               "head CPU s per node", "wall / DeepSpeed check", "serial loop / this",
+               "ok runs"]  # fmt: skip
     table = render_table(headers, size_rows(results))
     frozen_table = render_table(
         ["4 nodes, last one frozen", "wall s", "verdict", "nodes named"], frozen_rows(frozen)
@@ -215,9 +243,9 @@ def main() -> None:
     print(table)
     print(frozen_table)
     path = write_results(
-        "preflight-deepspeed",
+        "preflight",
         {
-            "benchmark": "preflight-deepspeed",
+            "benchmark": "preflight",
             "date": now_utc(),
             "command": command_line(),
             "machine": info,
