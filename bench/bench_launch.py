@@ -21,6 +21,7 @@ Run: .venv/bin/python bench/bench_launch.py [--sizes 2,4] [--reps 3] [--quick]
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import uuid
@@ -118,7 +119,11 @@ def bench_size(
 def table_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]]:
     rows: list[list[object]] = []
     for nodes, by_method in results.items():
-        base = summarize([s.wall for s in by_method.get("accelerate", []) if s.ok]).median
+        plain = [s for s in by_method.get("accelerate", []) if s.ok]
+        base, base_cpu = (
+            summarize([s.wall for s in plain]).median,
+            summarize([s.cpu for s in plain]).median,
+        )
         base_ds = summarize([s.wall for s in by_method.get("deepspeed", []) if s.ok]).median
         for method, samples in by_method.items():
             good = [s for s in samples if s.ok]
@@ -127,15 +132,25 @@ def table_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]
             rows.append([
                 nodes, f"{nodes * SLOTS}", method, wall.text(), cpu.text(),
                 ratio_text(ratio(wall.median, base)), ratio_text(ratio(wall.median, base_ds)),
-                f"{len(good)}/{len(samples)}",
+                ratio_text(ratio(cpu.median, base_cpu)), f"{len(good)}/{len(samples)}",
             ])  # fmt: skip
     return rows
 
 
 HEADERS = [
     "nodes", "ranks", "method", "wall s, median (min-max)", "head CPU s, median (min-max)",
-    "wall / accelerate", "wall / deepspeed", "ok runs",
+    "wall / accelerate", "wall / deepspeed", "head CPU / accelerate", "ok runs",
 ]  # fmt: skip
+
+
+def table_from_file(path: str) -> str:
+    """The table of an earlier run, from its results file."""
+    saved = json.loads(Path(path).read_text())
+    results = {
+        int(nodes): {m: [Sample(**s) for s in samples] for m, samples in by_method.items()}
+        for nodes, by_method in saved["results"].items()
+    }
+    return render_table(HEADERS, table_rows(results))
 
 
 def parse_args() -> argparse.Namespace:
@@ -145,6 +160,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of the job")
     parser.add_argument("--cap", type=float, default=3600.0, help="total time cap, seconds")
     parser.add_argument("--quick", action="store_true", help="2 nodes, 1 repetition")
+    parser.add_argument("--table", metavar="RESULTS", help="print the table of a results file")
     parser.add_argument(
         "--methods", default="", help="comma-separated subset of: " + ",".join(
             PLAIN_METHODS + ORCH_METHODS)
@@ -161,6 +177,9 @@ def choose_methods(requested: str, have_orch: Callable[[], bool]) -> tuple[str, 
 def main() -> None:
     exit_cleanly_on_sigterm()
     args = parse_args()
+    if args.table:
+        print(table_from_file(args.table))
+        return
     sizes = [2] if args.quick else [int(s) for s in args.sizes.split(",")]
     reps = 1 if args.quick else args.reps
     methods = choose_methods(args.methods, orch_launch_available)
