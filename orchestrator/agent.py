@@ -485,10 +485,21 @@ class Supervisor:
 
 
 # ----- entry points ---------------------------------------------------------------
+def encode_spec(spec: dict) -> str:
+    """The job spec as one shell-safe word. Compressed: it travels in the remote command
+    line, which Linux caps at 128 KiB per argument, and the standard launcher's configs
+    (one per machine, differing in one line) shrink a hundredfold."""
+    return base64.b64encode(zlib.compress(json.dumps(spec).encode(), 9)).decode()
+
+
+def decode_spec(word: str) -> dict:
+    return json.loads(zlib.decompress(base64.b64decode(word)))
+
+
 def main(argv: list[str]) -> int:
     mode = argv[0] if argv else ""
     if mode == "run" and len(argv) == 4:
-        spec = json.loads(base64.b64decode(argv[1]))
+        spec = decode_spec(argv[1])
         return Supervisor(spec, argv[2], argv[3]).run()
     if mode == "kill" and len(argv) == 3:
         result = stop_job(argv[1], float(argv[2]))
@@ -530,7 +541,7 @@ def _python_c(python: str, blob: str) -> str:
 
 def agent_command(python: str, spec: dict) -> str:
     """The remote shell command (for pdsh) that runs the agent; %h/%n filled in by pdsh."""
-    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+    encoded = encode_spec(spec)
     return f"{_python_c(python, _blob())} run {encoded} %h %n"
 
 

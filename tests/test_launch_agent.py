@@ -11,13 +11,16 @@ import pytest
 
 from orchestrator.agent import (
     agent_command,
+    decode_spec,
     failure_from_text,
     first_failed_rank,
     kill_command,
     node_dir,
 )
+from orchestrator.inventory import make_hostfile
 from orchestrator.logwire import decode_wire
 from orchestrator.pdsh import run_pdsh
+from orchestrator.plan import build_plan
 
 TORCHRUN_REPORT = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -142,3 +145,17 @@ def test_kill_by_job_id_stops_only_that_job(sandbox):
 )
 def test_first_failed_rank_tells_tied_ends_apart(ended, node_code, expected):
     assert first_failed_rank(ended, node_code, tie_s=0.3) == expected
+
+
+def test_the_agent_command_for_256_standard_configs_fits_in_one_argument():
+    # The remote shell gets the command as one argument: Linux caps that at 128 KiB.
+    hosts = make_hostfile([f"gpu{i:03d}" for i in range(256)], 8)
+    plan = build_plan(job_id="j1", hostfile=hosts, script="train.py", launcher="standard",
+                      python="/usr/bin/python3", workdir="/w", run_dir="/r/j1")  # fmt: skip
+    files = {f.name: f.content for f in plan.files if f.ship}
+    assert len(files) == 256
+    spec = {"job_id": "j1", "files": files, "command": list(plan.node_command)}
+    command = agent_command("/usr/bin/python3", spec)
+    assert len(command.encode()) < 128 * 1024
+    word = command.split()[-3]  # ... run SPEC %h %n
+    assert decode_spec(word) == spec
