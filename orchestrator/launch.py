@@ -328,14 +328,29 @@ class JobRunner:
         """Pull each node's raw logs back, whatever way the job ended."""
         from orchestrator.collect import collect_logs
 
+        # A node the teardown could not reach just now would only cost another timeout.
+        unreachable = {
+            n
+            for n, said in self.teardown.items()
+            if said == "unreachable" or said.startswith("no answer")
+        }
+        reachable = [h for h in self.plan.hosts if h not in unreachable]
         report = collect_logs(
-            list(self.plan.hosts), self.plan.job_id, self.run_dir.node_logs,
+            reachable, self.plan.job_id, self.run_dir.node_logs,
             keep_remote=self.keep_remote_logs, connect_timeout=5.0, timeout=60.0,
         )  # fmt: skip
-        return {
+        outcome = {
             n.node: "ok" if n.ok else f"{n.problem} ({n.hint})" if n.hint else str(n.problem)
             for n in report.nodes
         }
+        for node in unreachable:
+            where = agent.node_dir(self.plan.job_id, node)
+            outcome[node] = (
+                f"{node}: not tried, the teardown could not reach it ({self.teardown[node]}) "
+                f"(its logs stay on the node in {where}; fetch them by hand: "
+                f"scp -r {node}:{where} .)"
+            )
+        return {h: outcome[h] for h in self.plan.hosts}
 
     def _on_control(self, node: str, kind: str, fields: dict) -> None:
         if kind != "exit" or node not in self.tracker.hosts or node in self.exits:

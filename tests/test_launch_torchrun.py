@@ -139,7 +139,12 @@ def test_frozen_node_is_named_and_the_job_ends_within_60s(sandbox_factory, tmp_p
         assert code != 0
         assert f"first failure: {names[1]}: stopped answering" in text
         assert job_processes(names[0], job_id) == []
-        assert job_json(runs, job_id)["first_failure"]["node"] == names[1]
+        record = job_json(runs, job_id)
+        assert record["first_failure"]["node"] == names[1]
+        # Not asked twice: the teardown could not reach it, so its logs were not tried.
+        assert record["node_logs"][names[0]] == "ok"
+        assert record["node_logs"][names[1]].startswith(f"{names[1]}: not tried")
+        assert f"scp -r {names[1]}:/tmp/orch-runs/{job_id}/{names[1]} ." in text
     finally:
         if proc.poll() is None:
             proc.kill()
