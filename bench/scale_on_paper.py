@@ -179,7 +179,8 @@ def paramiko_cost(names: list[str], reps: int) -> tuple[list[float], list[float]
 
 
 def latest_result(name: str) -> Mapping[str, object] | None:
-    files = sorted(RESULTS_DIR.glob(f"{name}-*.json"))
+    # Names are <benchmark>-<UTC time>.json: the time starts with the year's digit.
+    files = sorted(RESULTS_DIR.glob(f"{name}-[0-9]*.json"))
     if not files:
         return None
     return json.loads(files[-1].read_text())
@@ -191,14 +192,15 @@ def doctor_cpu_per_node(preflight: Mapping[str, object] | None) -> tuple[float, 
     if not preflight:
         return None
     by_size = preflight.get("results") or {}
-    sizes = [int(n) for n, methods in by_size.items() if methods.get("orch-doctor")]  # type: ignore[union-attr]
-    if not sizes:
+    measured = {
+        int(n): [s for s in methods.get("orch-doctor", []) if s.get("ok")]  # type: ignore[union-attr]
+        for n, methods in by_size.items()  # type: ignore[union-attr]
+    }
+    measured = {n: samples for n, samples in measured.items() if samples}
+    if not measured:
         return None
-    nodes = max(sizes)
-    samples = [s for s in by_size[str(nodes)]["orch-doctor"] if s.get("ok")]  # type: ignore[index]
-    if not samples:
-        return None
-    return statistics.median(s["cpu"] / nodes for s in samples), nodes
+    nodes = max(measured)
+    return statistics.median(s["cpu"] / nodes for s in measured[nodes]), nodes
 
 
 def limits() -> dict[str, object]:
