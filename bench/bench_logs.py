@@ -35,13 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     PYTHON,
     ROOT,
-    VENV_BIN,
     Budget,
     Sample,
-    accelerate_pdsh_config,
     command_line,
     head_env,
     kill_token,
+    launcher_argv,
     machine,
     machine_line,
     now_utc,
@@ -57,7 +56,6 @@ from common import (
     write_results,
 )
 
-ORCH = str(VENV_BIN / "orch")
 JOB = ROOT / "bench" / "jobs" / "print_fast.py"
 METHODS = ("pdsh", "orch-wire", "accelerate", "orch")
 RUN_TIMEOUT_S = 900.0
@@ -106,20 +104,12 @@ class LogRuns:
             return ["pdsh", "-R", "ssh", "-f", "64", "-w", ",".join(self.hosts), remote]
         if method == "orch-wire":
             return [PYTHON, __file__, "--wire-child", ",".join(self.hosts), str(workdir), *job]
-        if method == "accelerate":
-            config = workdir / "accelerate_pdsh.yaml"
-            config.write_text(
-                accelerate_pdsh_config(
-                    self.state, processes_per_node=self.slots, port=self.port + self.count
-                ).replace(self.state.hostfile, str(self.hostfile))
-            )
-            return [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(config), *job]
-        if method == "orch":
-            return [
-                ORCH, "launch", "--hostfile", str(self.hostfile), "--no-doctor",
-                "--main-port", str(self.port + self.count), "--runs-dir", str(workdir / "runs"),
-                "--", *job,
-            ]  # fmt: skip
+        if method in ("accelerate", "orch"):
+            return launcher_argv(
+                method, self.state, job=job, workdir=workdir, port=self.port + self.count,
+                runs_dir=workdir / "runs", processes_per_node=self.slots,
+                hostfile=str(self.hostfile),
+            )  # fmt: skip
         raise ValueError(f"unknown method {method}")
 
     def kept(self, method: str, workdir: Path, log: Path) -> list[Path]:

@@ -362,14 +362,14 @@ def prepare_workdir(base: Path, name: str) -> Path:
 
 
 def accelerate_pdsh_config(
-    state: SandboxState, *, processes_per_node: int, port: int, nodes: int | None = None
+    state: SandboxState, *, processes_per_node: int, port: int, hostfile: str | None = None
 ) -> str:
     """The accelerate YAML a user writes by hand for the pdsh launcher (seed recipe)."""
-    count = nodes or len(state.nodes)
+    count = len(state.nodes)
     return f"""compute_environment: LOCAL_MACHINE
 debug: false
 deepspeed_config:
-  deepspeed_hostfile: {state.hostfile}
+  deepspeed_hostfile: {hostfile or state.hostfile}
   deepspeed_multinode_launcher: pdsh
   gradient_accumulation_steps: 1
   gradient_clipping: 1.0
@@ -404,28 +404,33 @@ def launcher_argv(
     port: int,
     runs_dir: Path,
     processes_per_node: int,
+    hostfile: str | None = None,
 ) -> list[str]:
-    """One launch of `job` (script and arguments) by one method, on the sandbox.
+    """One launch of `job` (script and arguments) by one method, on the sandbox (with
+    its own hostfile, or `hostfile` naming the same nodes with other slots).
 
     accelerate: `accelerate launch` with a hand-written pdsh config (the seed recipe);
     deepspeed: `deepspeed --hostfile`; orch: `orch launch --no-doctor`;
     orch+doctor: `orch launch` with its pre-flight.
     """
+    hosts = hostfile or state.hostfile
     if method == "accelerate":
         config = workdir / "accelerate_pdsh.yaml"
         config.write_text(
-            accelerate_pdsh_config(state, processes_per_node=processes_per_node, port=port)
+            accelerate_pdsh_config(
+                state, processes_per_node=processes_per_node, port=port, hostfile=hosts
+            )
         )
         return [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(config), *job]
     if method == "deepspeed":
         return [
-            str(VENV_BIN / "deepspeed"), "--hostfile", state.hostfile,
+            str(VENV_BIN / "deepspeed"), "--hostfile", hosts,
             "--master_addr", state.nodes[0].address, "--master_port", str(port), *job,
         ]  # fmt: skip
     if method in ("orch", "orch+doctor"):
         doctor = ["--no-doctor"] if method == "orch" else []
         return [
-            ORCH, "launch", "--hostfile", state.hostfile, "--main-port", str(port),
+            ORCH, "launch", "--hostfile", hosts, "--main-port", str(port),
             "--runs-dir", str(runs_dir), *doctor, "--", *job,
         ]  # fmt: skip
     raise ValueError(f"unknown method {method}")

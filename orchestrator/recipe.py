@@ -32,10 +32,11 @@ from orchestrator.inventory import (
     make_hostfile,
     read_hostfile,
 )
+from orchestrator.plan import DEFAULT_MAIN_PORT
 
 # In `script`, `workdir` and `hostfile`, this is replaced by the recipe file's directory.
 RECIPE_DIR_VAR = "${RECIPE_DIR}"
-DEFAULT_MAIN_PORT = 29500
+
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Launcher = Literal["pdsh", "standard", "torchrun"]

@@ -26,7 +26,14 @@ from orchestrator.launch import (
     teardown_job,
 )
 from orchestrator.liveview import LiveView, PlainView, make_view
-from orchestrator.plan import LAUNCHERS, LaunchPlan, build_plan, plan_from_recipe, plan_summary
+from orchestrator.plan import (
+    DEFAULT_MAIN_PORT,
+    LAUNCHERS,
+    LaunchPlan,
+    build_plan,
+    plan_from_recipe,
+    plan_summary,
+)
 from orchestrator.records import (
     FINAL_STATES,
     JobRecord,
@@ -53,6 +60,14 @@ _KEEP_REMOTE_LOGS = typer.Option(
 )
 _SYNC = typer.Option(
     False, "--sync", help="Copy the working directory to every node first (no shared FS)."
+)
+_DRY_RUN = typer.Option(False, "--dry-run", help="Print the plan as JSON, run nothing.")
+_NO_DOCTOR = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks.")
+_QUIET = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output.")
+_HEARTBEAT_TIMEOUT = typer.Option(
+    WatchSettings.heartbeat_timeout,
+    "--heartbeat-timeout",
+    help="Seconds of silence after which a node has failed.",
 )
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
 _CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -200,17 +215,17 @@ def launch(
     nproc_per_node: int = typer.Option(None, "--nproc-per-node", help="Ranks per node."),
     python: str = typer.Option(None, "--python", help="Interpreter on the nodes."),
     workdir: str = typer.Option(None, "--workdir", help="Working directory on the nodes."),
-    main_port: int = typer.Option(29500, "--main-port", help="Rendezvous port on node 0."),
+    main_port: int = typer.Option(
+        DEFAULT_MAIN_PORT, "--main-port", help="Rendezvous port on node 0."
+    ),
     env: list[str] = _ENV,
     runs_dir: Path = _RUNS_DIR,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan as JSON, run nothing."),
-    no_doctor: bool = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks."),
+    dry_run: bool = _DRY_RUN,
+    no_doctor: bool = _NO_DOCTOR,
     sync: bool = _SYNC,
     keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output."),
-    heartbeat_timeout: float = typer.Option(
-        15.0, "--heartbeat-timeout", help="Seconds of silence after which a node has failed."
-    ),
+    quiet: bool = _QUIET,
+    heartbeat_timeout: float = _HEARTBEAT_TIMEOUT,
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the hostfile (use `--` before script options)."""
     if launcher not in LAUNCHERS:
@@ -241,12 +256,12 @@ def submit(
     recipe: Path = _RECIPE,
     hostfile: Path = _HOSTFILE,
     runs_dir: Path = _RUNS_DIR,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan as JSON, run nothing."),
-    no_doctor: bool = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks."),
+    dry_run: bool = _DRY_RUN,
+    no_doctor: bool = _NO_DOCTOR,
     sync: bool = _SYNC,
     keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output."),
-    heartbeat_timeout: float = typer.Option(15.0, "--heartbeat-timeout"),
+    quiet: bool = _QUIET,
+    heartbeat_timeout: float = _HEARTBEAT_TIMEOUT,
     main_port: int = typer.Option(None, "--main-port", help="Overrides the recipe's."),
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
