@@ -144,8 +144,8 @@ class LogRuns:
 
 def wire_child(hosts: str, workdir: str, job: list[str]) -> int:
     """orch's log path alone: the node agent under pdsh, the head's LogRouter."""
-    from orchestrator import agent
-    from orchestrator.logsink import LogRouter
+    from orchestrator.logs.sink import LogRouter
+    from orchestrator.plan import agent_command
 
     spec = {
         "job_id": f"benchlogs-{uuid.uuid4().hex[:8]}",
@@ -155,7 +155,7 @@ def wire_child(hosts: str, workdir: str, job: list[str]) -> int:
         "files": {},
         "command": [PYTHON, *job],
     }
-    remote = agent.agent_command(PYTHON, spec)
+    remote = agent_command.agent_command(PYTHON, spec)
     argv = ["pdsh", "-R", "ssh", "-f", "64", "-w", hosts, remote]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     # As orch launch does: one thread only drains pdsh's pipe (pdsh burns CPU when

@@ -53,7 +53,7 @@ from bench.common import (
     summarize,
     write_results,
 )
-from orchestrator.probe import probe_command
+from orchestrator.probe.commands import probe_command
 from orchestrator.sandbox import SandboxState
 
 METHODS = ("deepspeed-check", "serial-ssh", "orch-preflight", "orch-doctor")
@@ -61,8 +61,8 @@ METHODS = ("deepspeed-check", "serial-ssh", "orch-preflight", "orch-doctor")
 # findings for the nodes it names.
 PREFLIGHT = """
 import json, sys
-from orchestrator.inventory import read_hostfile
-from orchestrator.preflight import run_preflight
+from orchestrator.specs.inventory import read_hostfile
+from orchestrator.run.preflight import run_preflight
 hostfile, python, workdir, port, timeout = sys.argv[1:6]
 report = run_preflight(read_hostfile(hostfile), python=python, workdir=workdir, script=None,
                        main_port=int(port), timeout=float(timeout))

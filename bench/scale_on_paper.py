@@ -5,7 +5,7 @@ Measured here, on a private sandbox (default 16 nodes), in one run:
 - pdsh fan-out as the launch uses it (every connection open at once, as a job holds
   them): head CPU per node (pdsh and its ssh clients), pdsh's file descriptors and
   threads per open connection, ssh client processes and their memory;
-- orch's SSH (paramiko, `orchestrator.transport.run_on_nodes`, as doctor uses it):
+- orch's SSH (paramiko, `orchestrator.ssh`'s fan-out, as doctor uses it):
   head CPU per node, file descriptors and threads at its parallelism limit.
 Read from the latest bench/results files when present: `orch doctor`'s per-node head CPU
 and the launch benchmark's wall times.
@@ -146,7 +146,7 @@ def pdsh_cost(names: list[str], reps: int) -> tuple[list[float], list[float]]:
 
 def paramiko_cost(names: list[str], reps: int) -> tuple[list[float], list[float], Footprint]:
     """Wall and in-process CPU of orch's run_on_nodes over every node, and its footprint."""
-    from orchestrator.transport import run_on_nodes
+    from orchestrator.ssh.transport import run_on_nodes
 
     walls, cpus = [], []
     for _ in range(reps):

@@ -18,7 +18,7 @@ sys.path.insert(0, sys.argv[1])
 
 from _logoutput import write_rank_output  # beside this file
 
-from orchestrator.logwire import WireFramer, encode_control
+from orchestrator.remote.logwire import WireFramer, encode_control
 
 WIRE = sys.stdout.buffer
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import RUNS_ROOT
+from orchestrator.remote.agent import RUNS_ROOT
 from orchestrator.sandbox import Sandbox, SandboxState
 
 

@@ -14,14 +14,14 @@ from accelerate.utils.launch import prepare_deepspeed_cmd_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.accel_config import (
+from orchestrator.errors import UsageError
+from orchestrator.plan.accel_config import (
     nproc_from_total,
     render_accelerate_config,
     render_standard_configs,
 )
-from orchestrator.errors import UsageError
-from orchestrator.inventory import make_hostfile, render_hostfile
-from orchestrator.recipe import AccelerateOptions, DynamoOptions, accelerate_options
+from orchestrator.specs.inventory import make_hostfile, render_hostfile
+from orchestrator.specs.recipe import AccelerateOptions, DynamoOptions, accelerate_options
 
 HOSTS4 = make_hostfile(["gpu01", "gpu02", "gpu03", "gpu04"], 8)
 DIFFSYNTH = AccelerateOptions(

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import node_dir
-from orchestrator.collect import collect_logs, collect_node
-from orchestrator.transport import run_on_nodes
+from orchestrator.remote.agent import node_dir
+from orchestrator.run.collect import collect_logs, collect_node
+from orchestrator.ssh.transport import run_on_nodes
 
 pytestmark = pytest.mark.sandbox
 

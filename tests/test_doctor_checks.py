@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.doctor import (
+from orchestrator.checks.doctor import (
     CollectiveResult,
     NodeError,
     NodeProbe,
@@ -31,8 +31,8 @@ from orchestrator.doctor import (
     nccl_transport,
     shared_interfaces,
 )
-from orchestrator.inventory import parse_hostfile
-from orchestrator.probe import GpuInfo, NodeFacts
+from orchestrator.probe.facts import GpuInfo, NodeFacts
+from orchestrator.specs.inventory import parse_hostfile
 
 PY = "/opt/venv/bin/python"
 NAMES = ["n1", "n2", "n3"]
@@ -356,7 +356,7 @@ def test_report_marks_unreachable_nodes_and_serialises() -> None:
 
 def test_checks_and_probe_parsing_import_no_ssh_or_process_code() -> None:
     check = (
-        "import sys, orchestrator.doctor, orchestrator.probe; "
+        "import sys, orchestrator.checks.doctor, orchestrator.probe.facts; "
         "print(sorted(m for m in ('paramiko', 'subprocess', 'socket') if m in sys.modules))"
     )
     done = subprocess.run(

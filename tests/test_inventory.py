@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import InputFileError, OrchError, UsageError
-from orchestrator.inventory import (
+from orchestrator.specs.inventory import (
     Hostfile,
     HostSlots,
     expand_nodeset,

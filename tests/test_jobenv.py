@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import UsageError
-from orchestrator.jobenv import (
+from orchestrator.specs.jobenv import (
     JOB_ID_VAR,
     build_job_env,
     export_lines,

@@ -9,18 +9,17 @@ import uuid
 
 import pytest
 
-from orchestrator.agent import (
-    agent_command,
+from orchestrator.plan.agent_command import agent_command, kill_command
+from orchestrator.plan.launch_plan import build_plan
+from orchestrator.remote.agent import (
     decode_spec,
     failure_from_text,
     first_failed_rank,
-    kill_command,
     node_dir,
 )
-from orchestrator.inventory import make_hostfile
-from orchestrator.logwire import decode_wire
-from orchestrator.pdsh import run_pdsh
-from orchestrator.plan import build_plan
+from orchestrator.remote.logwire import decode_wire
+from orchestrator.run.pdsh import run_pdsh
+from orchestrator.specs.inventory import make_hostfile
 
 TORCHRUN_REPORT = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

@@ -33,7 +33,7 @@ def test_submit_dry_run_resolves_the_recipe(tmp_path):
     plan = json.loads(result.stdout)
     assert plan["launcher"] == "pdsh"
     assert plan["script"].endswith("recipes/scripts/cpu_smoke.py")
-    assert "deepspeed_multinode_launcher: pdsh" in plan["files"]["accelerate.yaml"]
+    assert "deepspeed_multinode_launcher: pdsh" in plan["files"]["accelerate-pdsh.yaml"]
 
 
 def test_usage_errors_exit_2_and_say_how_to_fix(tmp_path):

@@ -49,7 +49,7 @@ def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path):
     assert record["node_exit_codes"] == dict.fromkeys(names, 0)
     assert record["recipe"] == RECIPE
     run = tmp_path / job_id
-    assert "deepspeed_multinode_launcher: pdsh" in (run / "accelerate.yaml").read_text()
+    assert "deepspeed_multinode_launcher: pdsh" in (run / "accelerate-pdsh.yaml").read_text()
     # The job's env went through a private per-job file: none is kept or left behind.
     assert not (run / "deepspeed_env").exists()
     assert not (REPO / ".deepspeed_env").exists()

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.records import (
+from orchestrator.run.records import (
     FirstFailure,
     JobRecord,
     RunDir,

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from orchestrator.sync import files_to_sync, sync_workdir
+from orchestrator.run.sync import files_to_sync, sync_workdir
 
 
 def _tree(root):

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from orchestrator.liveview import LiveView, PlainView, make_view
+from orchestrator.logs.view import LiveView, PlainView, make_view
 
 
 def test_plain_view_prefixes_lines_and_throttles_frames() -> None:

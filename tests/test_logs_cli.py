@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import main
-from orchestrator.logsink import NodeLogWriter
-from orchestrator.records import JobRecord, RunDir, process_start_time
+from orchestrator.logs.sink import NodeLogWriter
+from orchestrator.run.records import JobRecord, RunDir, process_start_time
 
 ORCH = Path(sys.executable).parent / "orch"
 JOB = "20261121-230000-abc123"

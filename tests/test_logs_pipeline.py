@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from _logmodel import expected_log, read_log
 
-from orchestrator.agent import node_dir
-from orchestrator.collect import collect_logs
-from orchestrator.logsink import LogRouter
-from orchestrator.records import RunDir
+from orchestrator.logs.sink import LogRouter
+from orchestrator.remote.agent import node_dir
+from orchestrator.run.collect import collect_logs
+from orchestrator.run.records import RunDir
 
 pytestmark = pytest.mark.sandbox
 

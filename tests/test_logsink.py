@@ -10,14 +10,14 @@ from _logmodel import expected_log, read_log
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.logsink import (
+from orchestrator.logs.sink import (
     LogRouter,
     NodeLogWriter,
     log_file_name,
     split_pdsh_line,
     strip_terminal_codes,
 )
-from orchestrator.logwire import WireFramer, encode_control
+from orchestrator.remote.logwire import WireFramer, encode_control
 
 
 def pdsh_output(node: str, writes: list[tuple[str, bytes]]) -> bytes:

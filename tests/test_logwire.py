@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import logwire
-from orchestrator.logwire import (
+from orchestrator.remote import logwire
+from orchestrator.remote.logwire import (
     CHUNK_BYTES,
     WireFramer,
     decode_wire,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import OrchError
-from orchestrator.pdsh import (
+from orchestrator.run.pdsh import (
     DEFAULT_FANOUT,
     SSH_ARGS_APPEND,
     build_pdsh_argv,

@@ -11,9 +11,7 @@ import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
 from orchestrator.errors import UsageError
-from orchestrator.inventory import make_hostfile
-from orchestrator.jobenv import JOB_ID_VAR
-from orchestrator.plan import (
+from orchestrator.plan.launch_plan import (
     ENV_FILE_NAME,
     HEAD_LAUNCHER_NAME,
     HOSTFILE_NAME,
@@ -24,6 +22,8 @@ from orchestrator.plan import (
     rendered_pdsh_config,
     standard_config_name,
 )
+from orchestrator.specs.inventory import make_hostfile
+from orchestrator.specs.jobenv import JOB_ID_VAR
 
 HOSTS = make_hostfile(["n1", "n2", "n3"], 2)
 
@@ -122,7 +122,7 @@ def test_standard_plan_ships_one_config_per_machine_rank():
     assert all(plan.file(standard_config_name(k)).ship for k in range(3))
     assert plan.wait_for_main
     shell = plan.node_command[2]
-    assert '"$ORCH_NODE_DIR/accelerate_$ORCH_NODE_RANK.yaml"' in shell
+    assert '"$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.yaml"' in shell
     assert shell.endswith(shlex.join(["train.py", "--lr", "0.1", "two words"]))
 
 

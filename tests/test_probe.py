@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.preflight import probe_nodes
-from orchestrator.probe import ProbeError, main_listen, parse_facts, probe_command
+from orchestrator.probe.commands import listen_request, probe_command
+from orchestrator.probe.facts import ProbeError, parse_facts
+from orchestrator.run.preflight import probe_nodes
 
 SAMPLE = {
     "probe_version": 1,
@@ -87,7 +88,7 @@ def test_probe_runs_locally_and_reads_metadata_without_importing_torch(tmp_path:
 
 def test_probe_does_not_import_torch() -> None:
     check = (
-        "import sys, orchestrator.probe_remote as p; "
+        "import sys, orchestrator.remote.probe as p; "
         "facts = p.probe({'names': []}); "
         "print(facts['packages']['torch'], 'torch' in sys.modules)"
     )
@@ -144,7 +145,7 @@ def test_listener_stops_when_stdin_closes(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     command = probe_command(
         sys.executable, workdir=str(tmp_path), script=None, names=[],
-        main=main_listen(port, peers=3, window=120),
+        main=listen_request(port, peers=3, window=120),
     )  # fmt: skip
     done = subprocess.run(
         ["sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=60

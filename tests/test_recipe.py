@@ -15,10 +15,10 @@ from accelerate.commands.config.config_args import load_config_from_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.accel_config import render_accelerate_config, render_standard_configs
 from orchestrator.errors import InputFileError, UsageError
-from orchestrator.inventory import make_hostfile, processes_per_node, render_hostfile
-from orchestrator.recipe import Recipe, load_recipe, parse_recipe, recipe_hosts
+from orchestrator.plan.accel_config import render_accelerate_config, render_standard_configs
+from orchestrator.specs.inventory import make_hostfile, processes_per_node, render_hostfile
+from orchestrator.specs.recipe import Recipe, load_recipe, parse_recipe, recipe_hosts
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.transport import (
+from orchestrator.ssh.transport import (
     SSHError,
     check_host_key,
     expand_includes,

@@ -12,10 +12,12 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli.main import app
-from orchestrator.doctor import DoctorReport, Finding, check_accelerate_config
+from orchestrator.checks.doctor import DoctorReport, Finding, check_accelerate_config
+from orchestrator.cli.app import app
 from orchestrator.errors import InputFileError
-from orchestrator.inventory import read_hostfile
+from orchestrator.specs.constants import DEFAULT_MAIN_PORT
+from orchestrator.specs.inventory import read_hostfile
+from orchestrator.specs.options import check_port
 
 _STYLE = {"ok": "[green]ok[/]", "warning": "[yellow]warn[/]", "error": "[bold red]FAIL[/]"}
 
@@ -136,7 +138,9 @@ def doctor(
         None, "--workdir", help="Working directory of the job (default: the current one)."
     ),
     script: str = typer.Option(None, "--script", help="Training script to look for."),
-    main_port: int = typer.Option(29500, "--main-port", help="Rendezvous port on node 0."),
+    main_port: int = typer.Option(
+        DEFAULT_MAIN_PORT, "--main-port", help="Rendezvous port on node 0."
+    ),
     main_address: str = typer.Option(
         None, "--main-address", help="Address the nodes reach node 0 at (default: its name)."
     ),
@@ -149,12 +153,11 @@ def doctor(
 ) -> None:
     """Check every node: SSH, environment parity, files, network, GPUs, disk."""
     from orchestrator.errors import UsageError
-    from orchestrator.preflight import run_preflight
+    from orchestrator.run.preflight import run_preflight
 
     if timeout <= 0:
         raise UsageError("--timeout must be positive", "for example --timeout 10")
-    if not 1 <= main_port <= 65535:
-        raise UsageError(f"--main-port {main_port} is not a TCP port", "use 1..65535")
+    check_port(main_port, "--main-port")
     hosts = read_hostfile(hostfile)
     extra = _accelerate_findings(accelerate_config)
     report = run_preflight(

@@ -8,14 +8,20 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.accel_config import (
+from orchestrator.cli.app import app
+from orchestrator.errors import OrchError, UsageError
+from orchestrator.plan.accel_config import (
     nproc_from_total,
     render_accelerate_config,
     render_standard_configs,
 )
-from orchestrator.cli.main import app
-from orchestrator.errors import OrchError, UsageError
-from orchestrator.inventory import (
+from orchestrator.specs.constants import (
+    DEFAULT_MAIN_PORT,
+    HOSTFILE_NAME,
+    PDSH_CONFIG_NAME,
+    standard_config_name,
+)
+from orchestrator.specs.inventory import (
     NODESET_SOURCE,
     Hostfile,
     expand_nodeset,
@@ -25,17 +31,13 @@ from orchestrator.inventory import (
     read_hostfile,
     render_hostfile,
 )
-from orchestrator.recipe import (
+from orchestrator.specs.recipe import (
     AccelerateOptions,
     Recipe,
     accelerate_options,
     load_recipe,
     recipe_hosts,
 )
-
-PDSH_CONFIG_NAME = "accelerate-pdsh.yaml"
-RANK_CONFIG_NAME = "accelerate-rank{rank}.yaml"
-HOSTFILE_NAME = "hostfile"
 
 
 @app.command("hostfile")
@@ -106,8 +108,9 @@ def _parse_slots(text: str) -> int:
 def _gpu_counts(names: list[str], timeout: float) -> dict[str, int]:
     """Each node's GPU count from the node probe; every failing node is reported at once."""
     # Imported here: only --slots auto needs SSH, the other commands stay offline.
-    from orchestrator.probe import ProbeError, parse_facts, probe_command
-    from orchestrator.transport import run_on_nodes
+    from orchestrator.probe.commands import probe_command
+    from orchestrator.probe.facts import ProbeError, parse_facts
+    from orchestrator.ssh.transport import run_on_nodes
 
     command = probe_command(sys.executable, workdir=None, script=None, names=names)
     outcomes = run_on_nodes(names, command, timeout=timeout, connect_timeout=timeout)
@@ -211,7 +214,8 @@ def config_command(
     chosen_launcher = _config_launcher(launcher, recipe)
     hosts, hostfile_path = _config_hosts(hostfile, nodes, slots, recipe, out_dir, chosen_launcher)
     nproc = _config_nproc(hosts, nproc_per_node, num_processes, recipe)
-    port = main_port if main_port is not None else (recipe.main_port if recipe else 29500)
+    recipe_port = recipe.main_port if recipe else DEFAULT_MAIN_PORT
+    port = main_port if main_port is not None else recipe_port
     written = _render_and_write(
         options, hosts, nproc, main_ip or hosts.names[0], port, chosen_launcher,
         hostfile_path, out_dir,
@@ -301,7 +305,7 @@ def _render_and_write(
         files[out_dir / PDSH_CONFIG_NAME] = text
     else:
         for rank, text in enumerate(render_standard_configs(options, **common)):
-            files[out_dir / RANK_CONFIG_NAME.format(rank=rank)] = text
+            files[out_dir / standard_config_name(rank)] = text
     for path, text in files.items():
         _write(path, text)
     return [path.resolve() for path in files]

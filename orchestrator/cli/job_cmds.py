@@ -14,27 +14,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli.main import app
+from orchestrator.cli.app import app
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.inventory import Hostfile, read_hostfile
-from orchestrator.launch import (
-    KILL_MARKER,
-    JobRunner,
-    LaunchResult,
-    WatchSettings,
-    prepare_run,
-    teardown_job,
-)
-from orchestrator.liveview import LiveView, PlainView, make_view
-from orchestrator.plan import (
-    DEFAULT_MAIN_PORT,
-    LAUNCHERS,
+from orchestrator.logs.view import LiveView, PlainView, make_view
+from orchestrator.plan.launch_plan import (
     LaunchPlan,
     build_plan,
     plan_from_recipe,
     plan_summary,
 )
-from orchestrator.records import (
+from orchestrator.run.launch import (
+    JobRunner,
+    LaunchResult,
+    WatchSettings,
+    prepare_run,
+)
+from orchestrator.run.records import (
     FINAL_STATES,
     JobRecord,
     find_job,
@@ -46,6 +41,10 @@ from orchestrator.records import (
     runs_root,
     shown_state,
 )
+from orchestrator.run.teardown import KILL_MARKER, teardown_job
+from orchestrator.specs.constants import DEFAULT_MAIN_PORT
+from orchestrator.specs.inventory import Hostfile, read_hostfile
+from orchestrator.specs.options import check_launcher
 
 _RUNS_DIR = typer.Option(
     None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
@@ -92,7 +91,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def _preflight(plan: LaunchPlan) -> None:
-    from orchestrator.doctor import run_preflight
+    from orchestrator.run.preflight import run_preflight
 
     report = run_preflight(
         plan.hostfile,
@@ -140,7 +139,7 @@ def _print_summary(result: LaunchResult) -> None:
 
 
 def _sync(plan: LaunchPlan) -> None:
-    from orchestrator.sync import sync_workdir
+    from orchestrator.run.sync import sync_workdir
 
     err = _err()
     results = sync_workdir(plan.hosts, os.getcwd(), plan.workdir)
@@ -228,8 +227,7 @@ def launch(
     heartbeat_timeout: float = _HEARTBEAT_TIMEOUT,
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the hostfile (use `--` before script options)."""
-    if launcher not in LAUNCHERS:
-        raise UsageError(f"unknown launcher {launcher!r}", f"use one of: {', '.join(LAUNCHERS)}")
+    check_launcher(launcher)
     hosts = _hostfile(hostfile)
     root = runs_root(runs_dir)
     job_id = new_job_id()
@@ -266,7 +264,7 @@ def submit(
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
     """Run a recipe: everything the launch needs, in one file. Extra ARGS go to the script."""
-    from orchestrator.recipe import load_recipe, recipe_hosts
+    from orchestrator.specs.recipe import load_recipe, recipe_hosts
 
     loaded = load_recipe(recipe)
     changes: dict[str, object] = {}

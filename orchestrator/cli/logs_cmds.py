@@ -10,16 +10,16 @@ from typing import BinaryIO
 
 import typer
 
-from orchestrator.cli.main import app
+from orchestrator.cli.app import app
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.logsink import (
+from orchestrator.logs.sink import (
     HEAD_NODE,
     LogFollower,
     log_file_name,
     merge_by_time,
     read_log_lines,
 )
-from orchestrator.records import (
+from orchestrator.run.records import (
     RUNNING_STATES,
     JobRecord,
     RunDir,

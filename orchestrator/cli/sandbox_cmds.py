@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli.main import app
+from orchestrator.cli.app import app
 from orchestrator.sandbox import Sandbox
 
 sandbox_app = typer.Typer(help="A cluster of real OpenSSH nodes on loopback addresses.")

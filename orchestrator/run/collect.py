@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.agent import node_dir
 from orchestrator.errors import UsageError
-from orchestrator.transport import NodeSession, SSHError, open_session
+from orchestrator.remote.agent import node_dir
+from orchestrator.ssh.transport import NodeSession, SSHError, open_session
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
 _PARTIAL_SUFFIX = ".partial"

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.logwire import MAGIC, WireRecord, decode_wire, unescape_payload
+from orchestrator.remote.logwire import MAGIC, WireRecord, decode_wire, unescape_payload
 
 _L, _P, _F, _C, _K = (ord(c) for c in "LPFCK")
 _STREAM_TAG = {ord("o"): b"out", ord("e"): b"err"}

@@ -13,8 +13,8 @@ import shlex
 from collections.abc import Iterable, Mapping
 
 from orchestrator.errors import UsageError
+from orchestrator.specs.constants import JOB_ID_VAR
 
-JOB_ID_VAR = "ORCH_JOB_ID"
 REDACTED = "***"
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # Variables forwarded from the head without being asked for.

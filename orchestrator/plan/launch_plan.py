@@ -1,7 +1,7 @@
 """A launch as a value: what orch will write and run, before anything runs.
 
 Pure: builds a frozen `LaunchPlan` from CLI options or a recipe plus a hostfile.
-`--dry-run` prints it (`plan_summary`); `orchestrator.launch` executes it.
+`--dry-run` prints it (`plan_summary`); `orchestrator.run.launch` executes it.
 
 Launchers:
 - pdsh: the head runs `accelerate launch --config_file <pdsh config>` (after writing
@@ -23,23 +23,22 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import UsageError
-from orchestrator.inventory import Hostfile, render_hostfile
-from orchestrator.jobenv import build_job_env, redact
+from orchestrator.specs.constants import (
+    DEFAULT_MAIN_PORT,
+    HOSTFILE_NAME,
+    PDSH_CONFIG_NAME,
+    standard_config_name,
+)
+from orchestrator.specs.inventory import Hostfile, render_hostfile
+from orchestrator.specs.jobenv import build_job_env, redact
+from orchestrator.specs.options import check_launcher, check_port
 
 if TYPE_CHECKING:
-    from orchestrator.recipe import Recipe
+    from orchestrator.specs.recipe import Recipe
 
-LAUNCHERS = ("pdsh", "standard", "torchrun")
-HOSTFILE_NAME = "hostfile"
-PDSH_CONFIG_NAME = "accelerate.yaml"
 PDSH_SPEC_NAME = "accelerate_config.json"  # ClusterConfig fields the head launcher renders
 HEAD_LAUNCHER_NAME = "accelerate_head.py"
 ENV_FILE_NAME = "deepspeed_env"
-DEFAULT_MAIN_PORT = 29500
-
-
-def standard_config_name(rank: int) -> str:
-    return f"accelerate_{rank}.yaml"
 
 
 @dataclass(frozen=True)
@@ -94,15 +93,13 @@ class LaunchPlan:
         raise KeyError(name)
 
 
-def _check(launcher: str, hostfile: Hostfile, script: str, main_port: int) -> None:
-    if launcher not in LAUNCHERS:
-        raise UsageError(f"unknown launcher {launcher!r}", f"use one of: {', '.join(LAUNCHERS)}")
+def _check_launch_inputs(launcher: str, hostfile: Hostfile, script: str, main_port: int) -> None:
+    check_launcher(launcher)
     if not hostfile.hosts:
         raise UsageError(f"{hostfile.source or 'hostfile'}: no hosts", "add `host slots=N` lines")
     if not script:
         raise UsageError("no training script given", "orch launch --hostfile F SCRIPT [ARGS...]")
-    if not 1 <= main_port <= 65535:
-        raise UsageError(f"main port {main_port} is out of range", "use a port in 1..65535")
+    check_port(main_port)
 
 
 def _env_file(env: Mapping[str, str]) -> str:
@@ -135,7 +132,7 @@ def build_plan(
     recipe: str | None = None,
 ) -> LaunchPlan:
     """Everything a launch does, decided up front. `run_dir` is where its files will live."""
-    _check(launcher, hostfile, script, main_port)
+    _check_launch_inputs(launcher, hostfile, script, main_port)
     nproc = nproc_per_node or min(h.slots for h in hostfile.hosts)
     env = build_job_env(
         job_id, extra_env or {}, passthrough, environ if environ is not None else os.environ
@@ -190,7 +187,8 @@ def build_plan(
     )
     launch = shlex.join([python, "-m", "accelerate.commands.launch", "--config_file"])
     # Each node picks its own machine-rank config; the agent sets both variables.
-    shell = f'exec {launch} "$ORCH_NODE_DIR/accelerate_$ORCH_NODE_RANK.yaml" ' + shlex.join(
+    own_config = f"$ORCH_NODE_DIR/{standard_config_name('$ORCH_NODE_RANK')}"
+    shell = f'exec {launch} "{own_config}" ' + shlex.join(
         [script, *args]
     )
     return LaunchPlan(
@@ -199,7 +197,7 @@ def build_plan(
 
 
 def _default_accelerate_options() -> object:
-    from orchestrator.recipe import AccelerateOptions
+    from orchestrator.specs.recipe import AccelerateOptions
 
     return AccelerateOptions()
 
@@ -213,7 +211,7 @@ def _pdsh_config_spec(
     hostfile_path: str,
 ) -> dict[str, object]:
     """What the head's launcher needs to write the pdsh config (accelerate_head.py)."""
-    from orchestrator.accel_config import cluster_config_fields, config_header
+    from orchestrator.plan.accel_config import cluster_config_fields, config_header
 
     fields = cluster_config_fields(
         options,  # type: ignore[arg-type]
@@ -229,13 +227,13 @@ def _pdsh_config_spec(
 
 
 def _head_launcher_source() -> str:
-    from orchestrator import accelerate_head
+    from orchestrator.remote import accelerate_head
 
     return Path(accelerate_head.__file__).read_text(encoding="utf-8")
 
 
 def _render_standard(options: object, hostfile: Hostfile, nproc: int, port: int) -> list[str]:
-    from orchestrator.accel_config import render_standard_configs
+    from orchestrator.plan.accel_config import render_standard_configs
 
     return render_standard_configs(
         options,  # type: ignore[arg-type]
@@ -257,7 +255,7 @@ def plan_from_recipe(
     default_workdir: str,
     environ: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
-    """A plan from a loaded Recipe (orchestrator.recipe)."""
+    """A plan from a loaded Recipe (orchestrator.specs.recipe)."""
     return build_plan(
         job_id=job_id,
         hostfile=hostfile,
@@ -318,7 +316,7 @@ def _files_summary(plan: LaunchPlan) -> dict[str, str]:
 
 def rendered_pdsh_config(plan: LaunchPlan) -> str:
     """The accelerate config the head's launcher will write (imports accelerate)."""
-    from orchestrator.accelerate_head import config_text
+    from orchestrator.remote.accelerate_head import config_text
 
     spec = json.loads(plan.file(PDSH_SPEC_NAME).content)
     return config_text(spec["fields"], spec["header"])

@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import tempfile
@@ -33,20 +32,19 @@ from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator import agent
-from orchestrator.jobenv import is_secret
-from orchestrator.logsink import LogRouter, LogView
-from orchestrator.pdsh import (
+from orchestrator.logs.sink import LogRouter, LogView
+from orchestrator.plan.launch_plan import ENV_FILE_NAME, LaunchPlan
+from orchestrator.remote import agent
+from orchestrator.run.pdsh import (
     build_pdsh_argv,
     find_pdsh,
     job_fanout,
     pdsh_environment,
-    run_pdsh,
+    ssh_exit_of,
     start_streaming,
     write_shim,
 )
-from orchestrator.plan import ENV_FILE_NAME, LaunchPlan
-from orchestrator.records import (
+from orchestrator.run.records import (
     FirstFailure,
     JobRecord,
     RunDir,
@@ -54,10 +52,10 @@ from orchestrator.records import (
     now_iso,
     process_start_time,
 )
+from orchestrator.run.teardown import KILL_MARKER, teardown_job
+from orchestrator.specs.jobenv import is_secret
 
-KILL_MARKER = "kill-requested"
 TAIL_LINES = 15
-_SSH_EXIT = re.compile(r"^(\S+): ssh exited with exit code (\d+)")
 
 
 @dataclass(frozen=True)
@@ -107,29 +105,6 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
     return record
 
 
-# ----- tearing a job down on every node -------------------------------------------
-def teardown_job(
-    hosts: tuple[str, ...] | list[str], job_id: str, python: str, *, grace: float, timeout: float
-) -> dict[str, str]:
-    """Run the kill-by-job-id program on every host; what each one said (or why not)."""
-    run = run_pdsh(
-        list(hosts), agent.kill_command(python, job_id, grace), timeout=max(timeout, grace + 5)
-    )
-    outcome: dict[str, str] = {}
-    for node, line in run.output:
-        if node in hosts and line.startswith("{"):
-            outcome[node] = line
-        elif node == "":
-            match = _SSH_EXIT.match(line.split(": ", 1)[-1])
-            if match and match.group(1) in hosts:
-                code = match.group(2)
-                why = f"kill failed (exit {code})"
-                outcome.setdefault(match.group(1), "unreachable" if code == "255" else why)
-    for host in hosts:
-        outcome.setdefault(host, "no answer (timed out)" if run.timed_out else "no answer")
-    return outcome
-
-
 # ----- watching --------------------------------------------------------------------
 class _Tracker:
     """A LogView that remembers when each node was last heard from and its last lines."""
@@ -148,9 +123,9 @@ class _Tracker:
     def line(self, node: str, stream: str, data: bytes) -> None:
         text = data.decode("utf-8", "replace")
         if node.startswith("pdsh@"):
-            match = _SSH_EXIT.match(text)
-            if match and match.group(1) in self.hosts:
-                self.ssh_exits.setdefault(match.group(1), int(match.group(2)))
+            lost = ssh_exit_of(text)
+            if lost is not None and lost[0] in self.hosts:
+                self.ssh_exits.setdefault(*lost)
             node = ""
         self._seen(node)
         self.tails.setdefault(node, deque(maxlen=TAIL_LINES)).append(text)
@@ -326,7 +301,7 @@ class JobRunner:
 
     def _collect(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
-        from orchestrator.collect import collect_logs
+        from orchestrator.run.collect import collect_logs
 
         # A node the teardown could not reach just now would only cost another timeout.
         unreachable = {

@@ -1,7 +1,7 @@
 """Pre-flight checks over collected facts: pure functions from facts to findings.
 
 Every finding names the node, says what is wrong and how to fix it. Nothing
-here talks to a node: `orchestrator.preflight` gathers the facts (SSH, the
+here talks to a node: `orchestrator.run.preflight` gathers the facts (SSH, the
 probe with its main-port test, the collective) and calls `build_report`.
 `run_preflight` is re-exported here, imported lazily so that importing this
 module stays free of SSH code.
@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.jobenv import redact
-from orchestrator.probe import NodeFacts
+from orchestrator.probe.facts import NodeFacts
+from orchestrator.specs.jobenv import redact
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Hostfile
+    from orchestrator.specs.inventory import Hostfile
 
 Severity = Literal["error", "warning"]
 CHECK_GROUPS = ("ssh", "python", "files", "parity", "network", "gpu", "disk")
@@ -745,23 +745,3 @@ def build_report(
         main_port=main_port,
         main_address=main_address,
     )
-
-
-def run_preflight(
-    hostfile: Hostfile,
-    *,
-    python: str,
-    workdir: str,
-    script: str | None,
-    main_port: int,
-    timeout: float = 10.0,
-    full: bool = False,
-    **options: Any,
-) -> DoctorReport:
-    """Check every node of the hostfile before a launch (see orchestrator.preflight)."""
-    from orchestrator.preflight import run_preflight as run
-
-    return run(
-        hostfile, python=python, workdir=workdir, script=script, main_port=main_port,
-        timeout=timeout, full=full, **options,
-    )  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
+import re
 import shutil
 import signal
 import subprocess
@@ -177,6 +177,15 @@ class PdshRun:
         return [line for name, line in self.output if name == node]
 
 
+_SSH_EXIT = re.compile(r"^(\S+): ssh exited with exit code (\d+)")
+
+
+def ssh_exit_of(message: str) -> tuple[str, int] | None:
+    """(node, ssh's exit code) from pdsh's own `node: ssh exited with exit code N` message."""
+    match = _SSH_EXIT.match(message)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
 def split_node_line(line: str) -> tuple[str, str]:
     """pdsh's `node: text` into (node, text); ("", line) when it is pdsh's own message."""
     if line.startswith("pdsh@"):
@@ -257,7 +266,7 @@ def write_shim(directory: Path, config: Mapping[str, object]) -> Path:
         f"#!{sys.executable}\n"
         "# Written by orch for one job: wraps DeepSpeed's per-node command in the orch agent.\n"
         "import sys\n"
-        "from orchestrator.pdsh import shim_main\n"
+        "from orchestrator.run.pdsh import shim_main\n"
         f"sys.exit(shim_main({str(directory / SHIM_CONFIG)!r}, sys.argv[1:]))\n"
     )
     shim.chmod(0o755)
@@ -267,7 +276,7 @@ def write_shim(directory: Path, config: Mapping[str, object]) -> Path:
 def shim_main(config_path: str, args: list[str]) -> int:
     """Rewrite DeepSpeed's pdsh call so the agent runs its command, then exec the real pdsh."""
     # Imported here: the shim runs in its own process, after the runner started it.
-    from orchestrator.agent import agent_command, kill_command
+    from orchestrator.plan.agent_command import agent_command, kill_command
 
     config = json.loads(Path(config_path).read_text())
     options, hosts, words = split_pdsh_args(args)
@@ -288,6 +297,3 @@ def shim_main(config_path: str, args: list[str]) -> int:
     os.execve(real, argv, env)
     return 127  # not reached
 
-
-def quote_words(words: Sequence[str]) -> str:
-    return " ".join(shlex.quote(w) for w in words)

@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.logsink import HEAD_NODE, strip_terminal_codes
+from orchestrator.logs.sink import HEAD_NODE, strip_terminal_codes
 
 MAX_SHOWN_CHARS = 2000  # a 1 MiB line goes to the log file, not to the screen
 _HEAD = "head"

@@ -1,6 +1,6 @@
 """The orch agent: the supervisor that runs the job's command on one node.
 
-STANDARD LIBRARY ONLY. The head ships this file and orchestrator/logwire.py to
+STANDARD LIBRARY ONLY. The head ships this file and remote/logwire.py to
 each node inline (`python -c <zlib+base64 blob>`), so a node needs no orch
 install, just the job's interpreter.
 
@@ -25,7 +25,6 @@ import os
 import queue
 import re
 import select
-import shlex
 import signal
 import socket
 import subprocess
@@ -266,7 +265,7 @@ def first_failed_rank(
 def _logwire():
     if "orch_logwire" in sys.modules:  # shipped inline by the bootstrap
         return sys.modules["orch_logwire"]
-    from orchestrator import logwire
+    from orchestrator.remote import logwire
 
     return logwire
 
@@ -485,14 +484,8 @@ class Supervisor:
 
 
 # ----- entry points ---------------------------------------------------------------
-def encode_spec(spec: dict) -> str:
-    """The job spec as one shell-safe word. Compressed: it travels in the remote command
-    line, which Linux caps at 128 KiB per argument, and the standard launcher's configs
-    (one per machine, differing in one line) shrink a hundredfold."""
-    return base64.b64encode(zlib.compress(json.dumps(spec).encode(), 9)).decode()
-
-
 def decode_spec(word: str) -> dict:
+    """The job spec from its one-word form (plan/agent_command.py encodes it)."""
     return json.loads(zlib.decompress(base64.b64decode(word)))
 
 
@@ -505,58 +498,8 @@ def main(argv: list[str]) -> int:
         result = stop_job(argv[1], float(argv[2]))
         print(json.dumps(result), flush=True)
         return 0 if result["left"] == 0 else 1
-    if mode == "list" and len(argv) == 2:
-        print(json.dumps(sorted(job_pids(argv[1]))), flush=True)
-        return 0
-    print("usage: agent run SPEC NODE RANK | kill JOB_ID GRACE | list JOB_ID", file=sys.stderr)
+    print("usage: agent run SPEC NODE RANK | kill JOB_ID GRACE", file=sys.stderr)
     return 2
-
-
-# ----- head side: building the inline command --------------------------------------
-_BOOT = """\
-import sys, types
-def _load(name, source):
-    module = types.ModuleType(name)
-    sys.modules[name] = module
-    exec(compile(source, name, "exec"), module.__dict__)
-    return module
-_load("orch_logwire", %r)
-sys.exit(_load("orch_agent", %r).main(sys.argv[1:]))
-"""
-
-
-def _blob(with_logwire: bool = True) -> str:
-    here = Path(__file__).resolve().parent
-    logwire = (here / "logwire.py").read_text() if with_logwire else ""
-    agent = (here / "agent.py").read_text()
-    payload = _BOOT % (logwire, agent)
-    return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
-
-
-def _python_c(python: str, blob: str) -> str:
-    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
-    interpreter = '"$P"' if python == "$P" else shlex.quote(python)
-    return f"{interpreter} -c {shlex.quote(code)}"
-
-
-def agent_command(python: str, spec: dict) -> str:
-    """The remote shell command (for pdsh) that runs the agent; %h/%n filled in by pdsh."""
-    encoded = encode_spec(spec)
-    return f"{_python_c(python, _blob())} run {encoded} %h %n"
-
-
-def kill_command(python: str, job_id: str, grace: float = GRACE_S) -> str:
-    """The remote shell command that stops every process of the job on a node.
-
-    The kill program needs only the standard library: when the job's interpreter
-    is missing on a node, any python3 there does.
-    """
-    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
-    return fallback + f"{_python_c('$P', _blob())} kill {shlex.quote(job_id)} {grace:g}"
-
-
-def list_command(python: str, job_id: str) -> str:
-    return f"{_python_c(python, _blob())} list {shlex.quote(job_id)}"
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.accelerate_head import config_text
 from orchestrator.errors import UsageError
-from orchestrator.inventory import Hostfile, host_name_problem, processes_per_node
-from orchestrator.recipe import AccelerateOptions
+from orchestrator.remote.accelerate_head import config_text
+from orchestrator.specs.constants import CONFIG_LAUNCHERS
+from orchestrator.specs.inventory import Hostfile, host_name_problem, processes_per_node
+from orchestrator.specs.options import check_port
+from orchestrator.specs.recipe import AccelerateOptions
 
-CONFIG_LAUNCHERS = ("pdsh", "standard")
 _HEADER = "# accelerate config written by orch ({launcher} launcher, {machines} x {nproc})\n"
 
 
@@ -32,7 +33,9 @@ def cluster_config_fields(
 ) -> dict[str, object]:
     """The keyword arguments of accelerate's ClusterConfig for one machine, after checking
     every value. JSON-able: enums are given by name, as ClusterConfig accepts them."""
-    _check(options, hosts, nproc_per_node, main_ip, main_port, launcher, hostfile_path)
+    _check_config_values(
+        options, hosts, nproc_per_node, main_ip, main_port, launcher, hostfile_path
+    )
     machines = len(hosts.hosts)
     if not 0 <= machine_rank < machines:
         raise UsageError(f"machine_rank {machine_rank} is outside 0..{machines - 1}")
@@ -128,7 +131,7 @@ def nproc_from_total(num_processes: int, machines: int) -> int:
     return num_processes // machines
 
 
-def _check(
+def _check_config_values(
     options: AccelerateOptions,
     hosts: Hostfile,
     nproc_per_node: int,
@@ -140,15 +143,12 @@ def _check(
     if launcher not in CONFIG_LAUNCHERS:
         raise UsageError(
             f"launcher {launcher!r} has no accelerate config",
-            hint="accelerate configs are for the 'pdsh' and 'standard' launchers",
+            hint=f"accelerate configs are for the {' and '.join(CONFIG_LAUNCHERS)} launchers",
         )
     if not hosts.hosts:
         raise UsageError("no hosts to write a config for")
     processes_per_node(hosts, nproc_per_node)
-    if not 1 <= main_port <= 65535:
-        raise UsageError(
-            f"main process port {main_port} is out of range", hint="use a port in 1..65535"
-        )
+    check_port(main_port, "main process port")
     problem = host_name_problem(main_ip)
     if problem is not None:
         raise UsageError(f"main process address: {problem}")

@@ -841,15 +841,6 @@ def open_session(
         ) from err
 
 
-def node_address(node: str, config: paramiko.SSHConfig | None = None) -> str:
-    """The address this machine reaches a node at (HostName from ssh_config, resolved)."""
-    target = resolve_target(node, config or load_ssh_config())
-    try:
-        return socket.getaddrinfo(target.hostname, None, type=socket.SOCK_STREAM)[0][4][0]
-    except socket.gaierror:
-        return target.hostname
-
-
 # ----- many nodes at once --------------------------------------------------------------
 def run_on_nodes(
     nodes: Sequence[str],

@@ -4,7 +4,7 @@ The flow: (1) one probe per node, in parallel over SSH, during which node 0
 holds the main port open while every other node connects to it and says its
 hostname, which node 0 resolves; (2) with `full`, one all_reduce process per
 node. Each phase is bounded by the timeout, so a node that hangs delays the report by at most
-that. The checks themselves are the pure functions of `orchestrator.doctor`.
+that. The checks themselves are the pure functions of `orchestrator.checks.doctor`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import contextlib
 import hashlib
 import json
 import os
-import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.doctor import (
+from orchestrator.checks.doctor import (
     CollectiveResult,
     DoctorReport,
     Finding,
@@ -29,16 +28,20 @@ from orchestrator.doctor import (
     build_report,
     nccl_transport,
 )
-from orchestrator.inventory import Hostfile
-from orchestrator.probe import (
-    ProbeError,
-    main_connect,
-    main_listen,
-    parse_facts,
-    parse_listening,
+from orchestrator.probe.commands import (
+    collective_command,
+    connect_request,
+    listen_request,
     probe_command,
 )
-from orchestrator.transport import (
+from orchestrator.probe.facts import (
+    ProbeError,
+    parse_facts,
+    parse_listening,
+)
+from orchestrator.specs.constants import DEFAULT_MAIN_PORT
+from orchestrator.specs.inventory import Hostfile
+from orchestrator.ssh.transport import (
     NodeOutcome,
     RemoteProcess,
     SSHError,
@@ -46,10 +49,6 @@ from orchestrator.transport import (
     open_session,
     run_on_nodes,
 )
-
-COLLECTIVE_SOURCE = Path(__file__).with_name("collective_remote.py").read_text()
-DEEP_SIZE_BYTES = 16 << 20
-DEEP_ITERATIONS = 5
 
 
 def _to_probe(outcome: NodeOutcome) -> NodeProbe:
@@ -101,7 +100,7 @@ def probe_nodes(
         )  # fmt: skip
 
     # Node 0 waits for "done"; the window only bounds it if this process dies.
-    listen = main_listen(main_port, peers=len(others), window=4 * timeout + 10)
+    listen = listen_request(main_port, peers=len(others), window=4 * timeout + 10)
     process: RemoteProcess | None = None
     first_line = b""
     main_outcome: NodeOutcome | None = None
@@ -122,7 +121,7 @@ def probe_nodes(
             first_line = process.read_line(timeout) or b""
             listening, _ = parse_listening(first_line)
     try:
-        connect = main_connect(main_address, main_port, window=max(1.0, min(5.0, timeout / 2)))
+        connect = connect_request(main_address, main_port, window=max(1.0, min(5.0, timeout / 2)))
         outcomes = run_on_nodes(
             others,
             lambda node: command(node, connect if listening else None),
@@ -145,15 +144,6 @@ def probe_nodes(
             session.close()
     assert main_outcome is not None
     return [_to_probe(o) for o in [main_outcome, *outcomes]]
-
-
-def collective_command(
-    python: str, address: str, port: int, rank: int, world: int, timeout: float
-) -> str:
-    args = [address, port, rank, world, timeout, DEEP_SIZE_BYTES, DEEP_ITERATIONS]
-    words = [python, "-c", COLLECTIVE_SOURCE, *map(str, args)]
-    # NCCL says which transport it picked when asked; gloo ignores it.
-    return "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET " + " ".join(map(shlex.quote, words))
 
 
 def run_collective(
@@ -221,7 +211,7 @@ def run_preflight(
     python: str | None = None,
     workdir: str | None = None,
     script: str | None = None,
-    main_port: int = 29500,
+    main_port: int = DEFAULT_MAIN_PORT,
     timeout: float = 10.0,
     full: bool = False,
     main_address: str | None = None,

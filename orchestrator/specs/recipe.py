@@ -24,15 +24,15 @@ from pydantic import (
     field_validator,
 )
 
-from orchestrator import jobenv
 from orchestrator.errors import InputFileError, UsageError
-from orchestrator.inventory import (
+from orchestrator.specs import jobenv
+from orchestrator.specs.constants import DEFAULT_MAIN_PORT, PORT_RANGE
+from orchestrator.specs.inventory import (
     Hostfile,
     expand_nodeset,
     make_hostfile,
     read_hostfile,
 )
-from orchestrator.plan import DEFAULT_MAIN_PORT
 
 # In `script`, `workdir` and `hostfile`, this is replaced by the recipe file's directory.
 RECIPE_DIR_VAR = "${RECIPE_DIR}"
@@ -163,7 +163,7 @@ class Recipe(_Strict):
     python: str | None = None  # None: the head's sys.executable
     env: dict[str, str] = Field(default_factory=dict)
     passthrough_env: list[str] = Field(default_factory=list)
-    main_port: int = Field(DEFAULT_MAIN_PORT, ge=1, le=65535)
+    main_port: int = Field(DEFAULT_MAIN_PORT, ge=PORT_RANGE[0], le=PORT_RANGE[1])
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
     source: str | None = Field(None, exclude=True)  # the file it was loaded from

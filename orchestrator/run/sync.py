@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from pathspec import GitIgnoreSpec
 
-from orchestrator.transport import SSHError, open_session
+from orchestrator.ssh.transport import SSHError, open_session
 
 if TYPE_CHECKING:  # the transport module owns paramiko; this is for type hints only
     from paramiko import SFTPClient

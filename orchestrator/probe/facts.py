@@ -1,75 +1,15 @@
-"""The node probe: the command that runs it, and its JSON parsed into `NodeFacts`.
-
-The program itself is `probe_remote.py` (standard library only), sent inline
-with `python -c` so that nothing has to be installed on a node. This module is
-pure: it builds command strings and parses output, it never runs anything.
-"""
+"""What a node's probe printed, parsed: `NodeFacts`, and node 0's listening line. Pure."""
 
 from __future__ import annotations
 
 import json
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-PROBE_SOURCE = (Path(__file__).with_name("probe_remote.py")).read_text()
-
-# Run the probe with the job's interpreter; when that is missing, with any
-# python3 on the node so the other facts still come back. `sh -c` keeps the
-# command independent of the user's login shell (fish, csh...).
-_LAUNCH = (
-    "PY=$1; FLAGS=$2; SRC=$3; shift 3; "
-    'if [ -x "$PY" ]; then exec "$PY" $FLAGS -c "$SRC" "$@"; fi; '
-    "for c in python3 python; do if command -v $c >/dev/null 2>&1; then "
-    'exec $c $FLAGS -c "$SRC" "$@" --interpreter-missing; fi; done; '
-    'echo "no python interpreter on this node" >&2; exit 127'
-)
 
 
 class ProbeError(ValueError):
     """The probe's output is not the JSON document it should print."""
-
-
-def _sh(python: str, args: Sequence[str], flags: str = "") -> str:
-    # flags: "-S" for the stdlib-only uses that need no site-packages scan
-    words = ["sh", "-c", _LAUNCH, "sh", python, flags, PROBE_SOURCE, *args]
-    return " ".join(shlex.quote(w) for w in words)
-
-
-def main_listen(port: int, peers: int, window: float) -> dict[str, Any]:
-    """Node 0's part of the network pre-flight: hold the port, wait for the peers.
-
-    Node 0 prints a `{"listening": ...}` line first (see `parse_listening`) and
-    waits for the peers until `done` arrives on its stdin or `window` passes."""
-    return {"role": "listen", "port": port, "peers": peers, "window": window}
-
-
-def main_connect(address: str, port: int, window: float) -> dict[str, Any]:
-    """Every other node's part: connect to the main address and port."""
-    return {"role": "connect", "address": address, "port": port, "window": window}
-
-
-def probe_command(
-    python: str,
-    *,
-    workdir: str | None,
-    script: str | None,
-    names: Sequence[str],
-    main: Mapping[str, Any] | None = None,
-    resolve_timeout: float = 3.0,
-) -> str:
-    """The remote command that prints one node's facts as JSON."""
-    request = {
-        "python": python,
-        "workdir": workdir,
-        "script": script,
-        "names": list(names),
-        "main": dict(main) if main else None,
-        "resolve_timeout": resolve_timeout,
-    }
-    return _sh(python, [json.dumps(request)])
 
 
 def parse_listening(line: bytes | None) -> tuple[bool, str | None]:

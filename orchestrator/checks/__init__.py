@@ -1,0 +1,3 @@
+"""doctor's checks: facts in, findings out. Pure, by family: node, parity, network,
+collective, and the report that gathers them.
+"""

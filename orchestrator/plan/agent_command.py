@@ -1,0 +1,60 @@
+"""The head's half of the node agent: the shell command that starts remote/agent.py on a
+node, with remote/logwire.py beside it, inline (`python -c <zlib+base64 blob>`), so a node
+needs no orch install. Pure: builds strings from the shipped sources and the job spec.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import zlib
+
+from orchestrator.remote import program_source
+
+
+def encode_spec(spec: dict) -> str:
+    """The job spec as one shell-safe word. Compressed: it travels in the remote command
+    line, which Linux caps at 128 KiB per argument, and the standard launcher's configs
+    (one per machine, differing in one line) shrink a hundredfold."""
+    return base64.b64encode(zlib.compress(json.dumps(spec).encode(), 9)).decode()
+
+
+
+_BOOT = """\
+import sys, types
+def _load(name, source):
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, name, "exec"), module.__dict__)
+    return module
+_load("orch_logwire", %r)
+sys.exit(_load("orch_agent", %r).main(sys.argv[1:]))
+"""
+
+
+def _blob() -> str:
+    payload = _BOOT % (program_source("logwire"), program_source("agent"))
+    return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
+
+
+def _python_c(python: str, blob: str) -> str:
+    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
+    interpreter = '"$P"' if python == "$P" else shlex.quote(python)
+    return f"{interpreter} -c {shlex.quote(code)}"
+
+
+def agent_command(python: str, spec: dict) -> str:
+    """The remote shell command (for pdsh) that runs the agent; %h/%n filled in by pdsh."""
+    encoded = encode_spec(spec)
+    return f"{_python_c(python, _blob())} run {encoded} %h %n"
+
+
+def kill_command(python: str, job_id: str, grace: float) -> str:
+    """The remote shell command that stops every process of the job on a node.
+
+    The kill program needs only the standard library: when the job's interpreter
+    is missing on a node, any python3 there does.
+    """
+    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
+    return fallback + f"{_python_c('$P', _blob())} kill {shlex.quote(job_id)} {grace:g}"

@@ -1,0 +1,3 @@
+"""I/O that carries out a plan: pre-flight, sync, launch (executor + pure verdict), pdsh,
+teardown, log collection and the job records.
+"""

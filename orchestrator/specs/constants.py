@@ -1,0 +1,32 @@
+"""Values every layer shares. Imports nothing of orch, so anything may import it."""
+
+from __future__ import annotations
+
+LAUNCHERS = ("pdsh", "standard", "torchrun")
+CONFIG_LAUNCHERS = ("pdsh", "standard")  # the launchers that run from an accelerate config
+DEFAULT_LAUNCHER = "pdsh"
+
+DEFAULT_MAIN_PORT = 29500  # torch.distributed's and accelerate's default rendezvous port
+PORT_RANGE = (1, 65535)
+
+# Set on every process of a job on every node; the only way orch finds them again.
+# remote/agent.py carries its own copy (it is shipped alone); a test holds them equal.
+JOB_ID_VAR = "ORCH_JOB_ID"
+
+
+def is_tcp_port(port: int) -> bool:
+    return PORT_RANGE[0] <= port <= PORT_RANGE[1]
+
+
+def port_range_text() -> str:
+    return f"{PORT_RANGE[0]}..{PORT_RANGE[1]}"
+
+# Files a launch writes (in runs/<job>/) and `orch config` writes (in its output directory).
+HOSTFILE_NAME = "hostfile"
+PDSH_CONFIG_NAME = "accelerate-pdsh.yaml"
+
+
+def standard_config_name(machine_rank: int | str) -> str:
+    """One accelerate config per machine for the standard launcher; a str rank may be a
+    shell variable that the node expands."""
+    return f"accelerate-rank{machine_rank}.yaml"
