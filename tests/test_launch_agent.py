@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.plan.agent_command import agent_command, kill_command
 from orchestrator.plan.launch_plan import build_plan
+from orchestrator.remote import agent
 from orchestrator.remote.agent import (
     decode_spec,
     failure_from_text,
@@ -19,6 +20,7 @@ from orchestrator.remote.agent import (
 )
 from orchestrator.remote.logwire import decode_wire
 from orchestrator.run.pdsh import run_pdsh
+from orchestrator.specs import constants
 from orchestrator.specs.inventory import make_hostfile
 
 TORCHRUN_REPORT = """\
@@ -158,3 +160,10 @@ def test_the_agent_command_for_256_standard_configs_fits_in_one_argument():
     assert len(command.encode()) < 128 * 1024
     word = command.split()[-3]  # ... run SPEC %h %n
     assert decode_spec(word) == spec
+
+
+def test_the_agent_names_the_variables_the_head_plans_with():
+    # The agent is shipped alone, so it carries its own copies of these names.
+    assert agent.JOB_ID_VAR == constants.JOB_ID_VAR
+    assert agent.NODE_RANK_VAR == constants.NODE_RANK_VAR
+    assert agent.NODE_DIR_VAR == constants.NODE_DIR_VAR

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 from launch_support import REPO, run_orch
 
@@ -15,8 +17,8 @@ def _hostfile(tmp_path):
 
 def test_launch_dry_run_prints_the_plan_as_json_with_secrets_redacted(tmp_path):
     result = run_orch(["launch", "--hostfile", _hostfile(tmp_path), "--launcher", "torchrun",
-                       "--env", "HF_TOKEN=hunter2", "--dry-run", "train.py", "--", "--lr", "1"],
-                      tmp_path / "runs")  # fmt: skip
+                       "--env", "HF_TOKEN=hunter2", "--dry-run", "--json",
+                       "train.py", "--", "--lr", "1"], tmp_path / "runs")  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["launcher"] == "torchrun" and plan["world_size"] == 4
@@ -28,7 +30,8 @@ def test_launch_dry_run_prints_the_plan_as_json_with_secrets_redacted(tmp_path):
 
 def test_submit_dry_run_resolves_the_recipe(tmp_path):
     recipe = str(REPO / "recipes" / "cpu-smoke.yaml")
-    result = run_orch(["submit", recipe, "--hostfile", _hostfile(tmp_path), "--dry-run"], tmp_path)
+    result = run_orch(["submit", recipe, "--hostfile", _hostfile(tmp_path), "--dry-run", "--json"],
+                      tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["launcher"] == "pdsh"
@@ -52,3 +55,20 @@ def test_status_with_no_jobs(tmp_path):
     assert json.loads(listing.stdout)["jobs"] == []
     one = run_orch(["status", "nope"], tmp_path)
     assert one.returncode == 2 and "no jobs recorded" in one.stderr
+
+
+def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothing(tmp_path):
+    hostfile = str(REPO / "hostfiles" / "example-2x8")
+    result = run_orch(["launch", "--hostfile", hostfile, "--dry-run", "--", "train.py", "--lr",
+                       "it's 1"], tmp_path / "runs")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("pdsh launcher, 2 nodes x 8 ranks = 16 ranks, main node1:29500")
+    assert any(" -S -f 1024 -w node1,node2 " in line for line in lines)
+    for rank, node in enumerate(("node1", "node2")):
+        line = next(line for line in lines if line.startswith(f"  {node} (node rank {rank}): "))
+        assert f"--node_rank={rank} --master_addr=node1 --master_port=29500" in line
+        assert line.endswith("train.py --lr 'it'\"'\"'s 1'")
+    job_id = lines[0].split()[1].rstrip(":")
+    assert not (tmp_path / "runs").exists()
+    assert not any(p.name == f"orch-{job_id}" for p in Path(tempfile.gettempdir()).iterdir())

@@ -5,16 +5,15 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import OrchError
-from orchestrator.run.pdsh import (
+from orchestrator.plan.pdsh_command import (
     DEFAULT_FANOUT,
     SSH_ARGS_APPEND,
     build_pdsh_argv,
     job_fanout,
     pdsh_environment,
-    run_pdsh,
-    split_node_line,
     split_pdsh_args,
 )
+from orchestrator.run.pdsh import run_pdsh, split_node_line
 
 
 def test_argv_runs_over_ssh_on_every_host_with_timeouts():

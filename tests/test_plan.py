@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import stat
 import subprocess
 import sys
 
@@ -10,18 +12,22 @@ import pytest
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchError, UsageError
+from orchestrator.plan.describe import plan_summary, plan_text, rendered_pdsh_config
 from orchestrator.plan.launch_plan import (
     ENV_FILE_NAME,
     HEAD_LAUNCHER_NAME,
     HOSTFILE_NAME,
     PDSH_CONFIG_NAME,
     PDSH_SPEC_NAME,
+    PRIVATE,
+    HeadContext,
     build_plan,
-    plan_summary,
-    rendered_pdsh_config,
+    process_environment,
     standard_config_name,
 )
+from orchestrator.remote.agent import decode_spec
+from orchestrator.run.launch import write_private_files
 from orchestrator.specs.inventory import make_hostfile
 from orchestrator.specs.jobenv import JOB_ID_VAR
 
@@ -156,3 +162,87 @@ def test_plan_is_frozen():
     plan = _plan("torchrun")
     with pytest.raises(AttributeError):
         plan.job_id = "other"  # type: ignore[misc]
+
+
+# ----- the plan holds every command line ------------------------------------------------
+HEAD = HeadContext(pdsh="/usr/bin/pdsh", private_dir="/tmp/orch-job-1", orch_python="/venv/py")
+
+
+def _remote_spec(remote_command: str) -> dict:
+    return decode_spec(remote_command.split()[-3])  # ... run SPEC %h %n
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "standard"])
+def test_node_side_launchers_plan_the_exact_pdsh_argv_and_what_the_agent_runs(launcher):
+    plan = _plan(launcher, head=HEAD)
+    argv = plan.fanout.argv
+    assert argv[0] == "/usr/bin/pdsh" and argv[argv.index("-R") + 1] == "ssh"
+    assert argv[argv.index("-w") + 1] == "n1,n2,n3"
+    assert int(argv[argv.index("-f") + 1]) >= 3  # every node starts at once
+    assert plan.fanout.cwd == "/work/x"
+    assert _remote_spec(argv[-1]) == {**plan.agent_spec, "command": list(plan.node_command)}
+    assert plan.agent_spec["env"] == dict(plan.env)
+    assert ("PDSH_RCMD_TYPE", "ssh") in plan.fanout.set_env
+    assert not any(f.where == PRIVATE for f in plan.files)
+
+
+def test_pdsh_launcher_plans_the_head_process_its_environment_and_the_shim():
+    plan = _plan("pdsh", head=HEAD, environ={"HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x"})
+    assert plan.fanout.argv == plan.head_command
+    set_env = dict(plan.fanout.set_env)
+    assert set_env["DS_ENV_FILE"] == f"/tmp/orch-job-1/{ENV_FILE_NAME}"
+    assert set_env[JOB_ID_VAR] == "job-1"
+    assert plan.fanout.drop_env == ("AWS_SECRET_ACCESS_KEY",)
+    assert plan.fanout.path_prepend == ("/tmp/orch-job-1/bin", "/opt/py/bin")
+    env_file = plan.file(ENV_FILE_NAME)
+    assert env_file.where == PRIVATE and env_file.mode == 0o600
+    shim = plan.file("bin/pdsh")
+    assert shim.mode == 0o755 and shim.content.startswith("#!/venv/py\n")
+    assert "/tmp/orch-job-1/bin/pdsh-shim.json" in shim.content
+    config = json.loads(plan.file("bin/pdsh-shim.json").content)
+    assert config["real_pdsh"] == "/usr/bin/pdsh"
+    assert config["agent"] == plan.agent_spec
+
+
+def test_process_environment_drops_sets_and_puts_the_shim_first_on_path():
+    plan = _plan("pdsh", head=HEAD, environ={"HF_TOKEN": "t", "PATH": "/usr/bin"})
+    env = process_environment(plan.fanout, {"HF_TOKEN": "t", "PATH": "/usr/bin", "LANG": "C"})
+    assert "HF_TOKEN" not in env  # not forwarded by the job: never reaches accelerate
+    assert env["LANG"] == "C"
+    assert env["PATH"] == "/tmp/orch-job-1/bin:/opt/py/bin:/usr/bin"
+    assert env["DS_ENV_FILE"] == "/tmp/orch-job-1/deepspeed_env"
+
+
+def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
+    plan = _plan("torchrun", head=HEAD, extra_env={"HF_TOKEN": "hunter22"})
+    text = plan_text(plan)
+    assert "hunter22" not in text
+    pdsh_line = next(line for line in text.splitlines() if "/usr/bin/pdsh" in line)
+    assert "-w n1,n2,n3" in pdsh_line and "PDSH_RCMD_TYPE=ssh" in pdsh_line
+    for rank, node in enumerate(("n1", "n2", "n3")):
+        line = next(line for line in text.splitlines() if line.startswith(f"  {node} "))
+        assert f"(node rank {rank})" in line
+        assert line.endswith(shlex.join(["train.py", "--lr", "0.1", "two words"]))
+    # The JSON form's argv is the one that runs, the secret's value masked in the agent spec.
+    argv = plan_summary(plan)["head_process"]["argv"]
+    assert argv[:-1] == list(plan.fanout.argv[:-1])
+    assert _remote_spec(argv[-1])["env"]["HF_TOKEN"] == "***"
+
+
+def test_readable_dry_run_gives_each_standard_node_its_own_config():
+    text = plan_text(_plan("standard", head=HEAD))
+    for rank, node in enumerate(("n1", "n2", "n3")):
+        expected = f"/tmp/orch-runs/job-1/{node}/{standard_config_name(rank)}"
+        line = next(line for line in text.splitlines() if line.startswith(f"  {node} "))
+        assert expected in line and "$ORCH" not in line
+
+
+def test_private_files_are_written_only_for_their_owner_in_a_new_directory(tmp_path):
+    private = tmp_path / "orch-job-1"
+    plan = _plan("pdsh", head=HeadContext("/usr/bin/pdsh", str(private), "/venv/py"))
+    write_private_files(plan)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert stat.S_IMODE((private / ENV_FILE_NAME).stat().st_mode) == 0o600
+    assert stat.S_IMODE((private / "bin" / "pdsh").stat().st_mode) == 0o755
+    with pytest.raises(OrchError, match="private directory"):
+        write_private_files(plan)  # never into a directory that already exists

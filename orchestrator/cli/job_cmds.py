@@ -8,39 +8,34 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.checks.doctor import DoctorReport
 from orchestrator.cli.app import app
-from orchestrator.errors import OrchError, UsageError
+from orchestrator.errors import UsageError
 from orchestrator.logs.view import LiveView, PlainView, make_view
-from orchestrator.plan.launch_plan import (
-    LaunchPlan,
-    build_plan,
-    plan_from_recipe,
-    plan_summary,
-)
-from orchestrator.run.launch import (
-    JobRunner,
-    LaunchResult,
-    WatchSettings,
-    prepare_run,
-)
+from orchestrator.plan.describe import plan_summary, plan_text
+from orchestrator.plan.launch_plan import LaunchPlan, build_plan, plan_from_recipe
+from orchestrator.run.launch import LaunchResult, WatchSettings
+from orchestrator.run.pipeline import PipelineOptions, execute_plan, head_context
 from orchestrator.run.records import (
     FINAL_STATES,
     JobRecord,
+    RunDir,
     find_job,
     finished,
     head_alive,
     list_jobs,
     new_job_id,
-    run_dir,
     runs_root,
     shown_state,
 )
+from orchestrator.run.sync import SyncResult
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile, read_hostfile
@@ -60,7 +55,10 @@ _KEEP_REMOTE_LOGS = typer.Option(
 _SYNC = typer.Option(
     False, "--sync", help="Copy the working directory to every node first (no shared FS)."
 )
-_DRY_RUN = typer.Option(False, "--dry-run", help="Print the plan as JSON, run nothing.")
+_DRY_RUN = typer.Option(
+    False, "--dry-run", help="Print the plan (every file and command line), run nothing."
+)
+_AS_JSON = typer.Option(False, "--json", help="With --dry-run: the plan as one JSON document.")
 _NO_DOCTOR = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks.")
 _QUIET = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output.")
 _HEARTBEAT_TIMEOUT = typer.Option(
@@ -90,27 +88,6 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _preflight(plan: LaunchPlan) -> None:
-    from orchestrator.run.preflight import run_preflight
-
-    report = run_preflight(
-        plan.hostfile,
-        python=plan.python,
-        workdir=plan.workdir,
-        script=plan.script,
-        main_port=plan.main_port,
-    )
-    if report.ok:
-        return
-    err = _err()
-    for finding in report.errors:
-        err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
-    raise OrchError(
-        f"pre-flight failed on {len({f.node for f in report.errors})} node(s); nothing was started",
-        "fix the findings above (see `orch doctor --hostfile F`), or pass --no-doctor",
-    )
-
-
 def _print_summary(result: LaunchResult) -> None:
     err = _err()
     codes = ", ".join(
@@ -138,59 +115,46 @@ def _print_summary(result: LaunchResult) -> None:
     err.print(f"record: {result.run_dir}")
 
 
-def _sync(plan: LaunchPlan) -> None:
-    from orchestrator.run.sync import sync_workdir
+class _PipelinePrinter:
+    """Prints what the steps before the job found (orchestrator.run.pipeline)."""
 
-    err = _err()
-    results = sync_workdir(plan.hosts, os.getcwd(), plan.workdir)
-    for r in results:
-        if r.shared:
-            err.print(f"sync {r.node}: shares {plan.workdir} with the head, nothing to copy")
-        elif r.ok:
-            err.print(f"sync {r.node}: {r.sent} files copied, {r.unchanged} unchanged")
-        else:
-            err.print(f"[red]sync {r.node}[/]: {r.problem}")
-    failed = [r.node for r in results if not r.ok]
-    if failed:
-        raise OrchError(
-            f"--sync could not copy {os.getcwd()} to {', '.join(failed)}; nothing was started",
-            "fix the problems above (`orch doctor --hostfile F` checks SSH), then launch again",
+    def synced(self, plan: LaunchPlan, results: Sequence[SyncResult]) -> None:
+        err = _err()
+        for r in results:
+            if r.shared:
+                err.print(f"sync {r.node}: shares {plan.workdir} with the head, nothing to copy")
+            elif r.ok:
+                err.print(f"sync {r.node}: {r.sent} files copied, {r.unchanged} unchanged")
+            else:
+                err.print(f"[red]sync {r.node}[/]: {r.problem}")
+
+    def preflight_failed(self, report: DoctorReport) -> None:
+        err = _err()
+        for finding in report.errors:
+            err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
+
+    def started(self, plan: LaunchPlan, run: RunDir) -> None:
+        _err().print(
+            f"job {plan.job_id}: {plan.launcher} on {len(plan.hosts)} nodes "
+            f"x {plan.nproc_per_node} ranks; record {run.path}"
         )
 
 
-def _execute(plan: LaunchPlan, root: Path, *, dry_run: bool, doctor: bool, quiet: bool,
-             heartbeat_timeout: float, sync: bool, keep_remote_logs: bool) -> None:  # fmt: skip
+def _execute(plan: LaunchPlan, root: Path, *, dry_run: bool, as_json: bool, doctor: bool,
+             quiet: bool, heartbeat_timeout: float, sync: bool,
+             keep_remote_logs: bool) -> None:  # fmt: skip
     if dry_run:
-        typer.echo(json.dumps(plan_summary(plan), indent=2))
+        text = json.dumps(plan_summary(plan), indent=2) if as_json else plan_text(plan)
+        typer.echo(text, nl=as_json)
         return
-    if sync:
-        _sync(plan)
-    if doctor:
-        _preflight(plan)
-    run = run_dir(root, plan.job_id)
-    record = prepare_run(plan, run)
-    view = _view(plan, quiet)
-    runner = JobRunner(
-        plan,
-        run,
-        record,
+    options = PipelineOptions(
+        sync=sync, preflight=doctor, keep_remote_logs=keep_remote_logs,
         settings=WatchSettings(heartbeat_timeout=heartbeat_timeout),
-        view=view,
-        keep_remote_logs=keep_remote_logs,
-    )
-    previous = {
-        sig: signal.signal(sig, lambda signum, _frame: runner.interrupt(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    _err().print(
-        f"job {plan.job_id}: {plan.launcher} on {len(plan.hosts)} nodes "
-        f"x {plan.nproc_per_node} ranks; record {run.path}"
-    )
+    )  # fmt: skip
+    view = _view(plan, quiet)
     try:
-        result = runner.run()
+        result = execute_plan(plan, root, options, view=view, reporter=_PipelinePrinter())
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if view is not None:
             view.close()
     _print_summary(result)
@@ -220,6 +184,7 @@ def launch(
     env: list[str] = _ENV,
     runs_dir: Path = _RUNS_DIR,
     dry_run: bool = _DRY_RUN,
+    as_json: bool = _AS_JSON,
     no_doctor: bool = _NO_DOCTOR,
     sync: bool = _SYNC,
     keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
@@ -231,6 +196,7 @@ def launch(
     hosts = _hostfile(hostfile)
     root = runs_root(runs_dir)
     job_id = new_job_id()
+    head = head_context(job_id, dry_run=dry_run)
     plan = build_plan(
         job_id=job_id,
         hostfile=hosts,
@@ -243,8 +209,9 @@ def launch(
         main_port=main_port,
         nproc_per_node=nproc_per_node,
         extra_env=_parse_env(env),
+        head=head,
     )
-    _execute(plan, root, dry_run=dry_run, doctor=not no_doctor, quiet=quiet,
+    _execute(plan, root, dry_run=dry_run, as_json=as_json, doctor=not no_doctor, quiet=quiet,
              heartbeat_timeout=heartbeat_timeout, sync=sync,
              keep_remote_logs=keep_remote_logs)  # fmt: skip
 
@@ -255,6 +222,7 @@ def submit(
     hostfile: Path = _HOSTFILE,
     runs_dir: Path = _RUNS_DIR,
     dry_run: bool = _DRY_RUN,
+    as_json: bool = _AS_JSON,
     no_doctor: bool = _NO_DOCTOR,
     sync: bool = _SYNC,
     keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
@@ -277,6 +245,7 @@ def submit(
     hosts = recipe_hosts(loaded, hostfile)
     root = runs_root(runs_dir)
     job_id = new_job_id()
+    head = head_context(job_id, dry_run=dry_run)
     plan = plan_from_recipe(
         loaded,
         recipe_path=str(recipe),
@@ -285,8 +254,9 @@ def submit(
         run_dir=str(root / job_id),
         default_python=sys.executable,
         default_workdir=os.getcwd(),
+        head=head,
     )
-    _execute(plan, root, dry_run=dry_run, doctor=not no_doctor, quiet=quiet,
+    _execute(plan, root, dry_run=dry_run, as_json=as_json, doctor=not no_doctor, quiet=quiet,
              heartbeat_timeout=heartbeat_timeout, sync=sync,
              keep_remote_logs=keep_remote_logs)  # fmt: skip
 

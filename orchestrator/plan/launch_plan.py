@@ -17,38 +17,100 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from pathlib import PurePosixPath
 
 from orchestrator.errors import UsageError
+from orchestrator.plan.accel_config import (
+    cluster_config_fields,
+    config_header,
+    render_standard_configs,
+)
+from orchestrator.plan.agent_command import agent_command
+from orchestrator.plan.pdsh_command import (
+    SHIM_CONFIG_NAME,
+    SHIM_NAME,
+    build_pdsh_argv,
+    job_fanout,
+    pdsh_environment,
+    shim_script,
+)
+from orchestrator.remote import program_source
 from orchestrator.specs.constants import (
+    DEFAULT_LAUNCHER,
     DEFAULT_MAIN_PORT,
     HOSTFILE_NAME,
+    NODE_DIR_VAR,
+    NODE_RANK_VAR,
     PDSH_CONFIG_NAME,
+    STOP_GRACE_S,
     standard_config_name,
 )
 from orchestrator.specs.inventory import Hostfile, render_hostfile
-from orchestrator.specs.jobenv import build_job_env, redact
+from orchestrator.specs.jobenv import build_job_env, is_secret, redact
 from orchestrator.specs.options import check_launcher, check_port
-
-if TYPE_CHECKING:
-    from orchestrator.specs.recipe import Recipe
+from orchestrator.specs.recipe import AccelerateOptions, Recipe
 
 PDSH_SPEC_NAME = "accelerate_config.json"  # ClusterConfig fields the head launcher renders
 HEAD_LAUNCHER_NAME = "accelerate_head.py"
 ENV_FILE_NAME = "deepspeed_env"
+SHIM_DIR = "bin"  # in the private directory, first on the head launcher's PATH
+
+RECORD, PRIVATE, NODE = "record", "private", "node"
 
 
 @dataclass(frozen=True)
 class PlannedFile:
-    """A file the launch writes. `run_dir`: kept in runs/<id>/; `ship`: sent to every node."""
+    """A file the launch writes. `where`: RECORD, kept in runs/<id>/; PRIVATE, in the
+    job's private directory on the head (secrets, the shim), removed when the job ends;
+    NODE, kept in the record and sent to every node in the agent's spec, which writes it
+    to the node's directory."""
 
     name: str
     content: str
-    run_dir: bool = True
-    ship: bool = False
+    where: str = RECORD
+    mode: int = 0o644
+
+    @property
+    def run_dir(self) -> bool:
+        return self.where in (RECORD, NODE)
+
+    @property
+    def ship(self) -> bool:
+        return self.where == NODE
+
+
+@dataclass(frozen=True)
+class HeadProcess:
+    """The one process the head starts for a job (pdsh, or the head's accelerate launch
+    that runs pdsh through DeepSpeed), with everything about its environment: the head's
+    own environment, minus `drop_env`, plus `set_env`, with `path_prepend` first on PATH."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    set_env: tuple[tuple[str, str], ...] = ()
+    drop_env: tuple[str, ...] = ()
+    path_prepend: tuple[str, ...] = ()
+
+
+def process_environment(head: HeadProcess, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment `head` runs in, from the head's own."""
+    env = {name: value for name, value in environ.items() if name not in head.drop_env}
+    env.update(head.set_env)
+    if head.path_prepend:
+        env["PATH"] = os.pathsep.join([*head.path_prepend, env.get("PATH", "")])
+    return env
+
+
+@dataclass(frozen=True)
+class HeadContext:
+    """What a plan needs to know of the head it is built on."""
+
+    pdsh: str  # the real pdsh
+    private_dir: str  # the job's private directory (created when the job starts)
+    orch_python: str  # the interpreter orch runs on (the pdsh shim's)
 
 
 @dataclass(frozen=True)
@@ -64,9 +126,14 @@ class LaunchPlan:
     main_port: int
     env: tuple[tuple[str, str], ...]  # the job's environment on every node (ORCH_JOB_ID included)
     files: tuple[PlannedFile, ...]
+    run_dir: str  # runs/<id>/ on the head
+    private_dir: str  # the job's private directory on the head (PRIVATE files)
+    agent_spec: Mapping[str, object]  # what every node's agent gets (never mutated)
+    fanout: HeadProcess  # what the head starts
     head_command: tuple[str, ...] = ()  # pdsh launcher: run on the head
     node_command: tuple[str, ...] = ()  # standard/torchrun: run by the agent on each node
     wait_for_main: bool = False  # workers wait until node 0's main port answers
+    grace: float = STOP_GRACE_S  # TERM -> KILL on each node
     recipe: str | None = None
 
     @property
@@ -92,6 +159,11 @@ class LaunchPlan:
                 return planned
         raise KeyError(name)
 
+    def file_path(self, planned: PlannedFile) -> str:
+        """Where a RECORD, NODE or PRIVATE file lives on the head."""
+        base = self.private_dir if planned.where == PRIVATE else self.run_dir
+        return f"{base}/{planned.name}"
+
 
 def _check_launch_inputs(launcher: str, hostfile: Hostfile, script: str, main_port: int) -> None:
     check_launcher(launcher)
@@ -102,7 +174,7 @@ def _check_launch_inputs(launcher: str, hostfile: Hostfile, script: str, main_po
     check_port(main_port)
 
 
-def _env_file(env: Mapping[str, str]) -> str:
+def env_file_text(env: Mapping[str, str]) -> str:
     # DeepSpeed's runner reads NAME=value lines and exports them on every node.
     return "".join(f"{name}={value}\n" for name, value in env.items())
 
@@ -117,7 +189,7 @@ def build_plan(
     hostfile: Hostfile,
     script: str,
     args: Sequence[str] = (),
-    launcher: str = "pdsh",
+    launcher: str = DEFAULT_LAUNCHER,
     python: str,
     workdir: str,
     run_dir: str,
@@ -126,84 +198,222 @@ def build_plan(
     extra_env: Mapping[str, str] | None = None,
     passthrough: Iterable[str] = (),
     environ: Mapping[str, str] | None = None,
-    accelerate: object | None = None,
+    accelerate: AccelerateOptions | None = None,
     torchrun_args: Sequence[str] = (),
     rdzv_id: str | None = None,
     recipe: str | None = None,
+    head: HeadContext | None = None,
+    grace: float = STOP_GRACE_S,
 ) -> LaunchPlan:
-    """Everything a launch does, decided up front. `run_dir` is where its files will live."""
+    """Everything a launch does, decided up front. `run_dir` is where its files will live;
+    `environ` is the head's environment (what the job may forward, what pdsh runs in);
+    `head` what the plan needs to know of the head (run.pipeline.head_context)."""
     _check_launch_inputs(launcher, hostfile, script, main_port)
+    environ = environ if environ is not None else os.environ
+    head = head or HeadContext("pdsh", f"/tmp/orch-{job_id}", sys.executable)
     nproc = nproc_per_node or min(h.slots for h in hostfile.hosts)
-    env = build_job_env(
-        job_id, extra_env or {}, passthrough, environ if environ is not None else os.environ
-    )
-    common = {
-        "job_id": job_id,
-        "launcher": launcher,
-        "hostfile": hostfile,
-        "nproc_per_node": nproc,
-        "script": script,
-        "args": tuple(args),
-        "python": python,
-        "workdir": workdir,
-        "main_port": main_port,
-        "env": tuple(env.items()),
-        "recipe": recipe,
-    }
-    hostfile_file = PlannedFile(HOSTFILE_NAME, render_hostfile(hostfile))
+    env = build_job_env(job_id, extra_env or {}, passthrough, environ)
+    job = _JobShape(
+        job_id=job_id, hostfile=hostfile, nproc=nproc, script=script, args=tuple(args),
+        python=python, workdir=workdir, main_port=main_port, env=env, run_dir=run_dir,
+        private_dir=head.private_dir, grace=grace,
+    )  # fmt: skip
+    options = accelerate if accelerate is not None else AccelerateOptions()
     if launcher == "torchrun":
-        command = (
-            python, "-m", "torch.distributed.run",
-            f"--nnodes={len(hostfile.hosts)}",
-            f"--nproc_per_node={nproc}",
-            "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={hostfile.names[0]}:{main_port}",
-            f"--rdzv_id={rdzv_id or job_id}",
-            *torchrun_args,
-            script, *args,
-        )  # fmt: skip
-        return LaunchPlan(**common, files=(hostfile_file,), node_command=command)
-    options = accelerate if accelerate is not None else _default_accelerate_options()
-    if launcher == "pdsh":
-        config_path = f"{run_dir}/{PDSH_CONFIG_NAME}"
-        spec = _pdsh_config_spec(
-            options, hostfile, nproc, main_port, config_path, f"{run_dir}/{HOSTFILE_NAME}"
+        node_command = _torchrun_command(job, torchrun_args, rdzv_id or job_id)
+        shape = _node_side(
+            job, node_command, (), wait_for_main=False, pdsh=head.pdsh, environ=environ
         )
-        # The head's launcher writes the config (accelerate imported once, in that process).
-        head = (python, f"{run_dir}/{HEAD_LAUNCHER_NAME}", f"{run_dir}/{PDSH_SPEC_NAME}",
-                "--config_file", config_path, script, *args)  # fmt: skip
-        files = (
-            hostfile_file,
-            PlannedFile(HEAD_LAUNCHER_NAME, _head_launcher_source()),
-            PlannedFile(PDSH_SPEC_NAME, json.dumps(spec, indent=2, sort_keys=True) + "\n"),
-            # Holds real values (secrets too): written privately, never kept in the record.
-            PlannedFile(ENV_FILE_NAME, _env_file(env), run_dir=False),
+    elif launcher == "standard":
+        configs = _render_standard(options, hostfile, nproc, main_port)
+        node_files = tuple(
+            PlannedFile(standard_config_name(k), text, where=NODE) for k, text in enumerate(configs)
         )
-        return LaunchPlan(**common, files=files, head_command=head)
-    configs = _render_standard(options, hostfile, nproc, main_port)
-    files = (
-        hostfile_file,
-        *(PlannedFile(standard_config_name(k), text, ship=True) for k, text in enumerate(configs)),
-    )
-    launch = shlex.join([python, "-m", "accelerate.commands.launch", "--config_file"])
-    # Each node picks its own machine-rank config; the agent sets both variables.
-    own_config = f"$ORCH_NODE_DIR/{standard_config_name('$ORCH_NODE_RANK')}"
-    shell = f'exec {launch} "{own_config}" ' + shlex.join(
-        [script, *args]
-    )
+        node_command = _standard_command(job)
+        shape = _node_side(
+            job, node_command, node_files, wait_for_main=True, pdsh=head.pdsh, environ=environ
+        )
+    else:
+        shape = _head_side(
+            job, options, pdsh=head.pdsh, environ=environ, orch_python=head.orch_python
+        )
     return LaunchPlan(
-        **common, files=files, node_command=("/bin/sh", "-c", shell), wait_for_main=True
+        job_id=job_id,
+        launcher=launcher,
+        hostfile=hostfile,
+        nproc_per_node=nproc,
+        script=script,
+        args=tuple(args),
+        python=python,
+        workdir=workdir,
+        main_port=main_port,
+        env=tuple(env.items()),
+        files=(PlannedFile(HOSTFILE_NAME, render_hostfile(hostfile)), *shape.files),
+        run_dir=run_dir,
+        private_dir=job.private_dir,
+        agent_spec=shape.agent_spec,
+        fanout=shape.fanout,
+        head_command=shape.head_command,
+        node_command=shape.node_command,
+        wait_for_main=shape.wait_for_main,
+        grace=grace,
+        recipe=recipe,
     )
 
 
-def _default_accelerate_options() -> object:
-    from orchestrator.specs.recipe import AccelerateOptions
+@dataclass(frozen=True)
+class _JobShape:
+    """The values every launcher's plan is built from."""
 
-    return AccelerateOptions()
+    job_id: str
+    hostfile: Hostfile
+    nproc: int
+    script: str
+    args: tuple[str, ...]
+    python: str
+    workdir: str
+    main_port: int
+    env: Mapping[str, str]
+    run_dir: str
+    private_dir: str
+    grace: float
+
+
+@dataclass(frozen=True)
+class _LauncherShape:
+    """What differs between launchers: files, what the head starts, what nodes run."""
+
+    files: tuple[PlannedFile, ...]
+    agent_spec: Mapping[str, object]
+    fanout: HeadProcess
+    head_command: tuple[str, ...] = ()
+    node_command: tuple[str, ...] = ()
+    wait_for_main: bool = False
+
+
+def _agent_spec(job: _JobShape, node_files: Sequence[PlannedFile], wait_for_main: bool) -> dict:
+    """What every node's agent gets, apart from the command it runs."""
+    spec: dict = {
+        "job_id": job.job_id,
+        "workdir": job.workdir,
+        "env": dict(job.env),
+        "grace": job.grace,
+        "files": {f.name: f.content for f in node_files},
+    }
+    if wait_for_main:
+        spec["wait_for"] = [job.hostfile.names[0], job.main_port]
+    return spec
+
+
+def _torchrun_command(job: _JobShape, extra: Sequence[str], rdzv_id: str) -> tuple[str, ...]:
+    return (
+        job.python, "-m", "torch.distributed.run",
+        f"--nnodes={len(job.hostfile.hosts)}",
+        f"--nproc_per_node={job.nproc}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={job.hostfile.names[0]}:{job.main_port}",
+        f"--rdzv_id={rdzv_id}",
+        *extra,
+        job.script, *job.args,
+    )  # fmt: skip
+
+
+def _standard_command(job: _JobShape) -> tuple[str, ...]:
+    launch = shlex.join([job.python, "-m", "accelerate.commands.launch", "--config_file"])
+    # Each node picks its own machine-rank config; the agent sets both variables.
+    own_config = f"${NODE_DIR_VAR}/{standard_config_name('$' + NODE_RANK_VAR)}"
+    shell = f'exec {launch} "{own_config}" ' + shlex.join([job.script, *job.args])
+    return ("/bin/sh", "-c", shell)
+
+
+def _node_side(
+    job: _JobShape,
+    node_command: tuple[str, ...],
+    node_files: tuple[PlannedFile, ...],
+    *,
+    wait_for_main: bool,
+    pdsh: str,
+    environ: Mapping[str, str],
+) -> _LauncherShape:
+    """standard and torchrun: orch's pdsh runs the agent on every node, which runs
+    `node_command`."""
+    spec = _agent_spec(job, node_files, wait_for_main)
+    argv = build_pdsh_argv(
+        job.hostfile.names,
+        agent_command(job.python, {**spec, "command": list(node_command)}),
+        fanout=job_fanout(len(job.hostfile.hosts)),
+        pdsh=pdsh,
+    )
+    fanout = HeadProcess(
+        argv=tuple(argv), cwd=job.workdir, set_env=_pdsh_variables(environ)
+    )
+    return _LauncherShape(
+        files=node_files, agent_spec=spec, fanout=fanout, node_command=node_command,
+        wait_for_main=wait_for_main,
+    )  # fmt: skip
+
+
+def _pdsh_variables(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variables pdsh_environment adds or changes in the head's environment."""
+    env = pdsh_environment(environ)
+    return tuple((k, v) for k, v in env.items() if environ.get(k) != v)
+
+
+def _head_side(
+    job: _JobShape,
+    options: AccelerateOptions,
+    *,
+    pdsh: str,
+    environ: Mapping[str, str],
+    orch_python: str,
+) -> _LauncherShape:
+    """pdsh launcher: the head runs `accelerate launch` (after writing its config), which
+    runs DeepSpeed's runner, which runs pdsh: orch's shim, first on PATH, wraps each node's
+    launcher in the agent and runs the real pdsh."""
+    config_path = f"{job.run_dir}/{PDSH_CONFIG_NAME}"
+    spec_path = f"{job.run_dir}/{PDSH_SPEC_NAME}"
+    config_spec = _pdsh_config_spec(
+        options, job.hostfile, job.nproc, job.main_port, config_path,
+        f"{job.run_dir}/{HOSTFILE_NAME}",
+    )  # fmt: skip
+    head = (job.python, f"{job.run_dir}/{HEAD_LAUNCHER_NAME}", spec_path,
+            "--config_file", config_path, job.script, *job.args)  # fmt: skip
+    agent = _agent_spec(job, (), wait_for_main=False)
+    shim_dir = f"{job.private_dir}/{SHIM_DIR}"
+    shim_config = {"job_id": job.job_id, "python": job.python, "real_pdsh": pdsh, "agent": agent}
+    files = (
+        PlannedFile(HEAD_LAUNCHER_NAME, program_source("accelerate_head")),
+        PlannedFile(PDSH_SPEC_NAME, json.dumps(config_spec, indent=2, sort_keys=True) + "\n"),
+        # Holds real values (secrets too): written privately, never kept in the record.
+        PlannedFile(ENV_FILE_NAME, env_file_text(job.env), where=PRIVATE, mode=0o600),
+        PlannedFile(f"{SHIM_DIR}/{SHIM_CONFIG_NAME}", json.dumps(shim_config, indent=2) + "\n",
+                    where=PRIVATE, mode=0o600),
+        PlannedFile(f"{SHIM_DIR}/{SHIM_NAME}",
+                    shim_script(f"{shim_dir}/{SHIM_CONFIG_NAME}", orch_python),
+                    where=PRIVATE, mode=0o755),
+    )  # fmt: skip
+    # Secrets reach the nodes only when the job's env names them: accelerate would
+    # otherwise copy the head's whole environment into the env file.
+    dropped = tuple(sorted(name for name in environ if is_secret(name)))
+    set_env = {
+        **dict(_pdsh_variables(environ)),
+        **job.env,
+        # DeepSpeed reads the job's env from this file only (never ~/.deepspeed_env).
+        "DS_ENV_FILE": f"{job.private_dir}/{ENV_FILE_NAME}",
+    }
+    fanout = HeadProcess(
+        argv=head,
+        cwd=job.workdir,
+        set_env=tuple(set_env.items()),
+        drop_env=dropped,
+        # DeepSpeed finds `pdsh` (orch's shim) and `deepspeed` on PATH.
+        path_prepend=(shim_dir, str(PurePosixPath(job.python).parent)),
+    )
+    return _LauncherShape(files=files, agent_spec=agent, fanout=fanout, head_command=head)
 
 
 def _pdsh_config_spec(
-    options: object,
+    options: AccelerateOptions,
     hostfile: Hostfile,
     nproc: int,
     port: int,
@@ -211,10 +421,8 @@ def _pdsh_config_spec(
     hostfile_path: str,
 ) -> dict[str, object]:
     """What the head's launcher needs to write the pdsh config (accelerate_head.py)."""
-    from orchestrator.plan.accel_config import cluster_config_fields, config_header
-
     fields = cluster_config_fields(
-        options,  # type: ignore[arg-type]
+        options,
         hosts=hostfile,
         nproc_per_node=nproc,
         main_ip=hostfile.names[0],
@@ -226,21 +434,11 @@ def _pdsh_config_spec(
     return {"config_file": config_path, "header": header, "fields": fields}
 
 
-def _head_launcher_source() -> str:
-    from orchestrator.remote import accelerate_head
-
-    return Path(accelerate_head.__file__).read_text(encoding="utf-8")
-
-
-def _render_standard(options: object, hostfile: Hostfile, nproc: int, port: int) -> list[str]:
-    from orchestrator.plan.accel_config import render_standard_configs
-
+def _render_standard(
+    options: AccelerateOptions, hostfile: Hostfile, nproc: int, port: int
+) -> list[str]:
     return render_standard_configs(
-        options,  # type: ignore[arg-type]
-        hosts=hostfile,
-        nproc_per_node=nproc,
-        main_ip=hostfile.names[0],
-        main_port=port,
+        options, hosts=hostfile, nproc_per_node=nproc, main_ip=hostfile.names[0], main_port=port
     )
 
 
@@ -254,8 +452,9 @@ def plan_from_recipe(
     default_python: str,
     default_workdir: str,
     environ: Mapping[str, str] | None = None,
+    head: HeadContext | None = None,
 ) -> LaunchPlan:
-    """A plan from a loaded Recipe (orchestrator.specs.recipe)."""
+    """A plan from a loaded Recipe (orchestrator.specs.recipe); `head` as for build_plan."""
     return build_plan(
         job_id=job_id,
         hostfile=hostfile,
@@ -274,54 +473,5 @@ def plan_from_recipe(
         torchrun_args=tuple(recipe.torchrun.extra_args),
         rdzv_id=recipe.torchrun.rdzv_id,
         recipe=recipe_path,
+        head=head,
     )
-
-
-def plan_summary(plan: LaunchPlan) -> dict:
-    """The plan as one JSON-able document (what --dry-run prints); secrets redacted."""
-    return {
-        "job_id": plan.job_id,
-        "launcher": plan.launcher,
-        "hosts": [{"host": h.host, "slots": h.slots} for h in plan.hostfile.hosts],
-        "nproc_per_node": plan.nproc_per_node,
-        "world_size": plan.nproc_per_node * len(plan.hostfile.hosts),
-        "python": plan.python,
-        "workdir": plan.workdir,
-        "main": f"{plan.main_host}:{plan.main_port}",
-        "script": plan.script,
-        "args": list(plan.args),
-        "head_command": list(plan.head_command),
-        "node_command": list(plan.node_command),
-        "workers_wait_for_main_port": plan.wait_for_main,
-        "env": plan.redacted_env,
-        "files": _files_summary(plan),
-    }
-
-
-def _files_summary(plan: LaunchPlan) -> dict[str, str]:
-    files = {}
-    for planned in plan.files:
-        if planned.name == ENV_FILE_NAME:
-            files[planned.name] = redact_env_text(planned.content)
-        elif planned.name == HEAD_LAUNCHER_NAME:
-            files[planned.name] = (
-                f"(orch's head launcher: writes {PDSH_CONFIG_NAME}, then runs accelerate launch)"
-            )
-        else:
-            files[planned.name] = planned.content
-    if plan.launcher == "pdsh":
-        files[PDSH_CONFIG_NAME] = rendered_pdsh_config(plan)
-    return files
-
-
-def rendered_pdsh_config(plan: LaunchPlan) -> str:
-    """The accelerate config the head's launcher will write (imports accelerate)."""
-    from orchestrator.remote.accelerate_head import config_text
-
-    spec = json.loads(plan.file(PDSH_SPEC_NAME).content)
-    return config_text(spec["fields"], spec["header"])
-
-
-def redact_env_text(text: str) -> str:
-    lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    return _env_file(redact(lines))

@@ -25,24 +25,20 @@ import os
 import queue
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogRouter, LogView
-from orchestrator.plan.launch_plan import ENV_FILE_NAME, LaunchPlan
+from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
 from orchestrator.run.pdsh import (
-    build_pdsh_argv,
-    find_pdsh,
-    job_fanout,
-    pdsh_environment,
+    StreamingProcess,
     ssh_exit_of,
     start_streaming,
-    write_shim,
 )
 from orchestrator.run.records import (
     FirstFailure,
@@ -79,7 +75,29 @@ class LaunchResult:
     node_logs: dict[str, str]  # node -> "ok" or why its raw logs did not come back
 
 
-# ----- preparing the run directory ---------------------------------------------------
+# ----- writing the plan's files ----------------------------------------------------
+def write_private_files(plan: LaunchPlan) -> None:
+    """The job's private files on the head (its env file with real values, the pdsh shim),
+    in a directory only this user can read, made new for the job (never reused)."""
+    private = Path(plan.private_dir)
+    files = [f for f in plan.files if f.where == PRIVATE]
+    if not files:
+        return
+    try:
+        private.mkdir(mode=0o700)
+    except OSError as err:
+        raise OrchError(
+            f"cannot create the job's private directory {private}: {err}",
+            "check that the temporary directory is writable (TMPDIR)",
+        ) from err
+    for planned in files:
+        path = private / planned.name
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, planned.mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(planned.content)
+
+
 def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
     """Write the plan's files and a first job.json (state "starting")."""
     run.create()
@@ -180,62 +198,18 @@ class JobRunner:
         self.teardown: dict[str, str] = {}
         self._teardown_thread: threading.Thread | None = None
         self._teardown_done = threading.Event()
-        self._private = Path(tempfile.mkdtemp(prefix=f"orch-{plan.job_id}-"))
 
     def interrupt(self, signum: int) -> None:
         self.signal = signum
 
     # -- starting ----------------------------------------------------------------
-    def _agent_spec(self) -> dict:
-        spec: dict = {
-            "job_id": self.plan.job_id,
-            "workdir": self.plan.workdir,
-            "env": dict(self.plan.env),
-            "grace": self.settings.grace,
-            "files": {f.name: f.content for f in self.plan.files if f.ship},
-        }
-        if self.plan.wait_for_main:
-            spec["wait_for"] = [self.plan.main_host, self.plan.main_port]
-        return spec
-
-    def _start(self):
-        plan = self.plan
-        if plan.head_command:
-            return self._start_head_launcher()
-        spec = {**self._agent_spec(), "command": list(plan.node_command)}
-        argv = build_pdsh_argv(
-            plan.hosts,
-            agent.agent_command(plan.python, spec),
-            fanout=job_fanout(len(plan.hosts)),
-            pdsh=find_pdsh(),
+    def _start(self) -> StreamingProcess:
+        """Write the plan's private files, then start what the plan says the head runs."""
+        write_private_files(self.plan)
+        head = self.plan.fanout
+        return start_streaming(
+            head.argv, env=process_environment(head, os.environ), cwd=head.cwd
         )
-        return start_streaming(argv, env=pdsh_environment(os.environ), cwd=plan.workdir)
-
-    def _start_head_launcher(self):
-        plan = self.plan
-        env_file = self._private / ENV_FILE_NAME
-        env_file.write_text(plan.file(ENV_FILE_NAME).content)
-        env_file.chmod(0o600)
-        shim_dir = self._private / "bin"
-        write_shim(
-            shim_dir,
-            {
-                "job_id": plan.job_id,
-                "python": plan.python,
-                "real_pdsh": find_pdsh(),
-                "agent": self._agent_spec(),
-            },
-        )
-        # Secrets reach the nodes only when the job's env names them: accelerate would
-        # otherwise copy the head's whole environment into the env file.
-        env = pdsh_environment({k: v for k, v in os.environ.items() if not is_secret(k)})
-        env.update(dict(plan.env))
-        # DeepSpeed reads the job's env from this file only (never ~/.deepspeed_env),
-        # and finds `pdsh` (orch's shim) and `deepspeed` on PATH.
-        env["DS_ENV_FILE"] = str(env_file)
-        python_bin = str(Path(plan.python).parent)
-        env["PATH"] = os.pathsep.join([str(shim_dir), python_bin, env.get("PATH", "")])
-        return start_streaming(plan.head_command, env=env, cwd=plan.workdir)
 
     # -- the watch loop ----------------------------------------------------------
     def run(self) -> LaunchResult:
@@ -437,7 +411,7 @@ class JobRunner:
         self._teardown_thread.start()
 
     def _cleanup_private(self) -> None:
-        shutil.rmtree(self._private, ignore_errors=True)
+        shutil.rmtree(self.plan.private_dir, ignore_errors=True)
 
     # -- the verdict -----------------------------------------------------------------
     def _conclude(self, head_code: int, node_logs: dict[str, str]) -> LaunchResult:

@@ -17,57 +17,17 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import OrchError
-
-DEFAULT_FANOUT = 64
-DEFAULT_CONNECT_TIMEOUT = 10
-# Keepalives make ssh itself notice a node that stops answering.
-SSH_ARGS_APPEND = "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
-
-
-def job_fanout(host_count: int) -> int:
-    """Fan-out for a command that runs until the job ends.
-
-    pdsh's fan-out is a sliding window: with fewer slots than nodes, the nodes
-    past the window start only when a running one finishes, which for a
-    training job is never. Short commands keep the default window.
-    """
-    return max(DEFAULT_FANOUT, host_count)
-
-
-def build_pdsh_argv(
-    hosts: Sequence[str],
-    remote_command: str,
-    fanout: int = DEFAULT_FANOUT,
-    *,
-    connect_timeout: int | None = DEFAULT_CONNECT_TIMEOUT,
-    command_timeout: int | None = None,
-    pdsh: str = "pdsh",
-) -> list[str]:
-    """pdsh over ssh on `hosts`; -S: exit with the largest remote exit code."""
-    if not hosts:
-        raise OrchError("no hosts to run on", "check the hostfile")
-    argv = [pdsh, "-R", "ssh", "-S", "-f", str(fanout)]
-    if connect_timeout is not None:
-        argv += ["-t", str(connect_timeout)]
-    if command_timeout is not None:
-        argv += ["-u", str(command_timeout)]
-    return [*argv, "-w", ",".join(hosts), remote_command]
-
-
-def pdsh_environment(base: Mapping[str, str]) -> dict[str, str]:
-    """The environment pdsh runs in: ssh rcmd, batch mode and keepalives added."""
-    env = dict(base)
-    env["PDSH_RCMD_TYPE"] = "ssh"
-    extra = env.get("PDSH_SSH_ARGS_APPEND", "")
-    if SSH_ARGS_APPEND not in extra:
-        env["PDSH_SSH_ARGS_APPEND"] = f"{extra} {SSH_ARGS_APPEND}".strip()
-    return env
+from orchestrator.plan.pdsh_command import (
+    DEFAULT_CONNECT_TIMEOUT,
+    build_pdsh_argv,
+    pdsh_environment,
+    split_pdsh_args,
+)
 
 
 def find_pdsh() -> str:
@@ -227,52 +187,7 @@ def run_pdsh(
     )
 
 
-# ----- the pdsh shim on DeepSpeed's PATH ------------------------------------------
-SHIM_CONFIG = "pdsh-shim.json"
-# pdsh options that take a value (the ones DeepSpeed passes and a few common ones).
-_OPTIONS_WITH_VALUE = {"-f", "-w", "-x", "-R", "-l", "-t", "-u", "-g", "-X", "-N"}
-
-
-def split_pdsh_args(args: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-    """(options, hosts, remote command words) of a pdsh command line."""
-    options: list[str] = []
-    hosts: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("-") or arg == "-":
-            break
-        if arg in _OPTIONS_WITH_VALUE and i + 1 < len(args):
-            if arg == "-w":
-                hosts += [h for h in args[i + 1].split(",") if h]
-            else:
-                options += [arg, args[i + 1]]
-            i += 2
-        elif arg.startswith("-w") and len(arg) > 2:
-            hosts += [h for h in arg[2:].split(",") if h]
-            i += 1
-        else:
-            options.append(arg)
-            i += 1
-    return options, hosts, list(args[i:])
-
-
-def write_shim(directory: Path, config: Mapping[str, object]) -> Path:
-    """Write `directory/pdsh` (an executable) and its config; put `directory` first on PATH."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / SHIM_CONFIG).write_text(json.dumps(dict(config), indent=2) + "\n")
-    shim = directory / "pdsh"
-    shim.write_text(
-        f"#!{sys.executable}\n"
-        "# Written by orch for one job: wraps DeepSpeed's per-node command in the orch agent.\n"
-        "import sys\n"
-        "from orchestrator.run.pdsh import shim_main\n"
-        f"sys.exit(shim_main({str(directory / SHIM_CONFIG)!r}, sys.argv[1:]))\n"
-    )
-    shim.chmod(0o755)
-    return shim
-
-
+# ----- the pdsh shim on DeepSpeed's PATH (plan/pdsh_command.py writes it) ---------
 def shim_main(config_path: str, args: list[str]) -> int:
     """Rewrite DeepSpeed's pdsh call so the agent runs its command, then exec the real pdsh."""
     # Imported here: the shim runs in its own process, after the runner started it.

@@ -1,0 +1,226 @@
+"""A plan shown to a user: the JSON document (`--dry-run --json`) and the readable form
+(`--dry-run`), every command line shell-quoted so it can be pasted. Secrets redacted. Pure."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from collections.abc import Mapping
+
+from orchestrator.plan.agent_command import agent_command, kill_command
+from orchestrator.plan.launch_plan import (
+    ENV_FILE_NAME,
+    HEAD_LAUNCHER_NAME,
+    NODE,
+    PDSH_SPEC_NAME,
+    PRIVATE,
+    SHIM_DIR,
+    LaunchPlan,
+    PlannedFile,
+    env_file_text,
+)
+from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
+from orchestrator.specs.constants import NODE_DIR_VAR, NODE_RANK_VAR, PDSH_CONFIG_NAME
+from orchestrator.specs.jobenv import REDACTED, is_secret, redact
+
+DEEPSPEED_FANOUT = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
+_AGENT_WORD_LIMIT = 200  # longer words (the inline agent) are abbreviated in the readable form
+
+
+# ----- the JSON document ------------------------------------------------------------
+def plan_summary(plan: LaunchPlan) -> dict:
+    """The plan as one JSON-able document (what --dry-run --json prints); secrets redacted."""
+    return {
+        "job_id": plan.job_id,
+        "launcher": plan.launcher,
+        "hosts": [{"host": h.host, "slots": h.slots} for h in plan.hostfile.hosts],
+        "nproc_per_node": plan.nproc_per_node,
+        "world_size": plan.nproc_per_node * len(plan.hostfile.hosts),
+        "python": plan.python,
+        "workdir": plan.workdir,
+        "main": f"{plan.main_host}:{plan.main_port}",
+        "script": plan.script,
+        "args": list(plan.args),
+        "run_dir": plan.run_dir,
+        "private_dir": plan.private_dir,
+        "head_process": {
+            "argv": redacted_fanout_argv(plan),
+            "cwd": plan.fanout.cwd,
+            "set_env": redact(dict(plan.fanout.set_env)),
+            "drop_env": list(plan.fanout.drop_env),
+            "path_prepend": list(plan.fanout.path_prepend),
+        },
+        "head_command": list(plan.head_command),
+        "node_command": list(plan.node_command),
+        "nodes": [
+            {"node": node, "node_rank": rank, "runs": node_runs(plan, rank)}
+            for rank, node in enumerate(plan.hosts)
+        ],
+        "agent_spec": _redacted_spec(plan.agent_spec),
+        "teardown_command": kill_command(plan.python, plan.job_id, plan.grace),
+        "workers_wait_for_main_port": plan.wait_for_main,
+        "env": plan.redacted_env,
+        "files": _files_summary(plan),
+    }
+
+
+def _redacted_spec(spec: Mapping[str, object]) -> dict:
+    env = spec.get("env")
+    return {**spec, "env": redact(env)} if isinstance(env, dict) else dict(spec)
+
+
+def redacted_fanout_argv(plan: LaunchPlan) -> list[str]:
+    """The head process's argv as it will run, with secret values in the agent's spec masked."""
+    argv = list(plan.fanout.argv)
+    if plan.node_command:  # orch's pdsh: the last word is the agent with the job's spec
+        spec = {**_redacted_spec(plan.agent_spec), "command": list(plan.node_command)}
+        argv[-1] = agent_command(plan.python, spec)
+    return argv
+
+
+def _files_summary(plan: LaunchPlan) -> dict[str, str]:
+    files = {}
+    for planned in plan.files:
+        files[planned.name] = _shown_content(planned)
+    if plan.launcher == "pdsh":
+        files[PDSH_CONFIG_NAME] = rendered_pdsh_config(plan)
+    return files
+
+
+def _shown_content(planned: PlannedFile) -> str:
+    if planned.name == ENV_FILE_NAME:
+        return redact_env_text(planned.content)
+    if planned.name == HEAD_LAUNCHER_NAME:
+        return f"(orch's head launcher: writes {PDSH_CONFIG_NAME}, then runs accelerate launch)"
+    if planned.name == f"{SHIM_DIR}/{SHIM_CONFIG_NAME}":
+        config = json.loads(planned.content)
+        return json.dumps({**config, "agent": _redacted_spec(config["agent"])}, indent=2) + "\n"
+    return planned.content
+
+
+def rendered_pdsh_config(plan: LaunchPlan) -> str:
+    """The accelerate config the head's launcher will write (imports accelerate)."""
+    from orchestrator.remote.accelerate_head import config_text
+
+    spec = json.loads(plan.file(PDSH_SPEC_NAME).content)
+    return config_text(spec["fields"], spec["header"])
+
+
+def redact_env_text(text: str) -> str:
+    lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return env_file_text(redact(lines))
+
+
+# ----- what each node runs ------------------------------------------------------------
+def node_runs(plan: LaunchPlan, node_rank: int) -> str:
+    """The command the agent on the node with this rank runs, shell-quoted, its variables
+    filled in."""
+    node = plan.hosts[node_rank]
+    if plan.node_command:
+        words = list(plan.node_command)
+        if words[:2] == ["/bin/sh", "-c"]:
+            node_dir = f"/tmp/orch-runs/{plan.job_id}/{node}"
+            return (
+                words[2]
+                .replace(f'"${NODE_DIR_VAR}', f'"{node_dir}')
+                .replace(f"${NODE_RANK_VAR}", str(node_rank))
+                .removeprefix("exec ")
+            )
+        return shlex.join(words)
+    return _deepspeed_node_command(plan, node_rank)
+
+
+def _deepspeed_node_command(plan: LaunchPlan, node_rank: int) -> str:
+    """DeepSpeed's per-node launcher, as its pdsh runner writes it on the head (the runner
+    builds it at run time; orch's shim runs it under the agent)."""
+    world = {h.host: list(range(plan.nproc_per_node)) for h in plan.hostfile.hosts}
+    world_info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+    exports = "".join(
+        f"export {name}={REDACTED if is_secret(name) else value}; " for name, value in plan.env
+    )
+    launch = shlex.join([
+        plan.python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
+        f"--node_rank={node_rank}", f"--master_addr={plan.main_host}",
+        f"--master_port={plan.main_port}", "--no_local_rank", plan.script, *plan.args,
+    ])  # fmt: skip
+    return f"{exports}cd {shlex.quote(plan.workdir)}; {launch}"
+
+
+# ----- the readable form ------------------------------------------------------------------
+def plan_text(plan: LaunchPlan) -> str:
+    """What `orch launch --dry-run` prints: the plan in the order it runs."""
+    world = plan.nproc_per_node * len(plan.hosts)
+    lines = [
+        f"job {plan.job_id}: {plan.launcher} launcher, {len(plan.hosts)} nodes x "
+        f"{plan.nproc_per_node} ranks = {world} ranks, main {plan.main_host}:{plan.main_port}",
+        f"record: {plan.run_dir}",
+        "",
+        "files:",
+        *(f"  {_file_place(plan, f)}" for f in plan.files),
+        "",
+        f"the head runs, in {plan.fanout.cwd}:",
+        f"  {_head_command_line(plan)}",
+    ]
+    if plan.fanout.drop_env:
+        lines.append(f"  (not passed on from the head: {', '.join(plan.fanout.drop_env)})")
+    if plan.head_command:
+        hosts = ",".join(plan.hosts)
+        pdsh = [_shim_real_pdsh(plan), "-S", "-f", str(DEEPSPEED_FANOUT), "-w", hosts]
+        lines += [
+            "",
+            "DeepSpeed's runner then calls pdsh, which orch's shim runs as:",
+            f"  {shlex.join(pdsh)} <orch's inline agent, running the node's command below>",
+        ]
+    env = " ".join(f"{name}={shlex.quote(value)}" for name, value in plan.redacted_env.items())
+    runs = (
+        "DeepSpeed's per-node launcher, as DeepSpeed's runner writes it (accelerate adds "
+        "its own variables to the exports)" if plan.head_command else "its command"
+    )
+    lines += [
+        "",
+        f"every node's agent, in {plan.workdir}, with {env}, runs {runs}:",
+        *(f"  {node} (node rank {k}): {node_runs(plan, k)}" for k, node in enumerate(plan.hosts)),
+    ]
+    if plan.wait_for_main:
+        lines.append(f"  (nodes other than {plan.main_host} start once its port answers)")
+    teardown = kill_command(plan.python, plan.job_id, plan.grace)
+    lines += ["", "teardown (every node, by job id):", f"  {_abbreviated(teardown)}"]
+    lines += ["", "(--dry-run --json prints the whole plan, every file and command line in full)"]
+    return "\n".join(lines) + "\n"
+
+
+def _file_place(plan: LaunchPlan, planned: PlannedFile) -> str:
+    note = {
+        PRIVATE: " (private, removed when the job ends)",
+        NODE: " (also sent to every node, in its agent's spec)",
+    }.get(planned.where, "")
+    return f"{plan.file_path(planned)}{note}"
+
+
+def _head_command_line(plan: LaunchPlan) -> str:
+    env = redact(dict(plan.fanout.set_env))
+    words = [f"{name}={value}" for name, value in env.items()]
+    if plan.fanout.path_prepend:
+        words.append("PATH=" + ":".join([*plan.fanout.path_prepend, "$PATH"]))
+    assignments = " ".join(
+        w if w.startswith("PATH=") else shlex.quote(w) for w in words
+    )
+    command = " ".join(_abbreviated(word) for word in _quoted(redacted_fanout_argv(plan)))
+    return f"env {assignments} {command}" if assignments else command
+
+
+def _quoted(argv: list[str]) -> list[str]:
+    return [shlex.quote(word) for word in argv]
+
+
+def _abbreviated(text: str) -> str:
+    """An inline program (the agent, tens of KB) shown by its start and size."""
+    if len(text) <= _AGENT_WORD_LIMIT:
+        return text
+    return f"{text[:60]}...<{len(text) // 1024} KB: orch's inline agent>...{text[-40:]}"
+
+
+def _shim_real_pdsh(plan: LaunchPlan) -> str:
+    config = json.loads(plan.file(f"{SHIM_DIR}/{SHIM_CONFIG_NAME}").content)
+    return str(config["real_pdsh"])

@@ -1,0 +1,98 @@
+"""pdsh's command line and environment, as values: what the plan records and the executor
+runs (run/pdsh.py). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from orchestrator.errors import OrchError
+
+DEFAULT_FANOUT = 64
+DEFAULT_CONNECT_TIMEOUT = 10
+# Keepalives make ssh itself notice a node that stops answering.
+SSH_ARGS_APPEND = "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+
+
+def job_fanout(host_count: int) -> int:
+    """Fan-out for a command that runs until the job ends.
+
+    pdsh's fan-out is a sliding window: with fewer slots than nodes, the nodes
+    past the window start only when a running one finishes, which for a
+    training job is never. Short commands keep the default window.
+    """
+    return max(DEFAULT_FANOUT, host_count)
+
+
+def build_pdsh_argv(
+    hosts: Sequence[str],
+    remote_command: str,
+    fanout: int = DEFAULT_FANOUT,
+    *,
+    connect_timeout: int | None = DEFAULT_CONNECT_TIMEOUT,
+    command_timeout: int | None = None,
+    pdsh: str = "pdsh",
+) -> list[str]:
+    """pdsh over ssh on `hosts`; -S: exit with the largest remote exit code."""
+    if not hosts:
+        raise OrchError("no hosts to run on", "check the hostfile")
+    argv = [pdsh, "-R", "ssh", "-S", "-f", str(fanout)]
+    if connect_timeout is not None:
+        argv += ["-t", str(connect_timeout)]
+    if command_timeout is not None:
+        argv += ["-u", str(command_timeout)]
+    return [*argv, "-w", ",".join(hosts), remote_command]
+
+
+def pdsh_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment pdsh runs in: ssh rcmd, batch mode and keepalives added."""
+    env = dict(base)
+    env["PDSH_RCMD_TYPE"] = "ssh"
+    extra = env.get("PDSH_SSH_ARGS_APPEND", "")
+    if SSH_ARGS_APPEND not in extra:
+        env["PDSH_SSH_ARGS_APPEND"] = f"{extra} {SSH_ARGS_APPEND}".strip()
+    return env
+
+
+# pdsh options that take a value (the ones DeepSpeed passes and a few common ones).
+_OPTIONS_WITH_VALUE = {"-f", "-w", "-x", "-R", "-l", "-t", "-u", "-g", "-X", "-N"}
+
+
+def split_pdsh_args(args: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """(options, hosts, remote command words) of a pdsh command line."""
+    options: list[str] = []
+    hosts: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg in _OPTIONS_WITH_VALUE and i + 1 < len(args):
+            if arg == "-w":
+                hosts += [h for h in args[i + 1].split(",") if h]
+            else:
+                options += [arg, args[i + 1]]
+            i += 2
+        elif arg.startswith("-w") and len(arg) > 2:
+            hosts += [h for h in arg[2:].split(",") if h]
+            i += 1
+        else:
+            options.append(arg)
+            i += 1
+    return options, hosts, list(args[i:])
+
+
+# ----- the pdsh shim on DeepSpeed's PATH (pdsh launcher) ---------------------------
+SHIM_NAME = "pdsh"
+SHIM_CONFIG_NAME = "pdsh-shim.json"
+
+
+def shim_script(config_path: str, orch_python: str) -> str:
+    """The `pdsh` orch puts first on DeepSpeed's PATH: run/pdsh.py's shim_main rewrites the
+    runner's call so each node's launcher runs under the agent, then execs the real pdsh."""
+    return (
+        f"#!{orch_python}\n"
+        "# Written by orch for one job: wraps DeepSpeed's per-node command in the orch agent.\n"
+        "import sys\n"
+        "from orchestrator.run.pdsh import shim_main\n"
+        f"sys.exit(shim_main({config_path!r}, sys.argv[1:]))\n"
+    )
