@@ -72,3 +72,15 @@ def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothi
     job_id = lines[0].split()[1].rstrip(":")
     assert not (tmp_path / "runs").exists()
     assert not any(p.name == f"orch-{job_id}" for p in Path(tempfile.gettempdir()).iterdir())
+
+
+def test_an_unknown_option_before_the_script_is_a_usage_error_and_after_it_the_scripts(tmp_path):
+    hostfile = _hostfile(tmp_path)
+    typo = run_orch(["launch", "--hostfile", hostfile, "--dry-rn", "train.py"], tmp_path / "runs")
+    assert typo.returncode == 2
+    assert "No such option: --dry-rn" in typo.stderr and "--dry-run" in typo.stderr
+    assert not (tmp_path / "runs").exists()
+    after = run_orch(["launch", "--hostfile", hostfile, "--launcher", "torchrun", "--dry-run",
+                      "--json", "train.py", "--lr", "1", "--dry-run"], tmp_path)  # fmt: skip
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["args"] == ["--lr", "1", "--dry-run"]

@@ -67,7 +67,9 @@ _HEARTBEAT_TIMEOUT = typer.Option(
     help="Seconds of silence after which a node has failed.",
 )
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
-_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+# Options end at the script: everything after it is the script's, and an option orch does
+# not know, before it, is a usage error (not taken for the script).
+_CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
 
 
 def _err() -> Console:
