@@ -163,6 +163,12 @@ def _execute(plan: LaunchPlan, root: Path, *, dry_run: bool, as_json: bool, doct
     raise typer.Exit(result.exit_code)
 
 
+def _script_args(extra: list[str]) -> list[str]:
+    """What follows the script. A `--` right after it only separates (`train.py -- --lr 1`),
+    as it always has; any later `--` is the script's own."""
+    return extra[1:] if extra[:1] == ["--"] else list(extra)
+
+
 def _hostfile(path: Path | None) -> Hostfile:
     if path is None:
         raise UsageError(
@@ -203,7 +209,7 @@ def launch(
         job_id=job_id,
         hostfile=hosts,
         script=script,
-        args=list(ctx.args),
+        args=_script_args(ctx.args),
         launcher=launcher,
         python=python or sys.executable,
         workdir=workdir or os.getcwd(),
