@@ -199,6 +199,16 @@ def test_every_fault_at_once_each_named_none_hiding_another(faulty, tmp_path: Pa
     assert elapsed < LIMIT
 
 
+def test_excluded_node_is_left_out_of_every_check(faulty, tmp_path: Path) -> None:
+    state, roles = faulty
+    hostfile = write_hostfile(tmp_path, [roles["good"], roles["frozen"]])
+    port = free_port(state.nodes[0].address)
+    code, report, _ = doctor(hostfile, "--exclude", roles["frozen"], port=port)
+    assert code == 0, report
+    assert isinstance(report, dict)
+    assert [n["node"] for n in report["nodes"]] == [roles["good"]]
+
+
 def test_auth_failure_never_prompts(faulty, tmp_path: Path) -> None:
     _, roles = faulty
     hostfile = write_hostfile(tmp_path, [roles["auth"]])

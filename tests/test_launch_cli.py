@@ -84,3 +84,28 @@ def test_an_unknown_option_before_the_script_is_a_usage_error_and_after_it_the_s
                       "--json", "train.py", "--lr", "1", "--dry-run"], tmp_path)  # fmt: skip
     assert after.returncode == 0, after.stderr
     assert json.loads(after.stdout)["args"] == ["--lr", "1", "--dry-run"]
+
+
+def test_uneven_slots_are_refused_before_anything_starts_unless_the_count_is_given(tmp_path):
+    path = tmp_path / "uneven"
+    path.write_text("a1 slots=2\na2 slots=1\na3 slots=2\n")
+    refused = run_orch(["launch", "--hostfile", str(path), "train.py"], tmp_path / "runs")
+    assert refused.returncode == 2
+    assert "different slot counts (a1=2, a2=1, a3=2)" in refused.stderr
+    assert not (tmp_path / "runs").exists()
+    given = run_orch(["launch", "--hostfile", str(path), "--nproc-per-node", "1", "--dry-run",
+                      "--json", "train.py"], tmp_path)  # fmt: skip
+    assert given.returncode == 0, given.stderr
+    assert json.loads(given.stdout)["world_size"] == 3
+
+
+def test_include_and_exclude_select_nodes_and_name_an_unknown_one(tmp_path):
+    hostfile = _hostfile(tmp_path)
+    for option, expected in (("--exclude", ["a1"]), ("--include", ["a2"])):
+        result = run_orch(["launch", "--hostfile", hostfile, option, "a2" if option ==
+                           "--exclude" else "a[2]", "--dry-run", "--json", "train.py"],
+                          tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert [h["host"] for h in json.loads(result.stdout)["hosts"]] == expected
+    unknown = run_orch(["launch", "--hostfile", hostfile, "--exclude", "a9", "train.py"], tmp_path)
+    assert unknown.returncode == 2 and "host 'a9' is not in" in unknown.stderr

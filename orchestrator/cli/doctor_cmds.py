@@ -14,9 +14,10 @@ from rich.table import Table
 
 from orchestrator.checks.doctor import DoctorReport, Finding, check_accelerate_config
 from orchestrator.cli.app import app
+from orchestrator.cli.options import EXCLUDE, INCLUDE
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
-from orchestrator.specs.inventory import read_hostfile
+from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.options import check_port
 
 _STYLE = {"ok": "[green]ok[/]", "warning": "[yellow]warn[/]", "error": "[bold red]FAIL[/]"}
@@ -145,6 +146,8 @@ def doctor(
         None, "--main-address", help="Address the nodes reach node 0 at (default: its name)."
     ),
     accelerate_config: Path | None = _ACCELERATE_CONFIG,
+    include: str | None = INCLUDE,
+    exclude: str | None = EXCLUDE,
     accept_new_host_keys: bool = typer.Option(
         False,
         "--accept-new-host-keys",
@@ -158,7 +161,7 @@ def doctor(
     if timeout <= 0:
         raise UsageError("--timeout must be positive", "for example --timeout 10")
     check_port(main_port, "--main-port")
-    hosts = read_hostfile(hostfile)
+    hosts = filter_hosts(read_hostfile(hostfile), include=include, exclude=exclude)
     extra = _accelerate_findings(accelerate_config)
     report = run_preflight(
         hosts,

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.options import EXCLUDE, INCLUDE
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.plan.accel_config import (
     nproc_from_total,
@@ -52,10 +53,8 @@ def hostfile_command(
         Path | None,
         typer.Option("--from", help="Start from this hostfile instead of --nodes (filter, check)."),
     ] = None,
-    include: str | None = typer.Option(
-        None, "--include", help="DeepSpeed include filter, e.g. 'node1:0,1@node2'."
-    ),
-    exclude: str | None = typer.Option(None, "--exclude", help="DeepSpeed exclude filter."),
+    include: str | None = INCLUDE,
+    exclude: str | None = EXCLUDE,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="Write here and print the path (default: print it)."),

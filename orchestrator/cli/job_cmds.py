@@ -17,6 +17,7 @@ from rich.table import Table
 
 from orchestrator.checks.doctor import DoctorReport
 from orchestrator.cli.app import app
+from orchestrator.cli.options import EXCLUDE, INCLUDE
 from orchestrator.errors import UsageError
 from orchestrator.logs.view import LiveView, PlainView, make_view
 from orchestrator.plan.describe import plan_summary, plan_text
@@ -38,7 +39,7 @@ from orchestrator.run.records import (
 from orchestrator.run.sync import SyncResult
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
-from orchestrator.specs.inventory import Hostfile, read_hostfile
+from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
 from orchestrator.specs.options import check_launcher
 
 _RUNS_DIR = typer.Option(
@@ -182,6 +183,8 @@ def launch(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="The training script (then its arguments)."),
     hostfile: Path = _HOSTFILE,
+    include: str | None = INCLUDE,
+    exclude: str | None = EXCLUDE,
     launcher: str = typer.Option("pdsh", "--launcher", "-l", help="pdsh | standard | torchrun."),
     nproc_per_node: int = typer.Option(None, "--nproc-per-node", help="Ranks per node."),
     python: str = typer.Option(None, "--python", help="Interpreter on the nodes."),
@@ -201,7 +204,7 @@ def launch(
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the hostfile (use `--` before script options)."""
     check_launcher(launcher)
-    hosts = _hostfile(hostfile)
+    hosts = filter_hosts(_hostfile(hostfile), include=include, exclude=exclude)
     root = runs_root(runs_dir)
     job_id = new_job_id()
     head = head_context(job_id, dry_run=dry_run)
@@ -228,6 +231,8 @@ def launch(
 def submit(
     recipe: Path = _RECIPE,
     hostfile: Path = _HOSTFILE,
+    include: str | None = INCLUDE,
+    exclude: str | None = EXCLUDE,
     runs_dir: Path = _RUNS_DIR,
     dry_run: bool = _DRY_RUN,
     as_json: bool = _AS_JSON,
@@ -250,7 +255,7 @@ def submit(
         changes["args"] = [*loaded.args, *script_args]
     if changes:
         loaded = loaded.model_copy(update=changes)
-    hosts = recipe_hosts(loaded, hostfile)
+    hosts = filter_hosts(recipe_hosts(loaded, hostfile), include=include, exclude=exclude)
     root = runs_root(runs_dir)
     job_id = new_job_id()
     head = head_context(job_id, dry_run=dry_run)

@@ -48,7 +48,7 @@ from orchestrator.specs.constants import (
     STOP_GRACE_S,
     standard_config_name,
 )
-from orchestrator.specs.inventory import Hostfile, render_hostfile
+from orchestrator.specs.inventory import Hostfile, processes_per_node, render_hostfile
 from orchestrator.specs.jobenv import build_job_env, is_secret, redact
 from orchestrator.specs.options import check_launcher, check_port
 from orchestrator.specs.recipe import AccelerateOptions, Recipe
@@ -211,7 +211,8 @@ def build_plan(
     _check_launch_inputs(launcher, hostfile, script, main_port)
     environ = environ if environ is not None else os.environ
     head = head or HeadContext("pdsh", f"/tmp/orch-{job_id}", sys.executable)
-    nproc = nproc_per_node or min(h.slots for h in hostfile.hosts)
+    # Uneven slots would silently leave GPUs idle: refused unless the count is given.
+    nproc = processes_per_node(hostfile, nproc_per_node)
     env = build_job_env(job_id, extra_env or {}, passthrough, environ)
     job = _JobShape(
         job_id=job_id, hostfile=hostfile, nproc=nproc, script=script, args=tuple(args),

@@ -1,0 +1,14 @@
+"""Option definitions several commands share, so each reads and behaves the same everywhere."""
+
+from __future__ import annotations
+
+import typer
+
+INCLUDE = typer.Option(
+    None,
+    "--include",
+    help="Only these nodes (and slots), DeepSpeed's syntax: 'node1:0,1@node2' or 'gpu[03-04]'.",
+)
+EXCLUDE = typer.Option(
+    None, "--exclude", help="Leave these nodes (or slots) out, DeepSpeed's syntax: 'gpu02'."
+)
