@@ -25,7 +25,8 @@ def test_standard_launcher_runs_every_rank_with_its_machine_rank(pair, tmp_path)
         node = names[rank // 2]
         assert f"rank {rank} done" in log_text(tmp_path, job_id, node)
     run = tmp_path / job_id
-    assert "machine_rank: 1" in (run / "accelerate-rank1.yaml").read_text()
+    # Each node wrote its own config; it came back with the node's raw logs.
+    assert "machine_rank: 1" in (run / "nodes" / names[1] / "accelerate-rank1.yaml").read_text()
     assert job_json(tmp_path, job_id)["node_exit_codes"] == dict.fromkeys(names, 0)
 
 

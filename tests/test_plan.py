@@ -7,6 +7,7 @@ import shlex
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -25,6 +26,7 @@ from orchestrator.plan.launch_plan import (
     build_plan,
     process_environment,
     standard_config_name,
+    standard_spec_name,
 )
 from orchestrator.remote.agent import decode_spec
 from orchestrator.run.launch import write_private_files
@@ -118,18 +120,33 @@ def test_pdsh_head_launcher_without_arguments_prints_its_usage(tmp_path):
     assert "usage: accelerate_head.py SPEC.json" in done.stderr
 
 
-def test_standard_plan_ships_one_config_per_machine_rank():
+def test_standard_plan_ships_one_config_spec_per_machine_rank_and_the_program_that_writes_it(
+    tmp_path,
+):
     plan = _plan("standard")
-    configs = [yaml.safe_load(plan.file(standard_config_name(k)).content) for k in range(3)]
-    assert [c["machine_rank"] for c in configs] == [0, 1, 2]
-    for config in configs:
-        config.pop("machine_rank")
-        assert config == configs[0]
-    assert all(plan.file(standard_config_name(k)).ship for k in range(3))
+    specs = [json.loads(plan.file(standard_spec_name(k)).content) for k in range(3)]
+    assert [s["fields"]["machine_rank"] for s in specs] == [0, 1, 2]
+    for spec in specs:
+        spec["fields"].pop("machine_rank")
+        assert spec["fields"] == specs[0]["fields"]
+    assert all(plan.file(standard_spec_name(k)).ship for k in range(3))
+    assert plan.file(HEAD_LAUNCHER_NAME).ship
     assert plan.wait_for_main
     shell = plan.node_command[2]
-    assert '"$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.yaml"' in shell
+    assert '"$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.json"' in shell
+    assert '--config_file "$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.yaml"' in shell
     assert shell.endswith(shlex.join(["train.py", "--lr", "0.1", "two words"]))
+    # What a node writes is what accelerate loads back, and what the dry run shows.
+    for name in (HEAD_LAUNCHER_NAME, standard_spec_name(1)):
+        (tmp_path / name).write_text(plan.file(name).content)
+    namespace: dict = {"__name__": "head_launcher"}
+    exec(compile(plan.file(HEAD_LAUNCHER_NAME).content, HEAD_LAUNCHER_NAME, "exec"), namespace)
+    written = namespace["write_config"](str(tmp_path / standard_spec_name(1)))
+    assert written == str(tmp_path / standard_config_name(1))
+    loaded = load_config_from_file(written)
+    assert loaded.machine_rank == 1 and loaded.num_machines == 3
+    shown = plan_summary(plan)["files"][standard_config_name(1)]
+    assert Path(written).read_text() == shown
 
 
 def test_nproc_per_node_overrides_the_slots():

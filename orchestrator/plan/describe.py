@@ -19,9 +19,16 @@ from orchestrator.plan.launch_plan import (
     LaunchPlan,
     PlannedFile,
     env_file_text,
+    standard_spec_name,
 )
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
-from orchestrator.specs.constants import NODE_DIR_VAR, NODE_RANK_VAR, PDSH_CONFIG_NAME
+from orchestrator.remote.agent import node_dir
+from orchestrator.specs.constants import (
+    NODE_DIR_VAR,
+    NODE_RANK_VAR,
+    PDSH_CONFIG_NAME,
+    standard_config_name,
+)
 from orchestrator.specs.jobenv import REDACTED, is_secret, redact
 
 DEEPSPEED_FANOUT = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
@@ -85,6 +92,11 @@ def _files_summary(plan: LaunchPlan) -> dict[str, str]:
         files[planned.name] = _shown_content(planned)
     if plan.launcher == "pdsh":
         files[PDSH_CONFIG_NAME] = rendered_pdsh_config(plan)
+    if plan.launcher == "standard":
+        for rank in range(len(plan.hosts)):
+            files[standard_config_name(rank)] = rendered_config(
+                plan.file(standard_spec_name(rank))
+            )
     return files
 
 
@@ -101,9 +113,15 @@ def _shown_content(planned: PlannedFile) -> str:
 
 def rendered_pdsh_config(plan: LaunchPlan) -> str:
     """The accelerate config the head's launcher will write (imports accelerate)."""
+    return rendered_config(plan.file(PDSH_SPEC_NAME))
+
+
+def rendered_config(spec_file: PlannedFile) -> str:
+    """The accelerate config the head launcher program writes from this spec (imports
+    accelerate: only the JSON form of a dry run shows it)."""
     from orchestrator.remote.accelerate_head import config_text
 
-    spec = json.loads(plan.file(PDSH_SPEC_NAME).content)
+    spec = json.loads(spec_file.content)
     return config_text(spec["fields"], spec["header"])
 
 
@@ -120,10 +138,9 @@ def node_runs(plan: LaunchPlan, node_rank: int) -> str:
     if plan.node_command:
         words = list(plan.node_command)
         if words[:2] == ["/bin/sh", "-c"]:
-            node_dir = f"/tmp/orch-runs/{plan.job_id}/{node}"
             return (
                 words[2]
-                .replace(f'"${NODE_DIR_VAR}', f'"{node_dir}')
+                .replace(f'"${NODE_DIR_VAR}', f'"{node_dir(plan.job_id, node)}')
                 .replace(f"${NODE_RANK_VAR}", str(node_rank))
                 .removeprefix("exec ")
             )

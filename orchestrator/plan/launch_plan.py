@@ -23,11 +23,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from orchestrator.errors import UsageError
-from orchestrator.plan.accel_config import (
-    cluster_config_fields,
-    config_header,
-    render_standard_configs,
-)
+from orchestrator.plan.accel_config import cluster_config_fields, config_header
 from orchestrator.plan.agent_command import agent_command
 from orchestrator.plan.pdsh_command import (
     SHIM_CONFIG_NAME,
@@ -226,10 +222,7 @@ def build_plan(
             job, node_command, (), wait_for_main=False, pdsh=head.pdsh, environ=environ
         )
     elif launcher == "standard":
-        configs = _render_standard(options, hostfile, nproc, main_port)
-        node_files = tuple(
-            PlannedFile(standard_config_name(k), text, where=NODE) for k, text in enumerate(configs)
-        )
+        node_files = _standard_node_files(options, hostfile, nproc, main_port)
         node_command = _standard_command(job)
         shape = _node_side(
             job, node_command, node_files, wait_for_main=True, pdsh=head.pdsh, environ=environ
@@ -319,11 +312,22 @@ def _torchrun_command(job: _JobShape, extra: Sequence[str], rdzv_id: str) -> tup
     )  # fmt: skip
 
 
+def standard_spec_name(machine_rank: int | str) -> str:
+    """The ClusterConfig fields of one machine's config, which the node renders itself."""
+    return f"accelerate-rank{machine_rank}.json"
+
+
 def _standard_command(job: _JobShape) -> tuple[str, ...]:
-    launch = shlex.join([job.python, "-m", "accelerate.commands.launch", "--config_file"])
-    # Each node picks its own machine-rank config; the agent sets both variables.
-    own_config = f"${NODE_DIR_VAR}/{standard_config_name('$' + NODE_RANK_VAR)}"
-    shell = f'exec {launch} "{own_config}" ' + shlex.join([job.script, *job.args])
+    # Each node writes its own machine-rank config with accelerate's ClusterConfig (the head
+    # launcher program, run on the node), then runs `accelerate launch` in that process.
+    node_dir, rank = f"${NODE_DIR_VAR}", f"${NODE_RANK_VAR}"
+    launcher = f'"{node_dir}/{HEAD_LAUNCHER_NAME}"'
+    spec = f'"{node_dir}/{standard_spec_name(rank)}"'
+    config = f'"{node_dir}/{standard_config_name(rank)}"'
+    shell = (
+        f"exec {shlex.quote(job.python)} {launcher} {spec} --config_file {config} "
+        + shlex.join([job.script, *job.args])
+    )
     return ("/bin/sh", "-c", shell)
 
 
@@ -435,12 +439,27 @@ def _pdsh_config_spec(
     return {"config_file": config_path, "header": header, "fields": fields}
 
 
-def _render_standard(
+def _standard_node_files(
     options: AccelerateOptions, hostfile: Hostfile, nproc: int, port: int
-) -> list[str]:
-    return render_standard_configs(
-        options, hosts=hostfile, nproc_per_node=nproc, main_ip=hostfile.names[0], main_port=port
-    )
+) -> tuple[PlannedFile, ...]:
+    """The head launcher program and one config spec per machine rank, sent to every node:
+    orch's own process never imports accelerate (nor torch under it) for them."""
+    machines = len(hostfile.hosts)
+    specs = []
+    for rank in range(machines):
+        fields = cluster_config_fields(
+            options, hosts=hostfile, nproc_per_node=nproc, main_ip=hostfile.names[0],
+            main_port=port, launcher="standard", hostfile_path=None, machine_rank=rank,
+        )  # fmt: skip
+        spec = {
+            "config_file": standard_config_name(rank),  # beside the spec, on the node
+            "header": config_header("standard", machines, nproc),
+            "fields": fields,
+        }
+        text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+        specs.append(PlannedFile(standard_spec_name(rank), text, where=NODE))
+    launcher = PlannedFile(HEAD_LAUNCHER_NAME, program_source("accelerate_head"), where=NODE)
+    return (launcher, *specs)
 
 
 def plan_from_recipe(

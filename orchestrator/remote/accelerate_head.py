@@ -1,6 +1,8 @@
-"""The head's `accelerate launch` for the pdsh launcher, preceded by writing its config.
+"""`accelerate launch`, preceded by writing its config: the head's (pdsh launcher) or a node's.
 
-orch copies this file into the run directory and runs it with the job's interpreter:
+orch copies this file into the run directory (pdsh launcher, on the head) or sends it to
+every node (standard launcher, one spec per machine rank) and runs it with the job's
+interpreter:
 
     python accelerate_head.py SPEC.json --config_file CONFIG.yaml SCRIPT [ARGS...]
 
@@ -35,7 +37,8 @@ def write_config(spec_path: str) -> str:
     return its path."""
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
-    path = spec["config_file"]
+    # A relative path is beside the spec (on a node: in the job's node directory).
+    path = os.path.join(os.path.dirname(os.path.abspath(spec_path)), spec["config_file"])
     text = config_text(spec["fields"], spec.get("header", ""))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
