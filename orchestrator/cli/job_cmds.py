@@ -22,7 +22,7 @@ from orchestrator.errors import UsageError
 from orchestrator.logs.view import LiveView, PlainView, make_view
 from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan, build_plan, plan_from_recipe
-from orchestrator.run.launch import LaunchResult, WatchSettings
+from orchestrator.run.launch import LaunchResult
 from orchestrator.run.pipeline import PipelineOptions, execute_plan, head_context
 from orchestrator.run.records import (
     FINAL_STATES,
@@ -38,6 +38,7 @@ from orchestrator.run.records import (
 )
 from orchestrator.run.sync import SyncResult
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
+from orchestrator.run.verdict import WatchSettings
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
 from orchestrator.specs.options import check_launcher

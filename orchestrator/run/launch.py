@@ -24,7 +24,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import threading
 import time
 from collections import deque
@@ -49,18 +48,23 @@ from orchestrator.run.records import (
     process_start_time,
 )
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
+from orchestrator.run.verdict import (
+    Event,
+    HeadExited,
+    Interrupted,
+    JobVerdict,
+    NodeExited,
+    NodeHeard,
+    Outcome,
+    OutputEnded,
+    SshEnded,
+    TeardownDone,
+    Tick,
+    WatchSettings,
+)
 from orchestrator.specs.jobenv import is_secret
 
 TAIL_LINES = 15
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    heartbeat_timeout: float = 15.0  # a started node silent this long has stopped answering
-    start_timeout: float = 120.0  # a node never heard from, once another node started
-    grace: float = 5.0  # TERM -> KILL on each node
-    settle: float = 1.0  # after the first failure, wait this long for an earlier one
-    teardown_timeout: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -125,54 +129,58 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
 
 # ----- watching --------------------------------------------------------------------
 class _Tracker:
-    """A LogView that remembers when each node was last heard from and its last lines."""
+    """A LogView that notes which nodes were heard from since it was last asked, pdsh's
+    reports of ended ssh connections, each node's exit message and its last lines."""
 
     def __init__(self, hosts: tuple[str, ...], forward: LogView | None) -> None:
         self.hosts = set(hosts)
         self.forward = forward
-        self.last_seen: dict[str, float] = {}
         self.tails: dict[str, deque[str]] = {h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")}
-        self.ssh_exits: dict[str, int] = {}
-
-    def _seen(self, node: str) -> None:
-        if node in self.hosts:
-            self.last_seen[node] = time.monotonic()
+        self.heard: set[str] = set()
+        self.ssh_ended: list[tuple[str, int]] = []
+        self.exited: list[tuple[str, dict]] = []
 
     def line(self, node: str, stream: str, data: bytes) -> None:
         text = data.decode("utf-8", "replace")
         if node.startswith("pdsh@"):
             lost = ssh_exit_of(text)
             if lost is not None and lost[0] in self.hosts:
-                self.ssh_exits.setdefault(*lost)
+                self.ssh_ended.append(lost)
             node = ""
-        self._seen(node)
+        self.heard.add(node)
         self.tails.setdefault(node, deque(maxlen=TAIL_LINES)).append(text)
         if self.forward is not None:
             self.forward.line(node, stream, data)
 
     def frame(self, node: str, stream: str, data: bytes) -> None:
-        self._seen(node)
+        self.heard.add(node)
         if self.forward is not None:
             self.forward.frame(node, stream, data)
 
     def control(self, node: str, kind: str, fields: dict) -> None:
-        self._seen(node)
+        self.heard.add(node)
+        if kind == "exit":
+            self.exited.append((node, fields))
         if self.forward is not None:
             self.forward.control(node, kind, fields)
 
-
-@dataclass(frozen=True)
-class _Failure:
-    node: str
-    reason: str
-    exit_code: int
-    rank: int | None = None
-    kind: str = "rank"  # rank | silent | lost | head | signal
-    when: float = 0.0  # failed_at from the agent, or arrival time
+    def events(self, at: float) -> list[Event]:
+        """What was seen since the last call, as the verdict's events."""
+        # A node's exit message comes before pdsh's note that its ssh ended: keep that order.
+        events: list[Event] = [NodeHeard(node, at) for node in self.heard if node in self.hosts]
+        wall = time.time()
+        events += [NodeExited(node, fields, at, wall) for node, fields in self.exited]
+        events += [SshEnded(node, code, at) for node, code in self.ssh_ended]
+        self.heard.clear()
+        self.ssh_ended.clear()
+        self.exited.clear()
+        return events
 
 
 class JobRunner:
-    """Runs one prepared plan to its end. `interrupt()` may be called from a signal handler."""
+    """Runs one prepared plan to its end: turns what it reads into events for the job's
+    verdict (run/verdict.py) and acts on its decisions. `interrupt()` may be called from a
+    signal handler."""
 
     def __init__(
         self,
@@ -190,10 +198,9 @@ class JobRunner:
         self.record = record
         self.settings = settings or WatchSettings()
         self.tracker = _Tracker(plan.hosts, view)
-        self.exits: dict[str, dict] = {}
-        self.candidates: list[_Failure] = []
-        self._first_candidate_at: float | None = None
-        self.failure: _Failure | None = None
+        self.verdict = JobVerdict(
+            plan.hosts, self.settings, head_launcher=bool(plan.head_command)
+        )
         self.signal: int | None = None
         self.teardown: dict[str, str] = {}
         self._teardown_thread: threading.Thread | None = None
@@ -227,53 +234,68 @@ class JobRunner:
         # The head launcher inherits this process's environment, and accelerate hands all
         # of it to DeepSpeed, whose runner logs it: mask the head's secrets as well.
         redactor = _Redactor({**os.environ, **dict(self.plan.env)})
-        started = time.monotonic()
-        eof = False
-        stop_at: float | None = None
         try:
-            while True:
-                try:
-                    chunk = chunks.get(timeout=0.25)
-                except queue.Empty:
-                    chunk = b""
-                if chunk is None:
-                    eof = True
-                elif chunk:
-                    for node, rec in router.feed_lines(redactor.lines(chunk)):
-                        self._on_control(node, rec.text, rec.fields)
-                self._check(started, eof, process.poll())
-                if self.failure is not None and self._teardown_thread is None:
-                    self._begin_teardown()
-                if eof and process.poll() is not None:
-                    break
-                if self._teardown_done.is_set():
-                    # Drain what the nodes say as they stop, then end the fan-out.
-                    stop_at = stop_at or time.monotonic() + 3.0
-                    if time.monotonic() > stop_at:
-                        break
-                if self._all_exited() and self.failure is None:
-                    # Every node is done: give the head launcher time to wind down.
-                    stop_at = stop_at or time.monotonic() + 60.0
-                    if time.monotonic() > stop_at:
-                        break
+            self._watch(process, chunks, router, redactor)
         finally:
             ended_by_itself = process.poll() is not None
-            head_code = process.stop(grace=3.0)
-            if not ended_by_itself and self.failure is None and self._all_exited():
-                head_code = 0  # stopped by us after every node succeeded
+            head_code = process.stop(grace=self.settings.stop_grace)
             reader.join(2.0)
             with contextlib.suppress(queue.Empty):
                 while (chunk := chunks.get_nowait()) is not None:
-                    for node, rec in router.feed_lines(redactor.lines(chunk)):
-                        self._on_control(node, rec.text, rec.fields)
+                    router.feed_lines(redactor.lines(chunk))
             router.feed_lines(redactor.rest())
             router.close()
+            # Exits read while draining still count; the job is over, so nothing is torn down.
+            for event in self.tracker.events(time.monotonic()):
+                self.verdict.feed(event)
             if self._teardown_thread is not None:
                 self._teardown_thread.join(self.settings.teardown_timeout + 10)
             self._cleanup_private()
-        return self._conclude(head_code, self._collect())
+        outcome = self.verdict.outcome(head_code, stopped_by_us=not ended_by_itself)
+        return self._conclude(outcome, self._pull_raw_logs())
 
-    def _collect(self) -> dict[str, str]:
+    def _watch(
+        self,
+        process: StreamingProcess,
+        chunks: queue.Queue[bytes | None],
+        router: LogRouter,
+        redactor: _Redactor,
+    ) -> None:
+        """Read the fan-out's output until the verdict says to stop."""
+        interrupted = teardown_noted = False
+        while True:
+            try:
+                chunk = chunks.get(timeout=0.25)
+            except queue.Empty:
+                chunk = b""
+            now = time.monotonic()
+            events: list[Event] = []
+            if chunk:
+                router.feed_lines(redactor.lines(chunk))
+            events += self.tracker.events(now)
+            if chunk is None:
+                events.append(OutputEnded(now))
+            code = process.poll()
+            if code is not None:
+                events.append(HeadExited(code, now))
+            if self.signal is not None and not interrupted:
+                interrupted = True
+                killed = (self.run_dir.path / KILL_MARKER).exists()
+                events.append(Interrupted(self.signal, killed, now))
+            if self._teardown_done.is_set() and not teardown_noted:
+                teardown_noted = True
+                events.append(TeardownDone(now))
+            events.append(Tick(now))
+            stop = False
+            for event in events:
+                decision = self.verdict.feed(event)
+                if decision.tear_down is not None:
+                    self._begin_teardown()
+                stop = stop or decision.stop_reading
+            if stop:
+                return
+
+    def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
         from orchestrator.run.collect import collect_logs
 
@@ -301,95 +323,6 @@ class JobRunner:
             )
         return {h: outcome[h] for h in self.plan.hosts}
 
-    def _on_control(self, node: str, kind: str, fields: dict) -> None:
-        if kind != "exit" or node not in self.tracker.hosts or node in self.exits:
-            return
-        self.exits[node] = fields
-        code = int(fields.get("code", 1))
-        if code == 0 or self.failure is not None:
-            return
-        rank_code = fields.get("rank_code")
-        exit_code = int(rank_code) if isinstance(rank_code, int) and rank_code != 0 else code
-        reason = str(fields.get("error") or f"exited with code {exit_code}")
-        rank = fields.get("rank")
-        if self._first_candidate_at is None:
-            self._first_candidate_at = time.monotonic()
-        self.candidates.append(
-            _Failure(
-                node=node,
-                reason=reason,
-                exit_code=exit_code,
-                rank=rank if isinstance(rank, int) else None,
-                when=float(fields.get("failed_at") or time.time()),
-            )
-        )
-
-    def _check(self, started: float, eof: bool, head_code: int | None) -> None:
-        if self.failure is not None:
-            return
-        now = time.monotonic()
-        if self.signal is not None:
-            killed = (self.run_dir.path / KILL_MARKER).exists()
-            name = signal.Signals(self.signal).name
-            self.failure = _Failure(
-                node="",
-                reason="killed by `orch kill`" if killed else f"interrupted by {name}",
-                exit_code=128 + self.signal,
-                kind="killed" if killed else "signal",
-            )
-            return
-        if self.candidates and self._first_candidate_at is not None:
-            if now - self._first_candidate_at >= self.settings.settle or eof:
-                self.failure = min(self.candidates, key=lambda c: c.when)
-            return
-        silent = self._silent_node(now, started)
-        if silent is not None:
-            self.failure = silent
-            return
-        for node, code in self.tracker.ssh_exits.items():
-            if node not in self.exits:
-                if code == 255:
-                    reason, exit_code = "lost its ssh connection (ssh exit 255)", 1
-                else:
-                    # The agent never ran (e.g. no such interpreter): the shell's code.
-                    reason, exit_code = f"the remote command failed with exit code {code}", code
-                self.failure = _Failure(node, reason, exit_code, kind="lost")
-                return
-        if eof and head_code is not None and not self._all_exited():
-            missing = [h for h in self.plan.hosts if h not in self.exits]
-            if self.tracker.last_seen or not self.plan.head_command:
-                node = missing[0]
-                self.failure = _Failure(
-                    node, "ended without reporting an exit code", 1, kind="lost"
-                )
-            else:
-                self.failure = _Failure(
-                    "", f"the head launcher exited with code {head_code}", head_code or 1,
-                    kind="head",
-                )  # fmt: skip
-
-    def _silent_node(self, now: float, started: float) -> _Failure | None:
-        seen = self.tracker.last_seen
-        timeout = self.settings.heartbeat_timeout
-        for node in self.plan.hosts:
-            if node in self.exits:
-                continue
-            last = seen.get(node)
-            if last is not None and now - last > timeout:
-                return _Failure(
-                    node, f"stopped answering (no heartbeat for {now - last:.0f} s)", 1,
-                    kind="silent",
-                )  # fmt: skip
-        if seen:
-            first = min(seen.values())
-            for node in self.plan.hosts:
-                if node not in seen and now - first > self.settings.start_timeout:
-                    return _Failure(node, "never started", 1, kind="silent")
-        return None
-
-    def _all_exited(self) -> bool:
-        return all(h in self.exits for h in self.plan.hosts)
-
     # -- teardown ------------------------------------------------------------------
     def _begin_teardown(self) -> None:
         self.record = replace(self.record, state="stopping")
@@ -401,7 +334,7 @@ class JobRunner:
                     self.plan.hosts,
                     self.plan.job_id,
                     self.plan.python,
-                    grace=self.settings.grace,
+                    grace=self.plan.grace,
                     timeout=self.settings.teardown_timeout,
                 )
             finally:
@@ -413,21 +346,11 @@ class JobRunner:
     def _cleanup_private(self) -> None:
         shutil.rmtree(self.plan.private_dir, ignore_errors=True)
 
-    # -- the verdict -----------------------------------------------------------------
-    def _conclude(self, head_code: int, node_logs: dict[str, str]) -> LaunchResult:
-        node_codes: dict[str, int | None] = {
-            h: (int(self.exits[h]["code"]) if h in self.exits else None) for h in self.plan.hosts
-        }
-        failure = self.failure
-        if failure is None and self.plan.head_command and head_code not in (0, None):
-            # Every node said 0 but the head launcher failed: still a failure.
-            failure = _Failure("", f"the head launcher exited with code {head_code}", head_code,
-                               kind="head")  # fmt: skip
-        if failure is None:
-            state, code, first = "succeeded", 0, None
-        else:
-            state = {"signal": "interrupted", "killed": "killed"}.get(failure.kind, "failed")
-            code = failure.exit_code
+    # -- the record --------------------------------------------------------------------
+    def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
+        failure = outcome.failure
+        first = None
+        if failure is not None:
             first = FirstFailure(
                 node=failure.node or "head",
                 rank=failure.rank,
@@ -437,9 +360,9 @@ class JobRunner:
             )
         self.record = finished(
             self.record,
-            state=state,
-            exit_code=code,
-            node_exit_codes=node_codes,
+            state=outcome.state,
+            exit_code=outcome.exit_code,
+            node_exit_codes=outcome.node_exit_codes,
             first_failure=first,
             node_logs=node_logs,
         )
@@ -447,9 +370,9 @@ class JobRunner:
         return LaunchResult(
             job_id=self.plan.job_id,
             run_dir=self.run_dir.path,
-            state=state,
-            exit_code=code,
-            node_exit_codes=node_codes,
+            state=outcome.state,
+            exit_code=outcome.exit_code,
+            node_exit_codes=outcome.node_exit_codes,
             first_failure=first,
             teardown=self.teardown,
             node_logs=node_logs,

@@ -20,10 +20,11 @@ from orchestrator.checks.doctor import DoctorReport
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogView
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan
-from orchestrator.run.launch import JobRunner, LaunchResult, WatchSettings, prepare_run
+from orchestrator.run.launch import JobRunner, LaunchResult, prepare_run
 from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.records import RunDir, run_dir
 from orchestrator.run.sync import SyncResult
+from orchestrator.run.verdict import WatchSettings
 
 
 def head_context(job_id: str, *, dry_run: bool) -> HeadContext:

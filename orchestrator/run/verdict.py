@@ -1,0 +1,321 @@
+"""The job's verdict, as a pure state machine: events in, decisions out.
+
+The launch loop (run/launch.py) turns what it reads and sees into events — a node was
+heard from, a node's agent reported its exit, pdsh said a node's ssh ended, the fan-out's
+output ended, the head process exited, an interrupt, the teardown finished, the clock —
+and acts on the decisions: tear the job down because of a failure, stop reading. Every
+event carries its time (the loop's monotonic clock), so the verdict never reads a clock
+and every timeout is a named setting. Pure: no I/O, no clock, no threads.
+
+The rules:
+- every node exits 0: success (unless the head launcher then fails);
+- a node reports a non-zero exit: the earliest failure (by the agent's `failed_at`) among
+  those reported within `settle` seconds of the first is the job's;
+- a node goes silent (no sign of life for `heartbeat_timeout` seconds once it started), or
+  never starts (`start_timeout` after another node did), or its ssh connection ends
+  before it reported: that node failed;
+- the head launcher's output ends before every node reported: the first node missing
+  (once any node was heard), else the head launcher itself, failed;
+- SIGINT / SIGTERM on the head: interrupted; `orch kill`: killed (128 + the signal).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+SSH_LOST = 255  # ssh's own exit code when the connection fails
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """Every timeout of a launch, in seconds."""
+
+    heartbeat_timeout: float = 15.0  # a started node silent this long has stopped answering
+    start_timeout: float = 120.0  # a node never heard from, once another node started
+    settle: float = 1.0  # after the first failure, wait this long for an earlier one
+    drain_after_teardown: float = 3.0  # read what the nodes say as they stop, then end
+    head_wind_down: float = 60.0  # every node exited: the head launcher's time to end
+    teardown_timeout: float = 20.0  # the whole teardown, every node at once
+    stop_grace: float = 3.0  # TERM -> KILL for the head's own fan-out process
+
+
+# ----- events --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeHeard:
+    """Any sign of life from a node: an output line, a progress frame, a heartbeat."""
+
+    node: str
+    at: float
+
+
+@dataclass(frozen=True)
+class NodeExited:
+    """A node's agent reported its exit (`fields`: code, rank, rank_code, failed_at,
+    error...). `wall_time` is when it arrived, by the wall clock the agent's failed_at
+    uses."""
+
+    node: str
+    fields: Mapping[str, object]
+    at: float
+    wall_time: float
+
+
+@dataclass(frozen=True)
+class SshEnded:
+    """pdsh reported that a node's ssh ended with this code."""
+
+    node: str
+    code: int
+    at: float
+
+
+@dataclass(frozen=True)
+class OutputEnded:
+    """The fan-out's output reached its end."""
+
+    at: float
+
+
+@dataclass(frozen=True)
+class HeadExited:
+    """The head's fan-out process (pdsh, or the head launcher) exited with this code."""
+
+    code: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A signal reached the head; `killed`: it came from `orch kill`."""
+
+    signum: int
+    killed: bool
+    at: float
+
+
+@dataclass(frozen=True)
+class TeardownDone:
+    at: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed with nothing else to say."""
+
+    at: float
+
+
+Event = (
+    NodeHeard | NodeExited | SshEnded | OutputEnded | HeadExited | Interrupted | TeardownDone
+    | Tick
+)
+
+
+# ----- decisions and the outcome -----------------------------------------------------------
+@dataclass(frozen=True)
+class Failure:
+    node: str  # "" for the head itself
+    reason: str
+    exit_code: int
+    rank: int | None = None
+    kind: str = "rank"  # rank | silent | lost | head | signal | killed
+    when: float = 0.0  # the agent's failed_at, or when the report arrived (wall clock)
+
+
+@dataclass(frozen=True)
+class Decision:
+    tear_down: Failure | None = None  # begin tearing the job down, because of this
+    stop_reading: bool = False  # end the fan-out now
+
+
+KEEP_GOING = Decision()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str  # succeeded | failed | interrupted | killed
+    exit_code: int
+    failure: Failure | None
+    node_exit_codes: dict[str, int | None] = field(default_factory=dict)
+
+
+# ----- the state machine ------------------------------------------------------------------
+class JobVerdict:
+    """Feed it every event in order; act on each decision. `outcome()` at the end."""
+
+    def __init__(
+        self, hosts: Sequence[str], settings: WatchSettings, *, head_launcher: bool
+    ) -> None:
+        self.hosts = tuple(hosts)
+        self.settings = settings
+        self.head_launcher = head_launcher  # the pdsh launcher: the head runs accelerate
+        self.exits: dict[str, Mapping[str, object]] = {}
+        self.last_seen: dict[str, float] = {}
+        self.first_heard_at: float | None = None  # when the first node showed life
+        self.ssh_exits: dict[str, int] = {}
+        self.candidates: list[Failure] = []
+        self.first_candidate_at: float | None = None
+        self.interrupt: Interrupted | None = None
+        self.output_ended = False
+        self.head_code: int | None = None
+        self.failure: Failure | None = None
+        self.teardown_done_at: float | None = None
+        self.all_exited_at: float | None = None
+
+    # -- events ---------------------------------------------------------------------
+    def feed(self, event: Event) -> Decision:
+        self._record(event)
+        return self._decide(event.at)
+
+    def _record(self, event: Event) -> None:
+        if isinstance(event, NodeHeard):
+            if event.node in self.hosts:
+                self.last_seen[event.node] = event.at
+                if self.first_heard_at is None:
+                    self.first_heard_at = event.at
+        elif isinstance(event, NodeExited):
+            self._record_exit(event)
+        elif isinstance(event, SshEnded):
+            if event.node in self.hosts:
+                self.ssh_exits.setdefault(event.node, event.code)
+        elif isinstance(event, OutputEnded):
+            self.output_ended = True
+        elif isinstance(event, HeadExited):
+            self.head_code = event.code
+        elif isinstance(event, Interrupted):
+            self.interrupt = self.interrupt or event
+        elif isinstance(event, TeardownDone):
+            self.teardown_done_at = event.at
+
+    def _record_exit(self, event: NodeExited) -> None:
+        node, fields = event.node, event.fields
+        if node not in self.hosts or node in self.exits:
+            return
+        self.exits[node] = fields
+        self.last_seen[node] = event.at
+        code = _as_int(fields.get("code"), 1)
+        if code == 0 or self.failure is not None:
+            return
+        rank_code = fields.get("rank_code")
+        exit_code = rank_code if isinstance(rank_code, int) and rank_code != 0 else code
+        rank = fields.get("rank")
+        if self.first_candidate_at is None:
+            self.first_candidate_at = event.at
+        self.candidates.append(
+            Failure(
+                node=node,
+                reason=str(fields.get("error") or f"exited with code {exit_code}"),
+                exit_code=exit_code,
+                rank=rank if isinstance(rank, int) else None,
+                when=_as_float(fields.get("failed_at")) or event.wall_time,
+            )
+        )
+
+    # -- decisions ------------------------------------------------------------------
+    def _decide(self, now: float) -> Decision:
+        tear_down = None
+        if self.failure is None:
+            self.failure = self._find_failure(now)
+            tear_down = self.failure
+        return Decision(tear_down=tear_down, stop_reading=self._should_stop(now))
+
+    def _should_stop(self, now: float) -> bool:
+        if self.output_ended and self.head_code is not None:
+            return True
+        if self.teardown_done_at is not None:
+            return now - self.teardown_done_at > self.settings.drain_after_teardown
+        if self.failure is None and self.all_exited():
+            self.all_exited_at = self.all_exited_at if self.all_exited_at is not None else now
+            return now - self.all_exited_at > self.settings.head_wind_down
+        return False
+
+    def _find_failure(self, now: float) -> Failure | None:
+        if self.interrupt is not None:
+            return _interrupted(self.interrupt)
+        if self.candidates and self.first_candidate_at is not None:
+            if now - self.first_candidate_at >= self.settings.settle or self.output_ended:
+                return min(self.candidates, key=lambda c: c.when)
+            return None  # an earlier failure may still be on its way
+        return self._silent_node(now) or self._lost_node() or self._ended_early()
+
+    def _silent_node(self, now: float) -> Failure | None:
+        timeout = self.settings.heartbeat_timeout
+        for node in self.hosts:
+            last = self.last_seen.get(node)
+            if node not in self.exits and last is not None and now - last > timeout:
+                reason = f"stopped answering (no heartbeat for {now - last:.0f} s)"
+                return Failure(node, reason, 1, kind="silent")
+        first = self.first_heard_at
+        if first is not None and now - first > self.settings.start_timeout:
+            for node in self.hosts:
+                if node not in self.last_seen:
+                    return Failure(node, "never started", 1, kind="silent")
+        return None
+
+    def _lost_node(self) -> Failure | None:
+        for node, code in self.ssh_exits.items():
+            if node in self.exits:
+                continue
+            if code == SSH_LOST:
+                return Failure(node, "lost its ssh connection (ssh exit 255)", 1, kind="lost")
+            # The agent never ran (e.g. no such interpreter): the remote shell's code.
+            return Failure(node, f"the remote command failed with exit code {code}", code,
+                           kind="lost")  # fmt: skip
+        return None
+
+    def _ended_early(self) -> Failure | None:
+        if not (self.output_ended and self.head_code is not None) or self.all_exited():
+            return None
+        missing = [h for h in self.hosts if h not in self.exits]
+        if self.last_seen or not self.head_launcher:
+            return Failure(missing[0], "ended without reporting an exit code", 1, kind="lost")
+        return _head_failed(self.head_code)
+
+    def all_exited(self) -> bool:
+        return all(h in self.exits for h in self.hosts)
+
+    # -- the end --------------------------------------------------------------------
+    def outcome(self, head_code: int | None, *, stopped_by_us: bool) -> Outcome:
+        """The job's state and exit code once the fan-out is over. `stopped_by_us`: orch
+        ended the head process itself (after every node exited, or at teardown)."""
+        if stopped_by_us and self.failure is None and self.all_exited():
+            head_code = 0  # stopped by us after every node succeeded
+        node_codes = {
+            h: (_as_int(self.exits[h].get("code"), 1) if h in self.exits else None)
+            for h in self.hosts
+        }
+        failure = self.failure
+        if failure is None and self.head_launcher and head_code not in (0, None):
+            # Every node said 0 but the head launcher failed: still a failure.
+            failure = _head_failed(head_code)
+        if failure is None:
+            return Outcome("succeeded", 0, None, node_codes)
+        state = {"signal": "interrupted", "killed": "killed"}.get(failure.kind, "failed")
+        return Outcome(state, failure.exit_code, failure, node_codes)
+
+
+def _interrupted(event: Interrupted) -> Failure:
+    name = signal.Signals(event.signum).name
+    reason = "killed by `orch kill`" if event.killed else f"interrupted by {name}"
+    kind = "killed" if event.killed else "signal"
+    return Failure(node="", reason=reason, exit_code=128 + event.signum, kind=kind)
+
+
+def _head_failed(code: int | None) -> Failure:
+    return Failure("", f"the head launcher exited with code {code}", code or 1, kind="head")
+
+
+def _as_int(value: object, default: int) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return default
+
+
+def _as_float(value: object) -> float | None:
+    try:
+        return float(value) if value is not None else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,216 @@
+"""The job verdict as a table: events with their times in, decisions and outcome out."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from orchestrator.run.verdict import (
+    Decision,
+    HeadExited,
+    Interrupted,
+    JobVerdict,
+    NodeExited,
+    NodeHeard,
+    OutputEnded,
+    SshEnded,
+    TeardownDone,
+    Tick,
+    WatchSettings,
+)
+
+HOSTS = ("n1", "n2", "n3")
+SETTINGS = WatchSettings(
+    heartbeat_timeout=15, start_timeout=120, settle=1, drain_after_teardown=3, head_wind_down=60
+)
+
+
+def _verdict(head_launcher: bool = False) -> JobVerdict:
+    return JobVerdict(HOSTS, SETTINGS, head_launcher=head_launcher)
+
+
+def _exit(node: str, at: float, code: int = 0, **fields: object) -> NodeExited:
+    return NodeExited(node, {"code": code, **fields}, at=at, wall_time=1000.0 + at)
+
+
+def _feed(verdict: JobVerdict, *events) -> list[Decision]:
+    return [verdict.feed(event) for event in events]
+
+
+def _teardowns(decisions: list[Decision]) -> list:
+    return [d.tear_down for d in decisions if d.tear_down is not None]
+
+
+def _all_heard(at: float = 0.0) -> list[NodeHeard]:
+    return [NodeHeard(h, at) for h in HOSTS]
+
+
+def test_every_node_exits_zero_the_job_succeeds():
+    verdict = _verdict()
+    decisions = _feed(verdict, *_all_heard(), *(_exit(h, 5) for h in HOSTS),
+                      OutputEnded(6), HeadExited(0, 6))  # fmt: skip
+    assert _teardowns(decisions) == []
+    assert decisions[-1].stop_reading
+    outcome = verdict.outcome(0, stopped_by_us=False)
+    assert (outcome.state, outcome.exit_code, outcome.failure) == ("succeeded", 0, None)
+    assert outcome.node_exit_codes == dict.fromkeys(HOSTS, 0)
+
+
+def test_the_earliest_failure_within_the_settle_window_is_the_jobs():
+    verdict = _verdict()
+    _feed(verdict, *_all_heard())
+    # n2 reports first, but n3's rank failed earlier by the agents' own clocks.
+    first = verdict.feed(_exit("n2", 10, 1, rank=3, failed_at=1010.5))
+    assert first.tear_down is None  # an earlier failure may still be on its way
+    second = verdict.feed(_exit("n3", 10.4, 7, rank=5, rank_code=7, failed_at=1010.2))
+    assert second.tear_down is None
+    [failure] = _teardowns(_feed(verdict, Tick(11.0)))
+    assert (failure.node, failure.rank, failure.exit_code) == ("n3", 5, 7)
+    # A failure reported after the window does not replace the verdict.
+    assert _teardowns(_feed(verdict, _exit("n1", 12, 9, rank=0, failed_at=1000.0))) == []
+    outcome = verdict.outcome(1, stopped_by_us=True)
+    assert (outcome.state, outcome.exit_code) == ("failed", 7)
+    assert outcome.failure is not None and outcome.failure.node == "n3"
+
+
+def test_a_rank_whose_exit_code_went_unseen_takes_the_nodes_code():
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(), _exit("n2", 4, 7, rank=3))
+    [failure] = _teardowns(_feed(verdict, Tick(5.1)))
+    assert (failure.node, failure.rank, failure.exit_code) == ("n2", 3, 7)
+    assert failure.reason == "exited with code 7"
+
+
+def test_the_agents_error_is_the_reason():
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(), _exit("n1", 1, 127, error="working directory /w does not exist"))
+    [failure] = _teardowns(_feed(verdict, Tick(2.5)))
+    assert failure.reason == "working directory /w does not exist" and failure.exit_code == 127
+
+
+def test_a_failure_with_the_output_ended_needs_no_settle_wait():
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(), _exit("n1", 1, 3))
+    [failure] = _teardowns(_feed(verdict, OutputEnded(1.1)))
+    assert failure.node == "n1"
+
+
+@pytest.mark.parametrize(
+    ("silent_for", "torn_down"), [(14.9, False), (15.1, True)]
+)
+def test_a_silent_node_is_torn_down_after_the_heartbeat_timeout(silent_for, torn_down):
+    verdict = _verdict()
+    # n2 was last heard at 0; n1 and n3 keep talking.
+    _feed(verdict, *_all_heard(0), NodeHeard("n1", 10), NodeHeard("n3", 10))
+    failures = _teardowns(
+        _feed(verdict, NodeHeard("n1", silent_for), NodeHeard("n3", silent_for), Tick(silent_for))
+    )
+    assert bool(failures) is torn_down
+    if torn_down:
+        assert failures[0].node == "n2" and failures[0].kind == "silent"
+        assert failures[0].reason == "stopped answering (no heartbeat for 15 s)"
+
+
+def test_a_node_that_never_started_fails_after_the_start_timeout():
+    verdict = _verdict()
+    _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0))
+    for at in range(5, 121, 5):  # n1 and n2 keep talking
+        assert _teardowns(_feed(verdict, NodeHeard("n1", at), NodeHeard("n2", at))) == []
+    [failure] = _teardowns(_feed(verdict, Tick(120.5)))
+    assert (failure.node, failure.reason, failure.kind) == ("n3", "never started", "silent")
+
+
+@pytest.mark.parametrize(
+    ("ssh_code", "exit_code", "reason"),
+    [
+        (255, 1, "lost its ssh connection (ssh exit 255)"),
+        (127, 127, "the remote command failed with exit code 127"),
+    ],
+)
+def test_a_node_whose_ssh_ended_before_it_reported_failed(ssh_code, exit_code, reason):
+    verdict = _verdict()
+    [failure] = _teardowns(_feed(verdict, *_all_heard(), SshEnded("n3", ssh_code, 2)))
+    assert (failure.node, failure.exit_code, failure.reason) == ("n3", exit_code, reason)
+    assert verdict.outcome(1, stopped_by_us=True).state == "failed"
+
+
+def test_an_ssh_end_after_the_nodes_exit_is_no_failure():
+    verdict = _verdict()
+    decisions = _feed(verdict, *_all_heard(), _exit("n3", 1), SshEnded("n3", 255, 2))
+    assert _teardowns(decisions) == []
+
+
+def test_head_launcher_exits_first_before_any_node_was_heard_is_the_heads_failure():
+    verdict = _verdict(head_launcher=True)
+    decisions = _feed(verdict, OutputEnded(3), HeadExited(2, 3))
+    [failure] = _teardowns(decisions)
+    assert (failure.node, failure.kind, failure.exit_code) == ("", "head", 2)
+    assert failure.reason == "the head launcher exited with code 2"
+    assert decisions[-1].stop_reading
+
+
+def test_head_launcher_exits_first_after_nodes_were_heard_names_a_missing_node():
+    verdict = _verdict(head_launcher=True)
+    decisions = _feed(verdict, *_all_heard(), _exit("n1", 2), OutputEnded(3), HeadExited(1, 3))
+    [failure] = _teardowns(decisions)
+    assert (failure.node, failure.reason) == ("n2", "ended without reporting an exit code")
+
+
+def test_every_node_exited_zero_but_the_head_launcher_failed():
+    verdict = _verdict(head_launcher=True)
+    _feed(verdict, *_all_heard(), *(_exit(h, 5) for h in HOSTS), OutputEnded(6), HeadExited(2, 6))
+    outcome = verdict.outcome(2, stopped_by_us=False)
+    assert (outcome.state, outcome.exit_code) == ("failed", 2)
+    assert outcome.failure is not None and outcome.failure.kind == "head"
+
+
+@pytest.mark.parametrize(
+    ("signum", "killed", "state", "code", "reason"),
+    [
+        (signal.SIGINT, False, "interrupted", 130, "interrupted by SIGINT"),
+        (signal.SIGTERM, True, "killed", 143, "killed by `orch kill`"),
+    ],
+)
+def test_ctrl_c_and_orch_kill(signum, killed, state, code, reason):
+    verdict = _verdict()
+    [failure] = _teardowns(_feed(verdict, *_all_heard(), Interrupted(signum, killed, 4)))
+    assert failure.reason == reason
+    outcome = verdict.outcome(-15, stopped_by_us=True)
+    assert (outcome.state, outcome.exit_code) == (state, code)
+
+
+def test_an_interrupt_wins_over_a_pending_failure():
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(), _exit("n1", 1, 3))
+    [failure] = _teardowns(_feed(verdict, Interrupted(signal.SIGINT, False, 1.2)))
+    assert failure.kind == "signal"
+
+
+def test_the_teardown_is_asked_for_once_and_reading_stops_after_the_drain():
+    verdict = _verdict()
+    decisions = _feed(
+        verdict, *_all_heard(), SshEnded("n2", 255, 1), Tick(2), SshEnded("n1", 255, 2)
+    )
+    assert len(_teardowns(decisions)) == 1
+    assert not verdict.feed(TeardownDone(10)).stop_reading
+    assert not verdict.feed(Tick(13)).stop_reading
+    assert verdict.feed(Tick(13.1)).stop_reading
+
+
+def test_after_every_node_exited_the_head_launcher_gets_its_wind_down_time():
+    verdict = _verdict(head_launcher=True)
+    _feed(verdict, *_all_heard(), *(_exit(h, 5) for h in HOSTS))
+    assert not verdict.feed(Tick(5)).stop_reading
+    assert not verdict.feed(Tick(65)).stop_reading
+    assert verdict.feed(Tick(65.1)).stop_reading
+    # orch stopped the head launcher itself after every node succeeded: not a failure.
+    outcome = verdict.outcome(-15, stopped_by_us=True)
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+
+
+def test_events_of_nodes_outside_the_job_are_ignored():
+    verdict = _verdict()
+    decisions = _feed(verdict, NodeHeard("other", 0), _exit("other", 1, 9),
+                      SshEnded("other", 255, 1), Tick(200))  # fmt: skip
+    assert _teardowns(decisions) == []
