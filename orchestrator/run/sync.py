@@ -22,14 +22,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pathspec import GitIgnoreSpec
 
-from orchestrator.ssh.transport import SSHError, open_session
-
-if TYPE_CHECKING:  # the transport module owns paramiko; this is for type hints only
-    from paramiko import SFTPClient
+from orchestrator.ssh.transport import SFTPClient, SSHError, open_session
 
 ALWAYS_SKIPPED = (".git", ".venv", "venv", "__pycache__", ".orch-sync-marker-*")
 _MARKER_PREFIX = ".orch-sync-marker-"

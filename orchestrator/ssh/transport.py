@@ -613,6 +613,11 @@ def _handshake(target: SSHTarget, sock: object, deadline: float) -> paramiko.Tra
     return transport
 
 
+# The file-transfer client a session opens (sync and log collection use it): named here so
+# that nothing outside ssh/ imports paramiko, even for a type.
+SFTPClient = paramiko.SFTPClient
+
+
 class NodeSession:
     """One authenticated SSH connection to one node (a context manager)."""
 
@@ -656,7 +661,7 @@ class NodeSession:
         """Start a command and return at once; read its output line by line."""
         return RemoteProcess(self.node, self._channel(command, timeout))
 
-    def sftp(self) -> paramiko.SFTPClient:
+    def sftp(self) -> SFTPClient:
         client = self._transport.open_sftp_client()
         if client is None:
             raise _fail(
