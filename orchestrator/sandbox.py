@@ -80,7 +80,7 @@ class SandboxState:
 
 
 @dataclass(frozen=True)
-class NodeStatus:
+class SandboxNodeStatus:
     name: str
     address: str
     port: int
@@ -413,12 +413,12 @@ class Sandbox:
             )
 
     # ----- status --------------------------------------------------------------
-    def status(self, state: SandboxState | None = None) -> list[NodeStatus]:
+    def status(self, state: SandboxState | None = None) -> list[SandboxNodeStatus]:
         state = state or self.load()
         if state is None:
             return []
         return [
-            NodeStatus(
+            SandboxNodeStatus(
                 name=n.name,
                 address=n.address,
                 port=n.port,

@@ -15,9 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from orchestrator.remote.agent import RUNS_ROOT
 from orchestrator.sandbox import Sandbox, SandboxState
+
+# Property tests check values, not speed: on a shared 2-core machine a slow example is no
+# failure (hypothesis's default 200 ms deadline made them flaky under load).
+settings.register_profile("orch", deadline=None)
+settings.load_profile("orch")
 
 
 def _sandbox_prereqs_missing() -> str | None:

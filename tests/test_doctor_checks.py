@@ -9,28 +9,26 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.checks.doctor import (
-    CollectiveResult,
-    NodeError,
-    NodeProbe,
-    build_report,
+from orchestrator.checks.collective import check_collective, nccl_transport
+from orchestrator.checks.model import CollectiveResult, NodeError, NodeProbe
+from orchestrator.checks.network import (
+    check_hostnames,
+    check_main_port,
+    check_nccl_env,
+    check_resolution,
+    interfaces_matching,
+    shared_interfaces,
+)
+from orchestrator.checks.node import (
     check_accelerate_config,
-    check_collective,
     check_disk,
     check_files,
     check_gpus,
-    check_hostnames,
     check_interpreter,
     check_known_traps,
-    check_main_port,
-    check_nccl_env,
-    check_parity,
-    check_resolution,
-    interfaces_matching,
-    majority_value,
-    nccl_transport,
-    shared_interfaces,
 )
+from orchestrator.checks.parity import check_parity, majority_value
+from orchestrator.checks.report import build_report
 from orchestrator.probe.facts import GpuInfo, NodeFacts
 from orchestrator.specs.inventory import parse_hostfile
 
@@ -356,7 +354,7 @@ def test_report_marks_unreachable_nodes_and_serialises() -> None:
 
 def test_checks_and_probe_parsing_import_no_ssh_or_process_code() -> None:
     check = (
-        "import sys, orchestrator.checks.doctor, orchestrator.probe.facts; "
+        "import sys, orchestrator.checks.report, orchestrator.probe.facts; "
         "print(sorted(m for m in ('paramiko', 'subprocess', 'socket') if m in sys.modules))"
     )
     done = subprocess.run(

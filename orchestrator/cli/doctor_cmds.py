@@ -12,7 +12,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.checks.doctor import DoctorReport, Finding, check_accelerate_config
+from orchestrator.checks.model import DoctorReport, Finding
+from orchestrator.checks.node import check_accelerate_config
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE
 from orchestrator.errors import InputFileError

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.checks.doctor import DoctorReport
+from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogView
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan

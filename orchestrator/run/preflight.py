@@ -4,7 +4,7 @@ The flow: (1) one probe per node, in parallel over SSH, during which node 0
 holds the main port open while every other node connects to it and says its
 hostname, which node 0 resolves; (2) with `full`, one all_reduce process per
 node. Each phase is bounded by the timeout, so a node that hangs delays the report by at most
-that. The checks themselves are the pure functions of `orchestrator.checks.doctor`.
+that. The checks themselves are the pure functions of `orchestrator.checks`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.checks.doctor import (
+from orchestrator.checks.collective import nccl_transport
+from orchestrator.checks.model import (
     CollectiveResult,
     DoctorReport,
     Finding,
     NodeError,
     NodeProbe,
-    build_report,
-    nccl_transport,
 )
+from orchestrator.checks.report import build_report
 from orchestrator.probe.commands import (
     collective_command,
     connect_request,

@@ -1,0 +1,208 @@
+"""Checks of each node on its own: reachable, interpreter, files, known traps, GPUs, disk,
+the accelerate config. Pure: facts in, findings out."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.checks.model import CLUSTER, Finding, NodeProbe, Severity, with_facts
+
+if TYPE_CHECKING:
+    pass
+
+GIB = 1 << 30
+DISK_ERROR_BYTES = 1 * GIB
+DISK_WARNING_BYTES = 5 * GIB
+
+
+# ----- reachability and the probe itself ---------------------------------------------
+def check_reachability(probes: Sequence[NodeProbe]) -> list[Finding]:
+    findings = []
+    for probe in probes:
+        if probe.error is not None:
+            group = "python" if probe.error.kind == "probe" else "ssh"
+            findings.append(Finding(probe.node, group, probe.error.message, probe.error.hint))
+    return findings
+
+
+# ----- interpreter, files, known traps ------------------------------------------------------
+def check_interpreter(probes: Sequence[NodeProbe], python: str) -> list[Finding]:
+    findings = []
+    for facts in with_facts(probes):
+        if not facts.python_found:
+            findings.append(
+                Finding(
+                    facts.node,
+                    "python",
+                    f"the job's interpreter {python} does not exist on {facts.node} "
+                    f"(the probe fell back to {facts.python_executable})",
+                    f"create the same environment at {python} on {facts.node} "
+                    "(same path on every node), or pass --python with a path valid everywhere",
+                )
+            )
+        elif facts.packages.get("torch") is None:
+            findings.append(
+                Finding(
+                    facts.node,
+                    "python",
+                    f"torch is not installed for {python} on {facts.node}",
+                    f"on {facts.node}: `{shlex.quote(python)} -m pip install torch` "
+                    "(the same version as the other nodes)",
+                )
+            )
+    return findings
+
+
+def check_known_traps(probes: Sequence[NodeProbe], python: str) -> list[Finding]:
+    findings = []
+    for facts in with_facts(probes):
+        pkgs = facts.packages
+        if pkgs.get("accelerate") and pkgs.get("deepspeed") and not pkgs.get("transformers"):
+            findings.append(
+                Finding(
+                    facts.node,
+                    "python",
+                    f"accelerate {pkgs['accelerate']} with DeepSpeed but no transformers on "
+                    f"{facts.node}: accelerate's DeepSpeed plugin imports transformers and "
+                    "every rank fails at start-up without it",
+                    f"on {facts.node}: `{shlex.quote(python)} -m pip install transformers`",
+                )
+            )
+    return findings
+
+
+def check_files(
+    probes: Sequence[NodeProbe],
+    *,
+    workdir: str | None,
+    script: str | None,
+    head_script_sha256: str | None = None,
+) -> list[Finding]:
+    findings = []
+    for facts in with_facts(probes):
+        if workdir and not facts.workdir_exists:
+            findings.append(
+                Finding(
+                    facts.node,
+                    "files",
+                    f"working directory {workdir} does not exist on {facts.node}",
+                    f"create it on {facts.node} (or use a shared filesystem), "
+                    "or pass --workdir with a directory every node has",
+                )
+            )
+        if script and facts.script_exists is False:
+            findings.append(
+                Finding(
+                    facts.node,
+                    "files",
+                    f"script {script} does not exist on {facts.node}",
+                    f"copy it there: `scp {shlex.quote(script)} {facts.node}:"
+                    f"{shlex.quote(script)}`, or put it on a shared filesystem",
+                )
+            )
+        elif (
+            head_script_sha256 and facts.script_sha256 and facts.script_sha256 != head_script_sha256
+        ):
+            findings.append(
+                Finding(
+                    facts.node,
+                    "files",
+                    f"script {script} on {facts.node} differs from this machine's copy "
+                    f"(sha256 {facts.script_sha256[:12]} vs {head_script_sha256[:12]})",
+                    f"copy the current version: `scp {shlex.quote(script or '')} "
+                    f"{facts.node}:{shlex.quote(script or '')}`",
+                )
+            )
+    return findings
+
+
+# ----- GPUs and disk ---------------------------------------------------------------------
+def check_gpus(probes: Sequence[NodeProbe], slots: Mapping[str, int]) -> list[Finding]:
+    findings = []
+    for f in with_facts(probes):
+        if f.nvidia_smi.startswith("error"):
+            findings.append(
+                Finding(
+                    f.node,
+                    "gpu",
+                    f"nvidia-smi fails on {f.node}: {f.nvidia_smi.removeprefix('error: ')}",
+                    "check the NVIDIA driver on the node (a reboot after a driver update?)",
+                )
+            )
+            continue
+        if f.gpu_busy_pids:
+            findings.append(
+                Finding(
+                    f.node,
+                    "gpu",
+                    f"GPUs on {f.node} are busy with other processes "
+                    f"(pids {', '.join(f.gpu_busy_pids)})",
+                    "wait for them to finish or stop them (a previous job left behind?)",
+                    "warning",
+                )
+            )
+        wanted = slots.get(f.node)
+        if f.gpu_count and wanted and wanted > f.gpu_count:
+            findings.append(
+                Finding(
+                    f.node,
+                    "gpu",
+                    f"the hostfile gives {f.node} {wanted} slots but it has {f.gpu_count} GPUs",
+                    f"set `{f.node} slots={f.gpu_count}` in the hostfile",
+                )
+            )
+        if f.torch_cuda and f.nvidia_smi == "absent":
+            findings.append(
+                Finding(
+                    f.node,
+                    "gpu",
+                    f"torch is built for CUDA {f.torch_cuda} but {f.node} has no nvidia-smi",
+                    "install the NVIDIA driver, or use a CPU build of torch",
+                    "warning",
+                )
+            )
+    return findings
+
+
+def check_disk(probes: Sequence[NodeProbe]) -> list[Finding]:
+    findings = []
+    for f in with_facts(probes):
+        free = f.disk_free_bytes
+        if free is None:
+            continue
+        if free < DISK_WARNING_BYTES:
+            severity: Severity = "error" if free < DISK_ERROR_BYTES else "warning"
+            findings.append(
+                Finding(
+                    f.node,
+                    "disk",
+                    f"only {free / GIB:.1f} GiB free in {f.disk_path} on {f.node}",
+                    "free space there (checkpoints and logs need room)",
+                    severity,
+                )
+            )
+    return findings
+
+
+# ----- accelerate config traps ---------------------------------------------------------------
+def check_accelerate_config(config: Mapping[str, Any], path: str) -> list[Finding]:
+    """The multi-node DeepSpeed traps of an accelerate config (as loaded from YAML)."""
+    findings = []
+    machines = int(config.get("num_machines") or 1)
+    ds = config.get("deepspeed_config") or {}
+    if config.get("distributed_type") == "DEEPSPEED" and machines > 1:
+        launcher = ds.get("deepspeed_multinode_launcher") or "pdsh"
+        if launcher != "standard" and not ds.get("deepspeed_hostfile"):
+            findings.append(
+                Finding(
+                    CLUSTER,
+                    "files",
+                    f"{path}: deepspeed_hostfile is unset with num_machines={machines}: "
+                    "accelerate only warns and the job runs on one node",
+                    "set deepspeed_config.deepspeed_hostfile to the hostfile path "
+                    "(`orch config` writes it)",
+                )
+            )
+    return findings

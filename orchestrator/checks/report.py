@@ -1,0 +1,107 @@
+"""The doctor's report: every family of checks run over the probes, grouped per node.
+Pure: `orchestrator.run.preflight` gathers the facts and calls `build_report`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from orchestrator.checks.collective import check_collective
+from orchestrator.checks.model import (
+    CHECK_GROUPS,
+    CollectiveResult,
+    DoctorReport,
+    Finding,
+    NodeCheckStatus,
+    NodeProbe,
+)
+from orchestrator.checks.network import (
+    check_hostnames,
+    check_main_port,
+    check_nccl_env,
+    check_resolution,
+    shared_interfaces,
+)
+from orchestrator.checks.node import (
+    check_disk,
+    check_files,
+    check_gpus,
+    check_interpreter,
+    check_known_traps,
+    check_reachability,
+)
+from orchestrator.checks.parity import check_parity
+
+if TYPE_CHECKING:
+    from orchestrator.specs.inventory import Hostfile
+
+
+# ----- the report ---------------------------------------------------------------------------------
+def _node_groups(
+    probe: NodeProbe, findings: Sequence[Finding], groups: Sequence[str]
+) -> dict[str, str]:
+    status: dict[str, str] = {}
+    mine = [f for f in findings if f.node == probe.node]
+    for group in groups:
+        in_group = [f for f in mine if f.check == group]
+        if any(f.severity == "error" for f in in_group):
+            status[group] = "error"
+        elif in_group:
+            status[group] = "warning"
+        elif probe.facts is None and group != "ssh":
+            status[group] = "-"
+        else:
+            status[group] = "ok"
+    if probe.error is not None and probe.error.kind != "probe":
+        status["ssh"] = "error"
+    return status
+
+
+def build_report(
+    hostfile: Hostfile,
+    probes: Sequence[NodeProbe],
+    *,
+    python: str,
+    workdir: str | None,
+    script: str | None,
+    env: Mapping[str, str],
+    head_script_sha256: str | None = None,
+    main_address: str | None = None,
+    main_port: int | None = None,
+    deep: Sequence[CollectiveResult] = (),
+    extra: Sequence[Finding] = (),
+) -> DoctorReport:
+    names = list(hostfile.names)
+    slots = {h.host: h.slots for h in hostfile.hosts}
+    parity_rows, parity_findings = check_parity(probes, python)
+    findings = [
+        *check_reachability(probes),
+        *check_interpreter(probes, python),
+        *check_known_traps(probes, python),
+        *check_files(probes, workdir=workdir, script=script,
+                     head_script_sha256=head_script_sha256),
+        *parity_findings,
+        *check_resolution(probes, names),
+        *check_hostnames(probes),
+        *check_main_port(probes, main_address, main_port),
+        *check_nccl_env(probes, env),
+        *check_gpus(probes, slots),
+        *check_disk(probes),
+        *check_collective(deep, probes),
+        *extra,
+    ]  # fmt: skip
+    groups = (*CHECK_GROUPS, "deep") if deep else CHECK_GROUPS
+    nodes = tuple(
+        NodeCheckStatus(p.node, p.error is None or p.error.kind == "probe", p.facts,
+                   _node_groups(p, findings, groups))
+        for p in probes
+    )  # fmt: skip
+    return DoctorReport(
+        nodes=nodes,
+        findings=tuple(findings),
+        parity=tuple(parity_rows),
+        shared_interfaces=shared_interfaces(probes),
+        deep=tuple(deep),
+        main_port=main_port,
+        main_address=main_address,
+    )
