@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.checks.doctor import DoctorReport
+from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE
 from orchestrator.errors import UsageError
