@@ -155,7 +155,7 @@ def paramiko_cost(names: list[str], reps: int) -> tuple[list[float], list[float]
         usage1 = resource.getrusage(resource.RUSAGE_SELF)
         walls.append(time.perf_counter() - t0)
         cpus.append(usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime)
-        failed = [o.node for o in outcomes if o.failure is not None]
+        failed = [o.node for o in outcomes.failed]
         if failed:
             raise RuntimeError(f"run_on_nodes failed on {failed}")
     done = threading.Event()

@@ -28,8 +28,8 @@ def write_on_node(node: str, job_id: str, files: dict[str, bytes]) -> None:
     directory = node_dir(job_id, node)
     for name, data in files.items():
         command = f"mkdir -p {directory} && base64 -d > {directory}/{name}"
-        outcome = run_on_nodes([node], command, timeout=30, stdin=base64.b64encode(data))[0]
-        assert outcome.ok, outcome
+        outcome = run_on_nodes([node], command, timeout=30, stdin=base64.b64encode(data))[node]
+        assert outcome.value is not None and outcome.value.exit_code == 0, outcome
 
 
 @pytest.fixture
@@ -63,9 +63,10 @@ def test_raw_logs_come_back_byte_for_byte_and_remote_copy_is_removed(
     report = collect_logs(nodes, job, tmp_path / "nodes")
 
     assert report.ok, report.failed
-    for result, node in zip(report.nodes, nodes, strict=True):
-        assert result.node == node and result.remote_removed
-        assert sorted(f.name for f in result.files) == ["stderr.raw", "stdout.raw"]
+    for result, node in zip(report, nodes, strict=True):
+        pulled = result.value
+        assert result.node == node and pulled is not None and pulled.remote_removed
+        assert sorted(f.name for f in pulled.files) == ["stderr.raw", "stdout.raw"]
         for name, data in expected[node].items():
             assert (tmp_path / "nodes" / node / name).read_bytes() == data
         assert not list((tmp_path / "nodes" / node).glob("*.partial"))
@@ -78,7 +79,7 @@ def test_keep_remote_leaves_the_node_copy(sandbox, tmp_path: Path, job_ids) -> N
     job = job_ids()
     write_on_node(node, job, {"stdout.raw": b"hello\n"})
     result = collect_node(node, job, tmp_path, keep_remote=True)
-    assert result.ok and not result.remote_removed
+    assert result.value is not None and not result.value.remote_removed
     assert (tmp_path / node / "stdout.raw").read_bytes() == b"hello\n"
     assert Path(node_dir(job, node), "stdout.raw").read_bytes() == b"hello\n"
 
@@ -133,7 +134,7 @@ def test_dead_node_is_named_and_others_still_collected(sandbox_factory, tmp_path
         finally:
             box.thaw(frozen)
         assert time.monotonic() - started < 3 + 30  # no hang: the connect timeout holds
-        dead, good = report.nodes
+        dead, good = report
         assert good.ok and (tmp_path / alive / "stdout.raw").read_bytes().startswith(b"line")
         assert not dead.ok and dead.node == frozen
         assert frozen in dead.problem

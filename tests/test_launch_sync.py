@@ -59,20 +59,21 @@ def test_sync_copies_to_every_node_once_and_leaves_a_shared_directory_alone(sand
     remote = f"/tmp/orch-sync-test-{uuid.uuid4().hex[:8]}"
     try:
         first = sync_workdir(nodes, tmp_path, remote)
-        assert all(r.ok and not r.shared for r in first), first
+        assert first.ok and not any(r.value.shared for r in first), first
         # The sandbox's nodes share this machine's disk, so the second node may find
         # the files the first one just wrote: together they sent each file once or more.
-        assert sum(r.sent for r in first) >= 4
+        assert sum(r.value.sent for r in first) >= 4
         listing = subprocess.run(["ssh", nodes[1], f"cd {remote} && find . -type f | sort; "
                                   "stat -c %a run.sh"], capture_output=True, text=True,
                                  timeout=30, check=True).stdout.split()  # fmt: skip
         assert listing == ["./.gitignore", "./run.sh", "./src/pkg/train.py", "./src/run.log",
                            "755"]  # fmt: skip
         again = sync_workdir(nodes, tmp_path, remote)
-        assert [(r.sent, r.unchanged) for r in again] == [(0, 4), (0, 4)]
+        assert [(r.value.sent, r.value.unchanged) for r in again] == [(0, 4), (0, 4)]
         # Syncing a directory onto itself would truncate it: detected and skipped.
         same = sync_workdir(nodes[:1], tmp_path, str(tmp_path))
-        assert same[0].shared and same[0].ok
+        [shared] = same
+        assert shared.ok and shared.value.shared
         assert (tmp_path / "src" / "pkg" / "train.py").read_text() == "print('hi')\n"
     finally:
         subprocess.run(["rm", "-rf", remote], check=False)

@@ -131,14 +131,16 @@ def test_run_on_nodes_returns_one_result_per_node_in_order(sandbox) -> None:
         names, lambda node: f"echo {node}; hostname; echo err >&2; exit 3", timeout=20
     )
     assert [o.node for o in outcomes] == names
+    assert outcomes.ok and outcomes.failed == ()
     for node, outcome in zip(names, outcomes, strict=True):
-        assert outcome.failure is None and outcome.result is not None
-        assert outcome.result.exit_code == 3
-        lines = outcome.result.stdout.decode().split()
+        result = outcome.value
+        assert outcome.ok and result is not None
+        assert result.exit_code == 3
+        lines = result.stdout.decode().split()
         assert lines[0] == node
         if state.namespaces:
             assert lines[1] == node  # each node is its own UTS namespace
-        assert outcome.result.stderr == b"err\n"
+        assert result.stderr == b"err\n"
 
 
 @pytest.mark.sandbox
@@ -157,9 +159,9 @@ def test_command_timeout_is_enforced(sandbox) -> None:
     _, state = sandbox
     node = state.nodes[1].name
     started = time.monotonic()
-    outcome = run_on_nodes([node], "sleep 60", timeout=1.5)[0]
-    assert outcome.failure is not None and outcome.failure.kind == "timeout"
-    assert "did not finish within 1.5s" in outcome.failure.message
+    outcome = run_on_nodes([node], "sleep 60", timeout=1.5)[node]
+    assert not outcome.ok and outcome.kind == "timeout"
+    assert outcome.problem is not None and "did not finish within 1.5s" in outcome.problem
     assert time.monotonic() - started < 1.5 + 10
 
 

@@ -116,12 +116,11 @@ def _gpu_counts(names: list[str], timeout: float) -> dict[str, int]:
     counts: dict[str, int] = {}
     problems: list[str] = []
     for outcome in outcomes:
-        if outcome.failure is not None:
-            problems.append(outcome.failure.message)
+        if outcome.value is None:
+            problems.append(outcome.problem or outcome.node)
             continue
-        assert outcome.result is not None
         try:
-            facts = parse_facts(outcome.node, outcome.result.stdout)
+            facts = parse_facts(outcome.node, outcome.value.stdout)
         except ProbeError as err:
             problems.append(f"{outcome.node}: the probe failed: {err}")
             continue

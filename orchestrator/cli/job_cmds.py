@@ -8,11 +8,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport
@@ -20,6 +20,7 @@ from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE
 from orchestrator.errors import UsageError
 from orchestrator.logs.view import LiveView, PlainView, make_view
+from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan, build_plan, plan_from_recipe
 from orchestrator.run.launch import LaunchResult
@@ -36,7 +37,7 @@ from orchestrator.run.records import (
     runs_root,
     shown_state,
 )
-from orchestrator.run.sync import SyncResult
+from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
 from orchestrator.run.verdict import WatchSettings
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
@@ -110,9 +111,8 @@ def _print_summary(result: LaunchResult) -> None:
                 for line in failure.last_lines:
                     err.print(f"  | {line}", markup=False)
         err.print(f"node exit codes: {codes}")
-        unreachable = {n: m for n, m in result.teardown.items() if not m.startswith("{")}
-        for node, message in unreachable.items():
-            err.print(f"[yellow]teardown on {node}[/]: {message}", markup=True)
+        for failed in result.teardown.failed if result.teardown else ():
+            err.print(f"[yellow]teardown on {failed.node}[/]: {escape(failed.why)}")
     for node, problem in result.node_logs.items():
         if problem != "ok":
             err.print(f"[yellow]raw logs of {node} not collected[/]: {problem}")
@@ -122,15 +122,16 @@ def _print_summary(result: LaunchResult) -> None:
 class _PipelinePrinter:
     """Prints what the steps before the job found (orchestrator.run.pipeline)."""
 
-    def synced(self, plan: LaunchPlan, results: Sequence[SyncResult]) -> None:
+    def synced(self, plan: LaunchPlan, results: GroupResult[SyncedFiles]) -> None:
         err = _err()
         for r in results:
-            if r.shared:
+            done = r.value
+            if done is None:
+                err.print(f"[red]sync {r.node}[/]: {escape(r.why)}")
+            elif done.shared:
                 err.print(f"sync {r.node}: shares {plan.workdir} with the head, nothing to copy")
-            elif r.ok:
-                err.print(f"sync {r.node}: {r.sent} files copied, {r.unchanged} unchanged")
             else:
-                err.print(f"[red]sync {r.node}[/]: {r.problem}")
+                err.print(f"sync {r.node}: {done.sent} files copied, {done.unchanged} unchanged")
 
     def preflight_failed(self, report: DoctorReport) -> None:
         err = _err()
@@ -345,8 +346,8 @@ def kill(
             os.kill(record.head_pid, signal.SIGTERM)
     # Whatever the head does, stop the job on every node by its id.
     outcome = teardown_job(record.hosts, record.id, record.python, grace=grace, timeout=grace + 15)
-    for node, message in outcome.items():
-        err.print(f"{node}: {message}", markup=False)
+    for stopped in outcome:
+        err.print(f"{stopped.node}: {stopped.value or stopped.why}", markup=False)
     if alive:
         deadline = time.monotonic() + grace + 30
         while head_alive(record) and time.monotonic() < deadline:
@@ -358,5 +359,4 @@ def kill(
         record = finished(record, state="killed", exit_code=128 + signal.SIGTERM)
         run.save(record)
     err.print(f"job {record.id}: {shown_state(record)}")
-    unreachable = [n for n, m in outcome.items() if not m.startswith("{")]
-    raise typer.Exit(1 if unreachable else 0)
+    raise typer.Exit(0 if outcome.ok else 1)

@@ -18,11 +18,11 @@ import re
 import shlex
 import stat
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import UsageError
+from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.agent import node_dir
 from orchestrator.ssh.transport import NodeSession, SSHError, open_session
 
@@ -39,30 +39,13 @@ class PulledFile:
 
 
 @dataclass(frozen=True)
-class NodeCollection:
-    """What happened to one node's raw logs."""
+class PulledLogs:
+    """One node's raw logs, pulled back whole."""
 
-    node: str
-    ok: bool
     remote_dir: str
     local_dir: str
     files: tuple[PulledFile, ...] = ()
-    problem: str | None = None  # set when not ok
-    hint: str | None = None
     remote_removed: bool = False
-
-
-@dataclass(frozen=True)
-class CollectReport:
-    nodes: tuple[NodeCollection, ...]
-
-    @property
-    def ok(self) -> bool:
-        return all(n.ok for n in self.nodes)
-
-    @property
-    def failed(self) -> tuple[NodeCollection, ...]:
-        return tuple(n for n in self.nodes if not n.ok)
 
 
 class _Mismatch(Exception):
@@ -152,17 +135,15 @@ def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledF
 def _collect_over(
     session: NodeSession, node: str, remote_dir: str, local_dir: Path, keep_remote: bool,
     timeout: float,
-) -> NodeCollection:  # fmt: skip
-    base = {"node": node, "remote_dir": remote_dir, "local_dir": str(local_dir)}
+) -> NodeResult[PulledLogs]:  # fmt: skip
     problem = ""
     for _attempt in range(_ATTEMPTS):
         before = _remote_hashes(session, remote_dir, timeout)
         if before is None:
-            return NodeCollection(
-                ok=False,
-                problem=f"{node}: no raw logs at {remote_dir}",
-                hint="the job never started on this node, or its logs were already removed",
-                **base,
+            return failed(
+                node,
+                f"{node}: no raw logs at {remote_dir}",
+                "the job never started on this node, or its logs were already removed",
             )
         _pull_files(session, remote_dir, local_dir, sorted(before))
         after = _remote_hashes(session, remote_dir, timeout) or {}
@@ -176,12 +157,11 @@ def _collect_over(
         removed = False
         if not keep_remote:
             removed = _remove_remote(session, remote_dir, timeout)
-        return NodeCollection(ok=True, files=tuple(files), remote_removed=removed, **base)
-    return NodeCollection(
-        ok=False,
-        problem=f"{node}: raw logs did not arrive whole: {problem}",
-        hint=f"the node's copy was kept; fetch it by hand: scp -r {node}:{remote_dir} .",
-        **base,
+        return succeeded(node, PulledLogs(remote_dir, str(local_dir), tuple(files), removed))
+    return failed(
+        node,
+        f"{node}: raw logs did not arrive whole: {problem}",
+        f"the node's copy was kept; fetch it by hand: scp -r {node}:{remote_dir} .",
     )
 
 
@@ -202,32 +182,29 @@ def collect_node(
     keep_remote: bool = False,
     connect_timeout: float = 10.0,
     timeout: float = 120.0,
-) -> NodeCollection:
+) -> NodeResult[PulledLogs]:
     """Fetch one node's raw logs into dest_root/<node>/; never raises for a node problem."""
     if not _is_safe(job_id):
         raise UsageError(f"not a job id: {job_id!r}", "see `orch status` for the jobs there are")
     remote_dir = node_dir(job_id, node)
     local_dir = Path(dest_root) / node
-    base = {"node": node, "remote_dir": remote_dir, "local_dir": str(local_dir)}
     if not _is_safe(node):
-        return NodeCollection(
-            ok=False,
-            problem=f"{node!r}: not a node name orch will build a path from",
-            hint="name nodes by host name, IP or ssh alias (letters, digits, . _ - @)",
-            **{**base, "local_dir": ""},
+        return failed(
+            node,
+            f"{node!r}: not a node name orch will build a path from",
+            "name nodes by host name, IP or ssh alias (letters, digits, . _ - @)",
         )
     try:
         with open_session(node, timeout=connect_timeout) as session:
             return _collect_over(session, node, remote_dir, local_dir, keep_remote, timeout)
     except SSHError as err:
         hint = f"{err.failure.hint}; its logs stay on the node in {remote_dir}"
-        return NodeCollection(ok=False, problem=err.failure.message, hint=hint, **base)
+        return failed(node, err.failure.message, hint, err.failure.kind)
     except (OSError, EOFError) as err:  # SFTP or the connection failed mid-way
-        return NodeCollection(
-            ok=False,
-            problem=f"{node}: fetching {remote_dir} failed ({type(err).__name__}: {err})",
-            hint=f"its logs stay on the node; fetch them by hand: scp -r {node}:{remote_dir} .",
-            **base,
+        return failed(
+            node,
+            f"{node}: fetching {remote_dir} failed ({type(err).__name__}: {err})",
+            f"its logs stay on the node; fetch them by hand: scp -r {node}:{remote_dir} .",
         )
 
 
@@ -240,20 +217,12 @@ def collect_logs(
     connect_timeout: float = 10.0,
     timeout: float = 120.0,
     max_parallel: int = 16,
-) -> CollectReport:
-    """Every node's raw logs, in parallel; one NodeCollection per node, in order."""
-    if not nodes:
-        return CollectReport(())
-    with ThreadPoolExecutor(max_workers=min(max_parallel, len(nodes))) as pool:
-        results = pool.map(
-            lambda node: collect_node(
-                node,
-                job_id,
-                dest_root,
-                keep_remote=keep_remote,
-                connect_timeout=connect_timeout,
-                timeout=timeout,
-            ),
-            nodes,
-        )
-        return CollectReport(tuple(results))
+) -> GroupResult[PulledLogs]:
+    """Every node's raw logs, in parallel; one result per node, in order."""
+    def one(node: str) -> NodeResult[PulledLogs]:
+        return collect_node(
+            node, job_id, dest_root, keep_remote=keep_remote,
+            connect_timeout=connect_timeout, timeout=timeout,
+        )  # fmt: skip
+
+    return for_each_node(nodes, one, max_parallel=max_parallel)

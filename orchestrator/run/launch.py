@@ -32,6 +32,7 @@ from pathlib import Path
 
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogRouter, LogView
+from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
 from orchestrator.run.pdsh import (
@@ -47,7 +48,13 @@ from orchestrator.run.records import (
     now_iso,
     process_start_time,
 )
-from orchestrator.run.teardown import KILL_MARKER, teardown_job
+from orchestrator.run.teardown import (
+    KILL_MARKER,
+    NO_ANSWER,
+    UNREACHABLE,
+    StopReport,
+    teardown_job,
+)
 from orchestrator.run.verdict import (
     Event,
     HeadExited,
@@ -75,7 +82,7 @@ class LaunchResult:
     exit_code: int
     node_exit_codes: dict[str, int | None]
     first_failure: FirstFailure | None
-    teardown: dict[str, str]  # node -> what the kill program reported
+    teardown: GroupResult[StopReport] | None  # what the kill program found (no teardown: None)
     node_logs: dict[str, str]  # node -> "ok" or why its raw logs did not come back
 
 
@@ -202,7 +209,7 @@ class JobRunner:
             plan.hosts, self.settings, head_launcher=bool(plan.head_command)
         )
         self.signal: int | None = None
-        self.teardown: dict[str, str] = {}
+        self.teardown: GroupResult[StopReport] | None = None
         self._teardown_thread: threading.Thread | None = None
         self._teardown_done = threading.Event()
 
@@ -301,23 +308,19 @@ class JobRunner:
 
         # A node the teardown could not reach just now would only cost another timeout.
         unreachable = {
-            n
-            for n, said in self.teardown.items()
-            if said == "unreachable" or said.startswith("no answer")
+            r.node for r in (self.teardown or ()) if r.kind in (UNREACHABLE, NO_ANSWER)
         }
         reachable = [h for h in self.plan.hosts if h not in unreachable]
         report = collect_logs(
             reachable, self.plan.job_id, self.run_dir.node_logs,
             keep_remote=self.keep_remote_logs, connect_timeout=5.0, timeout=60.0,
         )  # fmt: skip
-        outcome = {
-            n.node: "ok" if n.ok else f"{n.problem} ({n.hint})" if n.hint else str(n.problem)
-            for n in report.nodes
-        }
+        outcome = {r.node: r.why for r in report}
         for node in unreachable:
             where = agent.node_dir(self.plan.job_id, node)
             outcome[node] = (
-                f"{node}: not tried, the teardown could not reach it ({self.teardown[node]}) "
+                f"{node}: not tried, the teardown could not reach it "
+                f"({self.teardown[node].problem if self.teardown else ''}) "
                 f"(its logs stay on the node in {where}; fetch them by hand: "
                 f"scp -r {node}:{where} .)"
             )

@@ -11,7 +11,6 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -19,11 +18,12 @@ from typing import Protocol
 from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogView
+from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan
 from orchestrator.run.launch import JobRunner, LaunchResult, prepare_run
 from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.records import RunDir, run_dir
-from orchestrator.run.sync import SyncResult
+from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.verdict import WatchSettings
 
 
@@ -35,7 +35,7 @@ def head_context(job_id: str, *, dry_run: bool) -> HeadContext:
 
 
 class PipelineReporter(Protocol):
-    def synced(self, plan: LaunchPlan, results: Sequence[SyncResult]) -> None: ...
+    def synced(self, plan: LaunchPlan, results: GroupResult[SyncedFiles]) -> None: ...
 
     def preflight_failed(self, report: DoctorReport) -> None: ...
 
@@ -86,7 +86,7 @@ def _sync(plan: LaunchPlan, reporter: PipelineReporter) -> None:
 
     results = sync_workdir(plan.hosts, os.getcwd(), plan.workdir)
     reporter.synced(plan, results)
-    failed = [r.node for r in results if not r.ok]
+    failed = [r.node for r in results.failed]
     if failed:
         raise OrchError(
             f"--sync could not copy {os.getcwd()} to {', '.join(failed)}; nothing was started",

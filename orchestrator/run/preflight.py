@@ -28,6 +28,7 @@ from orchestrator.checks.model import (
     NodeProbe,
 )
 from orchestrator.checks.report import build_report
+from orchestrator.pernode import NodeResult, succeeded
 from orchestrator.probe.commands import (
     collective_command,
     connect_request,
@@ -42,21 +43,21 @@ from orchestrator.probe.facts import (
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile
 from orchestrator.ssh.transport import (
-    NodeOutcome,
+    CommandResult,
     RemoteProcess,
     SSHError,
+    failure_result,
     load_ssh_config,
     open_session,
     run_on_nodes,
 )
 
 
-def _to_probe(outcome: NodeOutcome) -> NodeProbe:
-    if outcome.failure is not None:
-        f = outcome.failure
-        return NodeProbe(outcome.node, None, NodeError(f.kind, f.message, f.hint))
-    result = outcome.result
-    assert result is not None
+def _to_probe(outcome: NodeResult[CommandResult]) -> NodeProbe:
+    result = outcome.value
+    if result is None:
+        error = NodeError(outcome.kind or "other", outcome.problem or "", outcome.hint or "")
+        return NodeProbe(outcome.node, None, error)
     try:
         return NodeProbe(outcome.node, parse_facts(outcome.node, result.stdout))
     except ProbeError as err:
@@ -103,20 +104,20 @@ def probe_nodes(
     listen = listen_request(main_port, peers=len(others), window=4 * timeout + 10)
     process: RemoteProcess | None = None
     first_line = b""
-    main_outcome: NodeOutcome | None = None
+    main_outcome: NodeResult[CommandResult] | None = None
     listening = False
     try:
         session = open_session(
             main, timeout=timeout, accept_new_host_keys=accept_new_host_keys, config=config
         )
     except SSHError as err:
-        main_outcome = NodeOutcome(main, None, err.failure)
+        main_outcome = failure_result(err.failure)
     else:
         try:
             process = session.start(command(main, listen), timeout)
         except SSHError as err:
             session.close()
-            main_outcome = NodeOutcome(main, None, err.failure)
+            main_outcome = failure_result(err.failure)
         else:
             first_line = process.read_line(timeout) or b""
             listening, _ = parse_listening(first_line)
@@ -135,9 +136,9 @@ def probe_nodes(
             try:
                 result = process.wait(timeout)
                 result = replace(result, stdout=first_line + result.stdout)
-                main_outcome = NodeOutcome(main, result, None)
+                main_outcome = succeeded(main, result)
             except SSHError as err:
-                main_outcome = NodeOutcome(main, None, err.failure)
+                main_outcome = failure_result(err.failure)
     finally:
         if process is not None:
             process.close()
@@ -164,11 +165,11 @@ def run_collective(
     outcomes = run_on_nodes(names, command, timeout=timeout + 30, connect_timeout=timeout)
     results = []
     for outcome in outcomes:
-        if outcome.failure is not None:
-            results.append(CollectiveResult(outcome.node, False, error=outcome.failure.message))
+        result = outcome.value
+        if result is None:
+            results.append(CollectiveResult(outcome.node, False, error=outcome.problem))
             continue
-        assert outcome.result is not None
-        text = outcome.result.stdout.decode(errors="replace")
+        text = result.stdout.decode(errors="replace")
         doc = next(
             (
                 json.loads(line.split(" ", 1)[1])
@@ -178,8 +179,8 @@ def run_collective(
             None,
         )
         if doc is None:
-            tail = outcome.result.stderr.decode(errors="replace").strip().splitlines()[-2:]
-            error = " | ".join(tail) or f"exit {outcome.result.exit_code}, no result"
+            tail = result.stderr.decode(errors="replace").strip().splitlines()[-2:]
+            error = " | ".join(tail) or f"exit {result.exit_code}, no result"
             results.append(CollectiveResult(outcome.node, False, error=error))
             continue
         results.append(

@@ -19,26 +19,25 @@ import secrets
 import shlex
 import stat
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from pathspec import GitIgnoreSpec
 
-from orchestrator.ssh.transport import SFTPClient, SSHError, open_session
+from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
+from orchestrator.ssh.transport import SFTPClient, SSHError, failure_result, open_session
 
 ALWAYS_SKIPPED = (".git", ".venv", "venv", "__pycache__", ".orch-sync-marker-*")
 _MARKER_PREFIX = ".orch-sync-marker-"
 
 
 @dataclass(frozen=True)
-class SyncResult:
-    node: str
-    ok: bool
+class SyncedFiles:
+    """What --sync did on one node."""
+
     sent: int = 0  # files copied
     unchanged: int = 0  # files already there
     shared: bool = False  # the node sees the head's directory itself: nothing to copy
-    problem: str | None = None
 
 
 class IgnoreRules:
@@ -93,7 +92,7 @@ def files_to_sync(root: Path) -> list[str]:
 
 def _sync_node(
     node: str, root: Path, remote_root: str, files: Sequence[str], marker: str, timeout: float
-) -> SyncResult:
+) -> NodeResult[SyncedFiles]:
     try:
         with open_session(node, timeout=timeout) as session:
             probe = session.run(
@@ -102,25 +101,26 @@ def _sync_node(
                 timeout=timeout,
             )
             if b"shared" in probe.stdout:
-                return SyncResult(node, ok=True, shared=True)
+                return succeeded(node, SyncedFiles(shared=True))
             if probe.exit_code != 0:
                 message = probe.stderr.decode(errors="replace").strip()
-                return SyncResult(node, ok=False, problem=f"cannot create {remote_root}: {message}")
+                return failed(
+                    node, f"{node}: cannot create {remote_root}: {message}",
+                    "check that the directory's parent exists and is writable on the node",
+                )  # fmt: skip
             sftp = session.sftp()
             sftp.get_channel().settimeout(timeout)
             try:
-                return _copy(node, sftp, root, remote_root, files)
+                return succeeded(node, _copy(sftp, root, remote_root, files))
             finally:
                 sftp.close()
     except SSHError as err:
-        return SyncResult(node, ok=False, problem=err.failure.message)
+        return failure_result(err.failure)
     except OSError as err:
-        return SyncResult(node, ok=False, problem=f"{node}: copy failed ({err})")
+        return failed(node, f"{node}: copy failed ({err})", "check the node's free disk space")
 
 
-def _copy(
-    node: str, sftp: SFTPClient, root: Path, remote_root: str, files: Sequence[str]
-) -> SyncResult:
+def _copy(sftp: SFTPClient, root: Path, remote_root: str, files: Sequence[str]) -> SyncedFiles:
     made: set[str] = {remote_root}
     sent = unchanged = 0
     for relative in files:
@@ -139,7 +139,7 @@ def _copy(
         sftp.chmod(remote, stat.S_IMODE(info.st_mode))
         sftp.utime(remote, (info.st_atime, info.st_mtime))
         sent += 1
-    return SyncResult(node, ok=True, sent=sent, unchanged=unchanged)
+    return SyncedFiles(sent=sent, unchanged=unchanged)
 
 
 def _makedirs(sftp: SFTPClient, directory: str, made: set[str]) -> None:
@@ -156,19 +156,17 @@ def _makedirs(sftp: SFTPClient, directory: str, made: set[str]) -> None:
 def sync_workdir(
     nodes: Sequence[str], local_root: str | os.PathLike[str], remote_root: str,
     *, timeout: float = 30.0, max_parallel: int = 16,
-) -> list[SyncResult]:  # fmt: skip
+) -> GroupResult[SyncedFiles]:  # fmt: skip
     """Copy local_root to remote_root on every node; one result per node, in order."""
     root = Path(local_root).resolve()
     files = files_to_sync(root)
     marker = f"{_MARKER_PREFIX}{secrets.token_hex(8)}"
     (root / marker).write_text("orch --sync: shared filesystem check\n")
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(nodes)))) as pool:
-            return list(
-                pool.map(
-                    lambda node: _sync_node(node, root, remote_root, files, marker, timeout),
-                    nodes,
-                )
-            )
+        return for_each_node(
+            nodes,
+            lambda node: _sync_node(node, root, remote_root, files, marker, timeout),
+            max_parallel=max_parallel,
+        )
     finally:
         (root / marker).unlink(missing_ok=True)

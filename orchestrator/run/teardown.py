@@ -1,32 +1,84 @@
 """Tearing a job down on every node: the kill-by-job-id program, run through a fresh pdsh
-so that it works even when the job's own channel is wedged."""
+so that it works even when the job's own channel is wedged. One result per node."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
 from orchestrator.run.pdsh import run_pdsh, ssh_exit_of
 
 # `orch kill` leaves this file in the run directory, so the head reports "killed".
 KILL_MARKER = "kill-requested"
+# Failure kinds of a node the teardown could not reach at all (not worth a second try).
+UNREACHABLE, NO_ANSWER, KILL_FAILED = "unreachable", "no-answer", "kill-failed"
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What the kill program found on a node: the job's processes, those it had to KILL
+    after the grace period, and those still there."""
+
+    found: int
+    killed: int
+    left: int
+
+    def __str__(self) -> str:
+        text = f"stopped {self.found} process(es), {self.killed} with KILL"
+        return text + (f", {self.left} still running" if self.left else "")
 
 
 def teardown_job(
-    hosts: tuple[str, ...] | list[str], job_id: str, python: str, *, grace: float, timeout: float
-) -> dict[str, str]:
-    """Run the kill-by-job-id program on every host; what each one said (or why not)."""
+    hosts: Sequence[str], job_id: str, python: str, *, grace: float, timeout: float
+) -> GroupResult[StopReport]:
+    """Run the kill-by-job-id program on every host; what each one found (or why not)."""
     run = run_pdsh(
         list(hosts), kill_command(python, job_id, grace), timeout=max(timeout, grace + 5)
     )
-    outcome: dict[str, str] = {}
-    for node, line in run.output:
-        if node in hosts and line.startswith("{"):
-            outcome[node] = line
+    return stop_results(hosts, run.output, timed_out=run.timed_out)
+
+
+def stop_results(
+    hosts: Sequence[str], output: Sequence[tuple[str, str]], *, timed_out: bool
+) -> GroupResult[StopReport]:
+    """Each host's result from pdsh's output of the kill program: (node, line) pairs, node
+    "" for pdsh's own messages."""
+    found: dict[str, NodeResult[StopReport]] = {}
+    for node, line in output:
+        if node in hosts and node not in found:
+            report = _stop_report(line)
+            if report is not None:
+                found[node] = succeeded(node, report)
         elif node == "":
             lost = ssh_exit_of(line.split(": ", 1)[-1])
-            if lost is not None and lost[0] in hosts:
-                node_name, code = lost
-                why = f"kill failed (exit {code})"
-                outcome.setdefault(node_name, "unreachable" if code == 255 else why)
+            if lost is not None and lost[0] in hosts and lost[0] not in found:
+                found[lost[0]] = _ssh_failure(*lost)
     for host in hosts:
-        outcome.setdefault(host, "no answer (timed out)" if run.timed_out else "no answer")
-    return outcome
+        if host not in found:
+            why = "no answer (timed out)" if timed_out else "no answer"
+            found[host] = failed(host, f"{host}: {why}", _STOPS_ITSELF, NO_ANSWER)
+    return GroupResult(tuple(found[h] for h in hosts))
+
+
+_STOPS_ITSELF = "its agent stops the job by itself once it notices the head is gone"
+
+
+def _stop_report(line: str) -> StopReport | None:
+    try:
+        doc = json.loads(line)
+        return StopReport(int(doc["found"]), int(doc["killed"]), int(doc["left"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _ssh_failure(node: str, code: int) -> NodeResult[StopReport]:
+    if code == 255:
+        return failed(node, f"{node}: unreachable (ssh exit 255)", _STOPS_ITSELF, UNREACHABLE)
+    return failed(
+        node, f"{node}: kill failed (exit {code})",
+        f"run `orch kill` again; if it fails again, check that {node} has a working python3 "
+        f"(`ssh {node} python3 -V`)", KILL_FAILED,
+    )  # fmt: skip

@@ -28,13 +28,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import paramiko
 
 from orchestrator.errors import OrchError
+from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 
 DEFAULT_USER_CONFIG = "~/.ssh/config"
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
@@ -77,17 +77,6 @@ class CommandResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
-
-
-@dataclass(frozen=True)
-class NodeOutcome:
-    node: str
-    result: CommandResult | None
-    failure: SSHFailure | None
-
-    @property
-    def ok(self) -> bool:
-        return self.result is not None and self.result.exit_code == 0
 
 
 def _fail(node: str, kind: str, message: str, hint: str) -> SSHError:
@@ -847,6 +836,11 @@ def open_session(
 
 
 # ----- many nodes at once --------------------------------------------------------------
+def failure_result(failure: SSHFailure) -> NodeResult:
+    """An SSH failure as the node's failed result."""
+    return failed(failure.node, failure.message, failure.hint, failure.kind)
+
+
 def run_on_nodes(
     nodes: Sequence[str],
     command: str | Callable[[str], str],
@@ -856,17 +850,16 @@ def run_on_nodes(
     connect_timeout: float = 10.0,
     accept_new_host_keys: bool = False,
     stdin: bytes | None = None,
-) -> list[NodeOutcome]:
-    """Run a command on every node in parallel; one outcome per node, in order.
+) -> GroupResult[CommandResult]:
+    """Run a command on every node in parallel; one result per node, in order (a node
+    succeeded when the command ran, whatever its exit code).
 
     A node's time is bounded by connect_timeout + timeout: a node that hangs
     delays the result by at most that, whatever the others do.
     """
-    if not nodes:
-        return []
-    config = load_ssh_config()
+    config = load_ssh_config() if nodes else None
 
-    def one(node: str) -> NodeOutcome:
+    def one(node: str) -> NodeResult[CommandResult]:
         text = command(node) if callable(command) else command
         try:
             with open_session(
@@ -875,18 +868,15 @@ def run_on_nodes(
                 accept_new_host_keys=accept_new_host_keys,
                 config=config,
             ) as session:
-                return NodeOutcome(node, session.run(text, timeout, stdin), None)
+                return succeeded(node, session.run(text, timeout, stdin))
         except SSHError as err:
-            return NodeOutcome(node, None, err.failure)
+            return failure_result(err.failure)
         except Exception as err:
-            failure = SSHFailure(
+            return failed(
                 node,
-                "other",
                 f"{node}: {type(err).__name__}: {err}",
                 "run `ssh -v " + shlex.quote(node) + " true` to see more",
+                "other",
             )
-            return NodeOutcome(node, None, failure)
 
-    workers = max(1, min(max_parallel, len(nodes)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="orch-ssh") as pool:
-        return list(pool.map(one, nodes))
+    return for_each_node(nodes, one, max_parallel=max_parallel)
