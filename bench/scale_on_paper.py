@@ -146,7 +146,7 @@ def pdsh_cost(names: list[str], reps: int) -> tuple[list[float], list[float]]:
 
 def paramiko_cost(names: list[str], reps: int) -> tuple[list[float], list[float], Footprint]:
     """Wall and in-process CPU of orch's run_on_nodes over every node, and its footprint."""
-    from orchestrator.ssh.transport import run_on_nodes
+    from orchestrator.ssh import run_on_nodes
 
     walls, cpus = [], []
     for _ in range(reps):

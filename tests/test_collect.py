@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.remote.agent import node_dir
 from orchestrator.run.collect import collect_logs, collect_node
-from orchestrator.ssh.transport import run_on_nodes
+from orchestrator.ssh import run_on_nodes
 
 pytestmark = pytest.mark.sandbox
 

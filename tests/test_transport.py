@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.ssh.transport import (
+from orchestrator.ssh import (
     SSHError,
     check_host_key,
     expand_includes,

@@ -109,7 +109,7 @@ def _gpu_counts(names: list[str], timeout: float) -> dict[str, int]:
     # Imported here: only --slots auto needs SSH, the other commands stay offline.
     from orchestrator.probe.commands import probe_command
     from orchestrator.probe.facts import ProbeError, parse_facts
-    from orchestrator.ssh.transport import run_on_nodes
+    from orchestrator.ssh import run_on_nodes
 
     command = probe_command(sys.executable, workdir=None, script=None, names=names)
     outcomes = run_on_nodes(names, command, timeout=timeout, connect_timeout=timeout)

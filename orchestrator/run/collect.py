@@ -24,7 +24,7 @@ from pathlib import Path
 from orchestrator.errors import UsageError
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.agent import node_dir
-from orchestrator.ssh.transport import NodeSession, SSHError, open_session
+from orchestrator.ssh import NodeSession, SSHError, open_session
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
 _PARTIAL_SUFFIX = ".partial"

@@ -42,7 +42,7 @@ from orchestrator.probe.facts import (
 )
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile
-from orchestrator.ssh.transport import (
+from orchestrator.ssh import (
     CommandResult,
     RemoteProcess,
     SSHError,

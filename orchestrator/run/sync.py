@@ -25,7 +25,7 @@ from pathlib import Path
 from pathspec import GitIgnoreSpec
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
-from orchestrator.ssh.transport import SFTPClient, SSHError, failure_result, open_session
+from orchestrator.ssh import SFTPClient, SSHError, failure_result, open_session
 
 ALWAYS_SKIPPED = (".git", ".venv", "venv", "__pycache__", ".orch-sync-marker-*")
 _MARKER_PREFIX = ".orch-sync-marker-"
