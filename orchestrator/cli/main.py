@@ -7,12 +7,19 @@ import sys
 
 from rich.console import Console
 
-from orchestrator.cli import doctor_cmds, files_cmds, job_cmds, logs_cmds, sandbox_cmds
+from orchestrator.cli import (
+    doctor_cmds,
+    files_cmds,
+    job_cmds,
+    logs_cmds,
+    sandbox_cmds,
+    stacks_cmds,
+)
 from orchestrator.cli.app import app, debug_requested
 from orchestrator.errors import OrchError
 
 # Importing a command module registers its commands on `app`.
-COMMAND_GROUPS = (doctor_cmds, files_cmds, job_cmds, logs_cmds, sandbox_cmds)
+COMMAND_GROUPS = (doctor_cmds, files_cmds, job_cmds, logs_cmds, sandbox_cmds, stacks_cmds)
 
 
 def main(argv: list[str] | None = None) -> None:

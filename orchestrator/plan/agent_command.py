@@ -28,14 +28,26 @@ def _load(name, source):
     sys.modules[name] = module
     exec(compile(source, name, "exec"), module.__dict__)
     return module
-_load("orch_logwire", %r)
-sys.exit(_load("orch_agent", %r).main(sys.argv[1:]))
+_load(%r, %r)
+sys.exit(_load(%r, %r).main(sys.argv[1:]))
 """
 
 
-def _blob() -> str:
-    payload = _BOOT % (program_source("logwire"), program_source("agent"))
+def _boot_blob(helper: str, program: str) -> str:
+    """remote/<program>.py run with remote/<helper>.py loaded beside it (as orch_<name>)."""
+    payload = _BOOT % (
+        f"orch_{helper}", program_source(helper), f"orch_{program}", program_source(program)
+    )
     return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
+
+
+def _blob() -> str:
+    return _boot_blob("logwire", "agent")
+
+
+def _stacks_blob() -> str:
+    # `orch stacks`: the agent is loaded, not run, for its job_pids and _rank_of.
+    return _boot_blob("agent", "stacks")
 
 
 def _python_c(python: str, blob: str) -> str:
@@ -58,3 +70,13 @@ def kill_command(python: str, job_id: str, grace: float) -> str:
     """
     fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
     return fallback + f"{_python_c('$P', _blob())} kill {shlex.quote(job_id)} {grace:g}"
+
+
+def stacks_command(python: str, job_id: str, node: str, *, seconds: float, rate: int) -> str:
+    """The remote shell command that prints the stacks (seconds 0) or a sampling profile of
+    the job's ranks on `node` as one JSON document. Like the kill program it needs only the
+    standard library, so any python3 runs it when the job's interpreter is missing; py-spy
+    is looked for beside the job's interpreter first."""
+    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
+    words = (job_id, node, python, f"{seconds:g}", str(rate))
+    return fallback + f"{_python_c('$P', _stacks_blob())} " + " ".join(map(shlex.quote, words))

@@ -1,0 +1,87 @@
+"""Taking every rank's stack (or a sampling profile) over SSH, and keeping it in the record.
+
+`gather_stacks` is the one way to do it: `orch stacks` calls it, and so can anything
+else that wants the stacks of a running job (a hang, a teardown). Every node is asked
+at once; each answers for itself, so one bad node never hides the others.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.pernode import NodeResult
+from orchestrator.plan.agent_command import stacks_command
+from orchestrator.remote.stacks import STARTUP_SLACK_S
+from orchestrator.ssh import CommandResult, run_on_nodes
+from orchestrator.stacks.model import (
+    BAD_OUTPUT,
+    TIMEOUT,
+    UNREACHABLE,
+    NodeReport,
+    failure_hint,
+    node_failure,
+    parse_node_report,
+)
+
+STACKS_DIR = "stacks"
+DEFAULT_RATE = 50  # samples per second and rank: cheap enough for many ranks on few cores
+_CONNECT_TIMEOUT_S = 10.0
+
+
+def gather_stacks(
+    hosts: Sequence[str],
+    job_id: str,
+    python: str,
+    timeout: float,
+    *,
+    profile_seconds: float | None = None,
+    rate: int = DEFAULT_RATE,
+) -> list[NodeReport]:
+    """Every rank's stack on every host (a profile of `profile_seconds` when given), one
+    report per host in order. Bounded: a host's answer takes at most `timeout` seconds
+    (plus the profile's length), whatever the others do."""
+    seconds = profile_seconds or 0.0
+    budget = timeout + (seconds + STARTUP_SLACK_S if seconds else 0.0)
+
+    def command(node: str) -> str:
+        return stacks_command(python, job_id, node, seconds=seconds, rate=rate)
+
+    answers = run_on_nodes(
+        list(hosts), command, timeout=budget, connect_timeout=min(timeout, _CONNECT_TIMEOUT_S)
+    )
+    return [_node_report(answer, python, job_id) for answer in answers]
+
+
+def _node_report(answer: NodeResult[CommandResult], python: str, job_id: str) -> NodeReport:
+    node = answer.node
+    if not answer.ok or answer.value is None:
+        kind = TIMEOUT if answer.kind == "timeout" else UNREACHABLE
+        return node_failure(node, kind, answer.problem or f"{node}: no answer", answer.hint or "")
+    result = answer.value
+    if result.exit_code != 0:
+        lines = result.stderr.decode(errors="replace").strip().splitlines()
+        said = lines[-1] if lines else f"exit code {result.exit_code}"
+        return node_failure(
+            node,
+            BAD_OUTPUT,
+            f"{node}: the stacks program failed ({said})",
+            failure_hint(BAD_OUTPUT, python, job_id),
+        )
+    return parse_node_report(node, result.stdout.decode(errors="replace"), python, job_id)
+
+
+def save_stacks(run_path: Path, document: dict) -> Path:
+    """Keep one call's document as runs/<job>/stacks/<UTC time>.json; never overwrites."""
+    directory = run_path / STACKS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    target = directory / f"{stamp}.json"
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = directory / f"{stamp}-{suffix}.json"
+    target.write_text(json.dumps(document, indent=2) + "\n")
+    return target

@@ -1,0 +1,79 @@
+"""One call of `orch stacks` as a value, and the one JSON document it prints and keeps. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.stacks.fold import FoldedStacks, fold_ranks, folded_json
+from orchestrator.stacks.model import NodeReport, RankStacks, all_ranks
+from orchestrator.stacks.profile import (
+    RankProfile,
+    StragglerVerdict,
+    profile_json,
+    rank_profile,
+    straggler_verdict,
+)
+
+
+@dataclass(frozen=True)
+class StacksResult:
+    job_id: str
+    taken_at: str
+    seconds: float | None  # None: one dump of every rank; else a profile that long
+    nodes: tuple[NodeReport, ...]
+    folded: FoldedStacks | None = None
+    profiles: tuple[RankProfile, ...] = ()
+    verdict: StragglerVerdict | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every node answered and every rank on it could be read."""
+        return all(node.ok for node in self.nodes)
+
+    @property
+    def ranks(self) -> list[RankStacks]:
+        return all_ranks(self.nodes)
+
+
+def analyse(
+    job_id: str, taken_at: str, seconds: float | None, nodes: Sequence[NodeReport]
+) -> StacksResult:
+    ranks = all_ranks(nodes)
+    if seconds is None:
+        return StacksResult(job_id, taken_at, None, tuple(nodes), folded=fold_ranks(ranks))
+    profiles = tuple(rank_profile(rank) for rank in ranks if rank.ok)
+    verdict = straggler_verdict(profiles)
+    return StacksResult(job_id, taken_at, seconds, tuple(nodes), profiles=profiles, verdict=verdict)
+
+
+def _rank_json(rank: RankStacks) -> dict[str, Any]:
+    doc: dict[str, Any] = {"rank": rank.rank, "pid": rank.pid, "ok": rank.ok}
+    if not rank.ok:
+        doc.update(error=rank.error, kind=rank.kind, hint=rank.hint)
+    return doc
+
+
+def _node_json(node: NodeReport) -> dict[str, Any]:
+    doc: dict[str, Any] = {"node": node.node, "ok": node.ok}
+    if node.error:
+        doc.update(error=node.error, kind=node.kind, hint=node.hint)
+    doc["ranks"] = [_rank_json(rank) for rank in node.ranks]
+    return doc
+
+
+def result_json(result: StacksResult) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "job": result.job_id,
+        "taken_at": result.taken_at,
+        "mode": "dump" if result.seconds is None else "profile",
+        "seconds": result.seconds,
+        "ok": result.ok,
+        "nodes": [_node_json(node) for node in result.nodes],
+    }
+    if result.folded is not None:
+        doc["stacks"] = folded_json(result.folded)
+    if result.verdict is not None:
+        doc["profile"] = profile_json(result.profiles, result.verdict)
+    return doc

@@ -1,0 +1,67 @@
+"""A torch.distributed (gloo) job that steps until it is told to stop, for `orch stacks`.
+
+Each step computes for `--compute` seconds (`--slow-factor` times that on `--slow-rank`),
+then joins one all_reduce that also carries rank 0's stop flag: rank 0 raises it once
+`--stop-file` exists or `--max-seconds` have passed, so every rank leaves the loop at
+the same step and the job ends with exit 0. With `--compute 0` every rank loops in
+all_reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def compute(seconds: float) -> None:
+    """Busy for `seconds` of wall-clock time, in the user's code (bounded by the clock, so
+    the step takes as long whatever else shares the cores)."""
+    matrix = torch.ones(32, 32)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        matrix = torch.mm(matrix, matrix).clamp_(max=1.0)
+
+
+def should_stop(args: argparse.Namespace, started: float) -> bool:
+    if args.stop_file and os.path.exists(args.stop_file):
+        return True
+    return time.monotonic() - started > args.max_seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--compute", type=float, default=0.0)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-factor", type=float, default=1.0)
+    parser.add_argument("--stop-file", default="")
+    parser.add_argument("--max-seconds", type=float, default=300.0)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)  # several ranks share few cores
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank}/{world} up on {socket.gethostname()}", flush=True)
+    my_compute = args.compute * (args.slow_factor if rank == args.slow_rank else 1.0)
+    started = time.monotonic()
+    steps = 0
+    while True:
+        compute(my_compute)
+        flag = torch.tensor([1.0 if rank == 0 and should_stop(args, started) else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        steps += 1
+        if flag.item() > 0:
+            break
+    print(f"rank {rank} done after {steps} steps", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
