@@ -8,11 +8,21 @@ import json
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launch_support import REPO, free_port, job_ids, log_text, run_orch, start_orch, wait_for
+from launch_support import (
+    REPO,
+    free_port,
+    job_ids,
+    job_processes,
+    log_text,
+    run_orch,
+    start_orch,
+    wait_for,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -25,10 +35,10 @@ def cluster(sandbox_factory):
     return sandbox_factory(3, 2)
 
 
-def _launch_args(hostfile: str, *script_args: str) -> list[str]:
+def _launch_args(hostfile: str, *script_args: str, options: tuple[str, ...] = ()) -> list[str]:
     return [
         "launch", "--hostfile", hostfile, "--launcher", "torchrun", "--nproc-per-node", "2",
-        "--main-port", str(free_port()), "--no-doctor", STEPPING, "--", *script_args,
+        "--main-port", str(free_port()), "--no-doctor", *options, STEPPING, "--", *script_args,
     ]  # fmt: skip
 
 
@@ -46,9 +56,9 @@ def running_job(cluster, tmp_path: Path) -> Iterator:
     stop = tmp_path / "stop"
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(*script_args: str) -> tuple[str, subprocess.Popen[bytes]]:
+    def start(*script_args: str, options: tuple[str, ...] = ()) -> tuple[str, subprocess.Popen]:
         args = _launch_args(state.hostfile, "--stop-file", str(stop), "--max-seconds", "240",
-                            *script_args)  # fmt: skip
+                            *script_args, options=options)  # fmt: skip
         head = start_orch(args, runs, tmp_path / "launch.out")
         started.append(head)
         assert wait_for(lambda: job_ids(runs), 60), (tmp_path / "launch.out").read_text()
@@ -156,3 +166,54 @@ def test_profile_names_the_slow_rank_and_only_it(running_job):
     for rank in others:  # every other rank waits for it, by more than the margin
         assert rank["comm_share"] - straggler["comm_share"] >= profile["margin"]
     assert _stopped_cleanly(head, stop) == 0
+
+
+def _nothing_left(nodes: list[str], job_id: str) -> None:
+    for node in nodes:
+        assert job_processes(node, job_id) == [], f"job left running on {node}"
+
+
+def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path):
+    start, _stop, runs, nodes = running_job
+    job_id, head = start("--compute", "0", "--stall-rank", "3", "--stall-after", "3",
+                         options=("--hang-timeout", "30"))  # fmt: skip
+    assert wait_for(lambda: "rank 3 stalls" in "".join(log_text(runs, job_id, n) for n in nodes),
+                    60)  # fmt: skip
+    stalled_at = time.monotonic()
+    code = head.wait(75)
+    assert time.monotonic() - stalled_at < 75
+    said = (tmp_path / "launch.out").read_text()
+    assert code == 124, said
+    assert "hang: no rank wrote anything for 3" in said
+    assert "rank 3 on" in said and "next_batch_that_never_comes" in said
+    own = [line for line in said.splitlines() if not line.startswith(tuple(nodes))]
+    assert not [line for line in own if "Traceback" in line], said  # orch's own lines
+    assert "stood together at" in said and "inside all_reduce" in said
+
+    record = json.loads((runs / job_id / "job.json").read_text())
+    assert (record["state"], record["exit_code"]) == ("failed", 124)
+    failure = record["first_failure"]
+    assert (failure["kind"], failure["rank"], failure["node"]) == ("hang", 3, nodes[1])
+    kept = json.loads((runs / job_id / record["teardown_stacks"]).read_text())
+    assert _folded_ranks(kept) == RANKS  # every rank's stack is in the record
+    assert [o["rank"] for o in kept["stacks"]["stand_apart"]] == [3]
+    _nothing_left(nodes, job_id)
+
+
+def test_a_crash_keeps_where_the_survivors_stood(running_job, tmp_path):
+    start, _stop, runs, nodes = running_job
+    # The others are busy in `compute` for 30 s when rank 3 exits 7.
+    job_id, head = start("--compute", "30", "--fail-rank", "3", "--fail-after", "0")
+    code = head.wait(120)
+    said = (tmp_path / "launch.out").read_text()
+    assert code == 7, said
+    record = json.loads((runs / job_id / "job.json").read_text())
+    assert record["first_failure"]["rank"] == 3
+    kept = json.loads((runs / job_id / record["teardown_stacks"]).read_text())
+    survivors = [0, 1, 4, 5]  # rank 3's node stopped its other rank when it failed
+    assert set(survivors) <= set(_folded_ranks(kept)) and 3 not in _folded_ranks(kept)
+    functions = {f["function"] for b in kept["stacks"]["blocks"] for t in b["threads"]
+                 for f in t["frames"]}  # fmt: skip
+    assert "compute" in functions
+    assert "every running rank's stack:" in said
+    _nothing_left(nodes, job_id)

@@ -7,18 +7,25 @@ import signal
 import pytest
 
 from orchestrator.run.verdict import (
+    HANG_EXIT_CODE,
     Decision,
+    Failure,
     HeadExited,
     Interrupted,
     JobVerdict,
     NodeExited,
     NodeHeard,
     OutputEnded,
+    RankOutput,
     SshEnded,
     TeardownDone,
     Tick,
     WatchSettings,
+    hang_culprit,
 )
+from orchestrator.stacks.fold import FoldedStacks, Outlier
+from orchestrator.stacks.model import Frame
+from orchestrator.stacks.report import StacksResult
 
 HOSTS = ("n1", "n2", "n3")
 SETTINGS = WatchSettings(
@@ -214,3 +221,71 @@ def test_events_of_nodes_outside_the_job_are_ignored():
     decisions = _feed(verdict, NodeHeard("other", 0), _exit("other", 1, 9),
                       SshEnded("other", 255, 1), Tick(200))  # fmt: skip
     assert _teardowns(decisions) == []
+
+
+def _hang_verdict(timeout: float | None) -> JobVerdict:
+    settings = WatchSettings(heartbeat_timeout=15, hang_timeout=timeout)
+    return JobVerdict(HOSTS, settings, head_launcher=False)
+
+
+@pytest.mark.parametrize(
+    ("quiet_for", "hung"), [(29.0, False), (30.5, True)]
+)
+def test_a_job_whose_ranks_stop_writing_while_every_node_answers_hung(quiet_for, hung):
+    verdict = _hang_verdict(30)
+    _feed(verdict, *_all_heard(0), RankOutput(5))
+    decisions = []
+    for at in range(6, int(5 + quiet_for) + 1):  # heartbeats keep coming, no output
+        decisions += _feed(verdict, *_all_heard(at))
+    decisions += _feed(verdict, Tick(5 + quiet_for))
+    failures = _teardowns(decisions)
+    assert bool(failures) is hung
+    if hung:
+        [failure] = failures
+        assert failure.kind == "hang" and failure.exit_code == HANG_EXIT_CODE == 124
+        assert failure.reason == "hang: no rank wrote anything for 30 s"
+        outcome = verdict.outcome(-15, stopped_by_us=True)
+        assert (outcome.state, outcome.exit_code) == ("failed", 124)
+
+
+def test_output_keeps_a_job_from_counting_as_hung_and_no_timeout_means_never():
+    talking = _hang_verdict(30)
+    for at in range(0, 200, 10):
+        assert _teardowns(_feed(talking, *_all_heard(at), RankOutput(at))) == []
+    silent_but_unchecked = _hang_verdict(None)
+    for at in range(0, 200, 10):
+        assert _teardowns(_feed(silent_but_unchecked, *_all_heard(at))) == []
+
+
+def test_a_job_that_never_wrote_anything_hangs_from_its_start():
+    verdict = _hang_verdict(30)
+    decisions = []
+    for at in (0, 5, 10, 15, 20, 25, 30, 30.5):  # heartbeats only
+        decisions += _feed(verdict, *_all_heard(at))
+    [failure] = _teardowns(decisions)
+    assert failure.kind == "hang"
+
+
+def test_a_job_whose_nodes_all_exited_is_quiet_not_hung():
+    verdict = _hang_verdict(30)
+    _feed(verdict, *_all_heard(0), RankOutput(1), *(_exit(h, 2) for h in HOSTS))
+    assert _teardowns(_feed(verdict, Tick(40), Tick(61))) == []
+    assert verdict.outcome(0, stopped_by_us=True).state == "succeeded"
+
+
+def _stacks_with(outliers: tuple[Outlier, ...]) -> StacksResult:
+    folded = FoldedStacks(blocks=(), majority=None, outliers=outliers, failed=())
+    return StacksResult("j1", "2026-11-23T00:00:00Z", None, (), folded=folded)
+
+
+def test_a_hang_names_the_rank_that_stands_apart_and_where():
+    hang = Failure("", "hang: no rank wrote anything for 31 s", HANG_EXIT_CODE, kind="hang")
+    stuck = Outlier(rank=3, node="n2", frame=Frame("load_batch", "/work/train.py", 42))
+    named = hang_culprit(hang, _stacks_with((stuck,)))
+    assert (named.node, named.rank, named.exit_code) == ("n2", 3, 124)
+    assert named.reason.endswith("; stands apart: rank 3 on n2 at /work/train.py:42 load_batch")
+    two = hang_culprit(hang, _stacks_with((stuck, Outlier(4, "n3", None))))
+    assert two.rank is None and two.reason.endswith("rank 3 on n2 at /work/train.py:42 "
+                                                    "load_batch, rank 4 on n3")  # fmt: skip
+    assert hang_culprit(hang, _stacks_with(())).reason.endswith("no rank's stack stands apart")
+    assert hang_culprit(hang, None).reason.endswith("the ranks' stacks could not be taken")

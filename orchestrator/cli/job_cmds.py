@@ -39,10 +39,11 @@ from orchestrator.run.records import (
 )
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
-from orchestrator.run.verdict import WatchSettings
+from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
 from orchestrator.specs.options import check_launcher
+from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
 
 _RUNS_DIR = typer.Option(
     None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
@@ -69,6 +70,13 @@ _HEARTBEAT_TIMEOUT = typer.Option(
     "--heartbeat-timeout",
     help="Seconds of silence after which a node has failed.",
 )
+_HANG_TIMEOUT = typer.Option(
+    None,
+    "--hang-timeout",
+    min=1.0,
+    help="Seconds without any output from any rank after which the job hung: every rank's "
+    f"stack is taken, the job torn down, exit code {HANG_EXIT_CODE}. Off unless given.",
+)
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
 # Options end at the script: everything after it is the script's, and an option orch does
 # not know, before it, is a usage error (not taken for the script).
@@ -93,6 +101,37 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _majority_place(block: StackBlock) -> str:
+    """Where most ranks stood: their innermost frame of the user's code, and the call
+    they were inside (the collective they waited in)."""
+    ranks = f"rank(s) {rank_ranges(block.rank_numbers)}"
+    frame = user_frame(block.ranks[0])
+    inner = block.threads[0].frames[0].function if block.threads and block.threads[0].frames else ""
+    where = frame.where if frame else "(no frame of your code)"
+    inside = f", inside {inner}" if inner and (frame is None or inner != frame.function) else ""
+    return f"{ranks} stood together at {where}{inside}"
+
+
+def _print_stacks_kept(result: LaunchResult) -> None:
+    """Where the ranks still running stood when the job was torn down."""
+    err = _err()
+    if result.stacks_problem is not None:
+        err.print(f"[yellow]{escape(result.stacks_problem)}[/]")
+    if result.stacks_file is None or result.stacks is None:
+        return
+    folded = result.stacks.folded
+    if not result.stacks.ranks:
+        err.print("no rank was still running when the job was torn down")
+        return
+    err.print("where the ranks still running stood before the teardown:")
+    for outlier in folded.outliers if folded is not None else ():
+        where = outlier.frame.where if outlier.frame else "(no frame of your code)"
+        err.print(f"  rank {outlier.rank} on {outlier.node} stood apart at {where}", markup=False)
+    if folded is not None and folded.majority is not None:
+        err.print(f"  {_majority_place(folded.majority)}", markup=False)
+    err.print(f"every running rank's stack: {result.stacks_file}", markup=False)
+
+
 def _print_summary(result: LaunchResult) -> None:
     err = _err()
     codes = ", ".join(
@@ -111,6 +150,7 @@ def _print_summary(result: LaunchResult) -> None:
                 for line in failure.last_lines:
                     err.print(f"  | {line}", markup=False)
         err.print(f"node exit codes: {codes}")
+        _print_stacks_kept(result)
         for failed in result.teardown.failed if result.teardown else ():
             err.print(f"[yellow]teardown on {failed.node}[/]: {escape(failed.why)}")
     for node, problem in result.node_logs.items():
@@ -145,17 +185,20 @@ class _PipelinePrinter:
         )
 
 
-def _execute(plan: LaunchPlan, root: Path, *, dry_run: bool, as_json: bool, doctor: bool,
-             quiet: bool, heartbeat_timeout: float, sync: bool,
-             keep_remote_logs: bool) -> None:  # fmt: skip
+def _options(*, no_doctor: bool, sync: bool, keep_remote_logs: bool,
+             heartbeat_timeout: float, hang_timeout: float | None) -> PipelineOptions:  # fmt: skip
+    settings = WatchSettings(heartbeat_timeout=heartbeat_timeout, hang_timeout=hang_timeout)
+    return PipelineOptions(
+        sync=sync, preflight=not no_doctor, keep_remote_logs=keep_remote_logs, settings=settings
+    )
+
+
+def _execute(plan: LaunchPlan, root: Path, options: PipelineOptions, *, dry_run: bool,
+             as_json: bool, quiet: bool) -> None:  # fmt: skip
     if dry_run:
         text = json.dumps(plan_summary(plan), indent=2) if as_json else plan_text(plan)
         typer.echo(text, nl=as_json)
         return
-    options = PipelineOptions(
-        sync=sync, preflight=doctor, keep_remote_logs=keep_remote_logs,
-        settings=WatchSettings(heartbeat_timeout=heartbeat_timeout),
-    )  # fmt: skip
     view = _view(plan, quiet)
     try:
         result = execute_plan(plan, root, options, view=view, reporter=_PipelinePrinter())
@@ -203,6 +246,7 @@ def launch(
     keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
     quiet: bool = _QUIET,
     heartbeat_timeout: float = _HEARTBEAT_TIMEOUT,
+    hang_timeout: float | None = _HANG_TIMEOUT,
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the hostfile (use `--` before script options)."""
     check_launcher(launcher)
@@ -224,9 +268,9 @@ def launch(
         extra_env=_parse_env(env),
         head=head,
     )
-    _execute(plan, root, dry_run=dry_run, as_json=as_json, doctor=not no_doctor, quiet=quiet,
-             heartbeat_timeout=heartbeat_timeout, sync=sync,
-             keep_remote_logs=keep_remote_logs)  # fmt: skip
+    options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
+                       heartbeat_timeout=heartbeat_timeout, hang_timeout=hang_timeout)  # fmt: skip
+    _execute(plan, root, options, dry_run=dry_run, as_json=as_json, quiet=quiet)
 
 
 @app.command()
@@ -243,6 +287,7 @@ def submit(
     keep_remote_logs: bool = _KEEP_REMOTE_LOGS,
     quiet: bool = _QUIET,
     heartbeat_timeout: float = _HEARTBEAT_TIMEOUT,
+    hang_timeout: float | None = _HANG_TIMEOUT,
     main_port: int = typer.Option(None, "--main-port", help="Overrides the recipe's."),
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
@@ -271,9 +316,10 @@ def submit(
         default_workdir=os.getcwd(),
         head=head,
     )
-    _execute(plan, root, dry_run=dry_run, as_json=as_json, doctor=not no_doctor, quiet=quiet,
-             heartbeat_timeout=heartbeat_timeout, sync=sync,
-             keep_remote_logs=keep_remote_logs)  # fmt: skip
+    options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
+                       heartbeat_timeout=heartbeat_timeout,
+                       hang_timeout=hang_timeout or loaded.hang_timeout)  # fmt: skip
+    _execute(plan, root, options, dry_run=dry_run, as_json=as_json, quiet=quiet)
 
 
 def _record_doc(record: JobRecord) -> dict:

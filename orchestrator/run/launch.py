@@ -48,6 +48,7 @@ from orchestrator.run.records import (
     now_iso,
     process_start_time,
 )
+from orchestrator.run.stacks import gather_stacks, save_stacks
 from orchestrator.run.teardown import (
     KILL_MARKER,
     NO_ANSWER,
@@ -57,6 +58,7 @@ from orchestrator.run.teardown import (
 )
 from orchestrator.run.verdict import (
     Event,
+    Failure,
     HeadExited,
     Interrupted,
     JobVerdict,
@@ -64,12 +66,15 @@ from orchestrator.run.verdict import (
     NodeHeard,
     Outcome,
     OutputEnded,
+    RankOutput,
     SshEnded,
     TeardownDone,
     Tick,
     WatchSettings,
+    hang_culprit,
 )
 from orchestrator.specs.jobenv import is_secret
+from orchestrator.stacks.report import StacksResult, analyse, result_json
 
 TAIL_LINES = 15
 
@@ -84,6 +89,9 @@ class LaunchResult:
     first_failure: FirstFailure | None
     teardown: GroupResult[StopReport] | None  # what the kill program found (no teardown: None)
     node_logs: dict[str, str]  # node -> "ok" or why its raw logs did not come back
+    stacks: StacksResult | None = None  # the running ranks' stacks, taken before teardown
+    stacks_file: Path | None = None  # where they are kept in the record
+    stacks_problem: str | None = None  # why they were not taken
 
 
 # ----- writing the plan's files ----------------------------------------------------
@@ -144,6 +152,7 @@ class _Tracker:
         self.forward = forward
         self.tails: dict[str, deque[str]] = {h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")}
         self.heard: set[str] = set()
+        self.ranks_wrote = False  # a line or a frame from a node since the last call
         self.ssh_ended: list[tuple[str, int]] = []
         self.exited: list[tuple[str, dict]] = []
 
@@ -155,12 +164,14 @@ class _Tracker:
                 self.ssh_ended.append(lost)
             node = ""
         self.heard.add(node)
+        self.ranks_wrote = self.ranks_wrote or node in self.hosts
         self.tails.setdefault(node, deque(maxlen=TAIL_LINES)).append(text)
         if self.forward is not None:
             self.forward.line(node, stream, data)
 
     def frame(self, node: str, stream: str, data: bytes) -> None:
         self.heard.add(node)
+        self.ranks_wrote = self.ranks_wrote or node in self.hosts
         if self.forward is not None:
             self.forward.frame(node, stream, data)
 
@@ -175,10 +186,13 @@ class _Tracker:
         """What was seen since the last call, as the verdict's events."""
         # A node's exit message comes before pdsh's note that its ssh ended: keep that order.
         events: list[Event] = [NodeHeard(node, at) for node in self.heard if node in self.hosts]
+        if self.ranks_wrote:
+            events.append(RankOutput(at))
         wall = time.time()
         events += [NodeExited(node, fields, at, wall) for node, fields in self.exited]
         events += [SshEnded(node, code, at) for node, code in self.ssh_ended]
         self.heard.clear()
+        self.ranks_wrote = False
         self.ssh_ended.clear()
         self.exited.clear()
         return events
@@ -210,6 +224,10 @@ class JobRunner:
         )
         self.signal: int | None = None
         self.teardown: GroupResult[StopReport] | None = None
+        self.stacks: StacksResult | None = None  # taken before a failure's teardown
+        self.stacks_file: Path | None = None
+        self.stacks_problem: str | None = None
+        self.tails_at_failure: dict[str, tuple[str, ...]] | None = None
         self._teardown_thread: threading.Thread | None = None
         self._teardown_done = threading.Event()
 
@@ -256,7 +274,7 @@ class JobRunner:
             for event in self.tracker.events(time.monotonic()):
                 self.verdict.feed(event)
             if self._teardown_thread is not None:
-                self._teardown_thread.join(self.settings.teardown_timeout + 10)
+                self._teardown_thread.join(self.settings.teardown_budget + 10)
             self._cleanup_private()
         outcome = self.verdict.outcome(head_code, stopped_by_us=not ended_by_itself)
         return self._conclude(outcome, self._pull_raw_logs())
@@ -297,7 +315,7 @@ class JobRunner:
             for event in events:
                 decision = self.verdict.feed(event)
                 if decision.tear_down is not None:
-                    self._begin_teardown()
+                    self._begin_teardown(decision.tear_down)
                 stop = stop or decision.stop_reading
             if stop:
                 return
@@ -327,12 +345,16 @@ class JobRunner:
         return {h: outcome[h] for h in self.plan.hosts}
 
     # -- teardown ------------------------------------------------------------------
-    def _begin_teardown(self) -> None:
+    def _begin_teardown(self, failure: Failure) -> None:
+        # The lines before the failure, not the teardown's own noise that follows it.
+        self.tails_at_failure = {node: tuple(tail) for node, tail in self.tracker.tails.items()}
         self.record = replace(self.record, state="stopping")
         self.run_dir.save(self.record)
 
         def work() -> None:
             try:
+                if failure.kind not in ("signal", "killed"):
+                    self._take_stacks(failure)
                 self.teardown = teardown_job(
                     self.plan.hosts,
                     self.plan.job_id,
@@ -346,6 +368,25 @@ class JobRunner:
         self._teardown_thread = threading.Thread(target=work, daemon=True)
         self._teardown_thread.start()
 
+    def _take_stacks(self, failure: Failure) -> None:
+        """Where the ranks still running stand, kept in the record before they are stopped.
+        Bounded by the settings' stacks_timeout; a node that stopped answering is skipped.
+        Taking stacks is a help, never a reason to fail: nothing it meets is raised."""
+        gone = failure.node if failure.kind in ("silent", "lost") else ""
+        hosts = [h for h in self.plan.hosts if h != gone]
+        hung = failure.kind == "hang"
+        timeout = self.settings.hang_stacks_timeout if hung else self.settings.stacks_timeout
+        try:
+            reports = gather_stacks(hosts, self.plan.job_id, self.plan.python, timeout)
+            self.stacks = analyse(self.plan.job_id, now_iso(), None, reports)
+            self.stacks_file = save_stacks(self.run_dir.path, result_json(self.stacks))
+        except (OrchError, OSError) as err:
+            self.stacks_problem = f"stacks not taken: {err}"
+
+    def _last_lines(self, node: str) -> tuple[str, ...]:
+        tails = self.tails_at_failure if self.tails_at_failure is not None else self.tracker.tails
+        return tuple(tails.get(node, ()))
+
     def _cleanup_private(self) -> None:
         shutil.rmtree(self.plan.private_dir, ignore_errors=True)
 
@@ -353,13 +394,16 @@ class JobRunner:
     def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
         failure = outcome.failure
         first = None
+        if failure is not None and failure.kind == "hang":
+            failure = hang_culprit(failure, self.stacks)
         if failure is not None:
             first = FirstFailure(
                 node=failure.node or "head",
                 rank=failure.rank,
                 exit_code=failure.exit_code,
                 reason=failure.reason,
-                last_lines=tuple(self.tracker.tails.get(failure.node, ())),
+                last_lines=self._last_lines(failure.node),
+                kind=failure.kind,
             )
         self.record = finished(
             self.record,
@@ -368,6 +412,9 @@ class JobRunner:
             node_exit_codes=outcome.node_exit_codes,
             first_failure=first,
             node_logs=node_logs,
+            teardown_stacks=(
+                str(self.stacks_file.relative_to(self.run_dir.path)) if self.stacks_file else None
+            ),
         )
         self.run_dir.save(self.record)
         return LaunchResult(
@@ -379,6 +426,9 @@ class JobRunner:
             first_failure=first,
             teardown=self.teardown,
             node_logs=node_logs,
+            stacks=self.stacks,
+            stacks_file=self.stacks_file,
+            stacks_problem=self.stacks_problem,
         )
 
 

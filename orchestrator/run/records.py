@@ -35,6 +35,7 @@ class FirstFailure:
     exit_code: int | None
     reason: str
     last_lines: tuple[str, ...] = ()
+    kind: str = "rank"  # rank | silent | lost | hang | head | signal | killed
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class JobRecord:
     recipe: str | None = None
     python: str = "python3"  # the interpreter on the nodes (runs the kill program too)
     node_logs: Mapping[str, str] = field(default_factory=dict)  # node -> "ok" or the problem
+    teardown_stacks: str | None = None  # the running ranks' stacks before a failure's teardown
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -88,6 +90,7 @@ class JobRecord:
             recipe=data.get("recipe"),
             python=str(data.get("python") or "python3"),
             node_logs=dict(data.get("node_logs", {})),
+            teardown_stacks=data.get("teardown_stacks"),
         )
 
 

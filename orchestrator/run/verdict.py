@@ -16,6 +16,8 @@ The rules:
   before it reported: that node failed;
 - the head launcher's output ends before every node reported: the first node missing
   (once any node was heard), else the head launcher itself, failed;
+- no rank wrote anything (a line or a progress frame) for `hang_timeout` seconds, while
+  every node still answers: the job hung (exit code HANG_EXIT_CODE);
 - SIGINT / SIGTERM on the head: interrupted; `orch kill`: killed (128 + the signal).
 """
 
@@ -23,9 +25,12 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from orchestrator.stacks.report import StacksResult
 
 SSH_LOST = 255  # ssh's own exit code when the connection fails
+HANG_EXIT_CODE = 124  # a job that hung, as `timeout` reports a command that ran too long
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,15 @@ class WatchSettings:
     head_wind_down: float = 60.0  # every node exited: the head launcher's time to end
     teardown_timeout: float = 20.0  # the whole teardown, every node at once
     stop_grace: float = 3.0  # TERM -> KILL for the head's own fan-out process
+    hang_timeout: float | None = None  # no rank's output this long: a hang (None: off)
+    stacks_timeout: float = 3.0  # taking the stacks before a teardown (per node, doubled
+    # at most by the connect): it never delays the teardown by more than that
+    hang_stacks_timeout: float = 15.0  # the same after a hang: the stacks are the answer
+
+    @property
+    def teardown_budget(self) -> float:
+        """The longest a teardown can take, stacks first (each bounded, connect included)."""
+        return self.teardown_timeout + 2 * max(self.stacks_timeout, self.hang_stacks_timeout)
 
 
 # ----- events --------------------------------------------------------------------------
@@ -47,6 +61,13 @@ class NodeHeard:
     """Any sign of life from a node: an output line, a progress frame, a heartbeat."""
 
     node: str
+    at: float
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """A rank wrote something: an output line or a progress frame (not a heartbeat)."""
+
     at: float
 
 
@@ -108,8 +129,8 @@ class Tick:
 
 
 Event = (
-    NodeHeard | NodeExited | SshEnded | OutputEnded | HeadExited | Interrupted | TeardownDone
-    | Tick
+    NodeHeard | RankOutput | NodeExited | SshEnded | OutputEnded | HeadExited | Interrupted
+    | TeardownDone | Tick
 )
 
 
@@ -120,7 +141,7 @@ class Failure:
     reason: str
     exit_code: int
     rank: int | None = None
-    kind: str = "rank"  # rank | silent | lost | head | signal | killed
+    kind: str = "rank"  # rank | silent | lost | hang | head | signal | killed
     when: float = 0.0  # the agent's failed_at, or when the report arrived (wall clock)
 
 
@@ -154,6 +175,7 @@ class JobVerdict:
         self.exits: dict[str, Mapping[str, object]] = {}
         self.last_seen: dict[str, float] = {}
         self.first_heard_at: float | None = None  # when the first node showed life
+        self.last_output_at: float | None = None  # when a rank last wrote something
         self.ssh_exits: dict[str, int] = {}
         self.candidates: list[Failure] = []
         self.first_candidate_at: float | None = None
@@ -175,6 +197,8 @@ class JobVerdict:
                 self.last_seen[event.node] = event.at
                 if self.first_heard_at is None:
                     self.first_heard_at = event.at
+        elif isinstance(event, RankOutput):
+            self.last_output_at = event.at
         elif isinstance(event, NodeExited):
             self._record_exit(event)
         elif isinstance(event, SshEnded):
@@ -238,7 +262,9 @@ class JobVerdict:
             if now - self.first_candidate_at >= self.settings.settle or self.output_ended:
                 return min(self.candidates, key=lambda c: c.when)
             return None  # an earlier failure may still be on its way
-        return self._silent_node(now) or self._lost_node() or self._ended_early()
+        return (
+            self._silent_node(now) or self._lost_node() or self._ended_early() or self._hung(now)
+        )
 
     def _silent_node(self, now: float) -> Failure | None:
         timeout = self.settings.heartbeat_timeout
@@ -272,6 +298,18 @@ class JobVerdict:
         if self.last_seen or not self.head_launcher:
             return Failure(missing[0], "ended without reporting an exit code", 1, kind="lost")
         return _head_failed(self.head_code)
+
+    def _hung(self, now: float) -> Failure | None:
+        limit = self.settings.hang_timeout
+        quiet_since = self.last_output_at
+        if quiet_since is None:  # nothing written yet: quiet since the job started
+            quiet_since = self.first_heard_at
+        if limit is None or quiet_since is None or now - quiet_since <= limit:
+            return None
+        if self.all_exited():  # every rank is done: quiet, not hung
+            return None
+        reason = f"hang: no rank wrote anything for {now - quiet_since:.0f} s"
+        return Failure("", reason, HANG_EXIT_CODE, kind="hang")
 
     def all_exited(self) -> bool:
         return all(h in self.exits for h in self.hosts)
@@ -319,3 +357,25 @@ def _as_float(value: object) -> float | None:
         return float(value) if value is not None else None  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
+
+
+def hang_culprit(failure: Failure, stacks: StacksResult | None) -> Failure:
+    """A hang's failure naming the rank(s) whose stacks stand apart from the majority's (the
+    one that stopped, while the others wait for it in a collective), and where they stand."""
+    folded = stacks.folded if stacks is not None else None
+    if folded is None:
+        return replace(failure, reason=f"{failure.reason}; the ranks' stacks could not be taken")
+    if not folded.outliers:
+        return replace(failure, reason=f"{failure.reason}; no rank's stack stands apart")
+    apart = folded.outliers
+    named = ", ".join(
+        f"rank {o.rank} on {o.node}" + (f" at {o.frame.where}" if o.frame else "")
+        for o in apart[:4]
+    )
+    more = f" and {len(apart) - 4} more" if len(apart) > 4 else ""
+    return replace(
+        failure,
+        node=apart[0].node,
+        rank=apart[0].rank if len(apart) == 1 else None,
+        reason=f"{failure.reason}; stands apart: {named}{more}",
+    )

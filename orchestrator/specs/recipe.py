@@ -164,6 +164,7 @@ class Recipe(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     passthrough_env: list[str] = Field(default_factory=list)
     main_port: int = Field(DEFAULT_MAIN_PORT, ge=PORT_RANGE[0], le=PORT_RANGE[1])
+    hang_timeout: float | None = Field(None, ge=1)  # None: no hang detection (--hang-timeout)
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
     source: str | None = Field(None, exclude=True)  # the file it was loaded from

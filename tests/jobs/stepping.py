@@ -5,6 +5,10 @@ then joins one all_reduce that also carries rank 0's stop flag: rank 0 raises it
 `--stop-file` exists or `--max-seconds` have passed, so every rank leaves the loop at
 the same step and the job ends with exit 0. With `--compute 0` every rank loops in
 all_reduce.
+
+`--stall-rank R --stall-after S`: after S seconds rank R says so and stops in plain Python
+(a data loader that never yields), silently, while the others wait for it in all_reduce.
+`--fail-rank R --fail-after S`: rank R exits 7 instead, while the others wait.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ def compute(seconds: float) -> None:
         matrix = torch.mm(matrix, matrix).clamp_(max=1.0)
 
 
+def next_batch_that_never_comes() -> None:
+    """A data loader stuck forever, in the user's code (no collective, no output)."""
+    while True:
+        time.sleep(0.5)
+
+
 def should_stop(args: argparse.Namespace, started: float) -> bool:
     if args.stop_file and os.path.exists(args.stop_file):
         return True
@@ -42,6 +52,10 @@ def main() -> int:
     parser.add_argument("--slow-factor", type=float, default=1.0)
     parser.add_argument("--stop-file", default="")
     parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument("--stall-rank", type=int, default=-1)
+    parser.add_argument("--stall-after", type=float, default=5.0)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-after", type=float, default=5.0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # several ranks share few cores
@@ -52,6 +66,13 @@ def main() -> int:
     started = time.monotonic()
     steps = 0
     while True:
+        elapsed = time.monotonic() - started
+        if rank == args.stall_rank and elapsed >= args.stall_after:
+            print(f"rank {rank} stalls after {steps} steps", flush=True)
+            next_batch_that_never_comes()
+        if rank == args.fail_rank and elapsed >= args.fail_after:
+            print(f"rank {rank} fails after {steps} steps", flush=True)
+            return 7
         compute(my_compute)
         flag = torch.tensor([1.0 if rank == 0 and should_stop(args, started) else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
