@@ -162,9 +162,13 @@ def test_bad_nodesets_are_usage_errors(expr: str) -> None:
     assert info.value.exit_code == 2
 
 
-def _deepspeed_filter(hostfile: Hostfile, include: str = "", exclude: str = "") -> dict:
+def _deepspeed_slots(hostfile: Hostfile, include: str = "", exclude: str = "") -> dict:
     pool = {h.host: h.slots for h in hostfile.hosts}
-    active = parse_inclusion_exclusion(pool, include, exclude)
+    return parse_inclusion_exclusion(pool, include, exclude)
+
+
+def _deepspeed_filter(hostfile: Hostfile, include: str = "", exclude: str = "") -> dict:
+    active = _deepspeed_slots(hostfile, include, exclude)
     return {host: len(slots) for host, slots in active.items()}
 
 
@@ -176,9 +180,9 @@ HF = make_hostfile(["node1", "node2", "node3"], 4)
     [
         ("node1:0,1@node2", None),
         ("node3@node1", None),
-        ("node2:3", None),
+        ("node2:0", None),
         (None, "node2"),
-        (None, "node1:0@node3:1,2"),
+        (None, "node1:3@node3:2,3"),
         (None, "node1:0,1,2,3"),
     ],
 )
@@ -203,6 +207,8 @@ def test_filters_accept_node_sets() -> None:
         (None, "node[1-3]", "leaves no hosts"),
         ("node1", "node2", "cannot be used together"),
         ("node1@@node2", None, "empty NODE"),
+        ("node2:3", None, "keeps slots 3 of node2: orch runs a node's ranks on its first slots"),
+        (None, "node1:0", "keeps slots 1,2,3 of node1"),
     ],
 )
 def test_bad_filters_are_usage_errors(include: str | None, exclude: str | None, words: str) -> None:
@@ -238,13 +244,17 @@ def test_filters_agree_with_deepspeed_on_any_spec(
     case: tuple[Hostfile, str], include: bool
 ) -> None:
     hostfile, spec = case
-    theirs = _deepspeed_filter(hostfile, *((spec, "") if include else ("", spec)))
-    theirs = {host: n for host, n in theirs.items() if n}
+    slots = _deepspeed_slots(hostfile, *((spec, "") if include else ("", spec)))
+    theirs = {host: len(ids) for host, ids in slots.items() if ids}
+    # DeepSpeed's ranks would run on exactly these GPUs; orch's on a node's first ones.
+    elsewhere = any(list(ids) != list(range(len(ids))) for ids in slots.values())
     try:
         ours = filter_hosts(hostfile, **({"include": spec} if include else {"exclude": spec}))
-    except UsageError:
-        assert not theirs  # we refuse only a filter that leaves nothing
+    except UsageError as refused:
+        # refused only when nothing is left, or when the slots kept are not a node's first
+        assert not theirs or (elsewhere and "keeps slots" in str(refused))
         return
+    assert not elsewhere
     assert {h.host: h.slots for h in ours.hosts} == theirs
 
 

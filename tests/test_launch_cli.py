@@ -8,6 +8,8 @@ from pathlib import Path
 
 from launch_support import REPO, run_orch
 
+from orchestrator.plan.ports import port_candidates
+
 
 def _hostfile(tmp_path):
     path = tmp_path / "hostfile"
@@ -63,15 +65,34 @@ def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothi
                        "it's 1"], tmp_path / "runs")  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].endswith("pdsh launcher, 2 nodes x 8 ranks = 16 ranks, main node1:29500")
+    job_id = lines[0].split()[1].rstrip(":")
+    port = port_candidates(job_id)[0]  # no port given: the first one orch would try
+    assert 29500 <= port <= 30499
+    assert lines[0].endswith(f"pdsh launcher, 2 nodes x 8 ranks = 16 ranks, main node1:{port}")
+    assert lines[1].startswith("  (main port picked by orch: free on node 0 and reserved")
     assert any(" -S -f 1024 -w node1,node2 " in line for line in lines)
     for rank, node in enumerate(("node1", "node2")):
         line = next(line for line in lines if line.startswith(f"  {node} (node rank {rank}): "))
-        assert f"--node_rank={rank} --master_addr=node1 --master_port=29500" in line
+        assert f"--node_rank={rank} --master_addr=node1 --master_port={port}" in line
         assert line.endswith("train.py --lr 'it'\"'\"'s 1'")
-    job_id = lines[0].split()[1].rstrip(":")
     assert not (tmp_path / "runs").exists()
     assert not any(p.name == f"orch-{job_id}" for p in Path(tempfile.gettempdir()).iterdir())
+
+
+def test_a_given_main_port_is_used_as_given(tmp_path):
+    hostfile = str(REPO / "hostfiles" / "example-2x8")
+    result = run_orch(["launch", "--hostfile", hostfile, "--main-port", "29500", "--dry-run",
+                       "--json", "train.py"], tmp_path / "runs")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert (plan["main"], plan["main_port_chosen"]) == ("node1:29500", False)
+
+
+def test_two_jobs_try_different_ports_first():
+    firsts = {port_candidates(f"20261123-0000{i:02d}-abcdef")[0] for i in range(50)}
+    assert len(firsts) > 40  # spread over the range, not all at the default
+    assert all(29500 <= port <= 30499 for port in firsts)
+    assert len(set(port_candidates("j1"))) == 64
 
 
 def test_an_unknown_option_before_the_script_is_a_usage_error_and_after_it_the_scripts(tmp_path):

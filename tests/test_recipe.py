@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import InputFileError, UsageError
 from orchestrator.plan.accel_config import render_accelerate_config, render_standard_configs
+from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import make_hostfile, processes_per_node, render_hostfile
 from orchestrator.specs.recipe import Recipe, load_recipe, parse_recipe, recipe_hosts
 
@@ -46,7 +47,7 @@ def _configs(recipe: Recipe, tmp_path: Path) -> list[Path]:
         "hosts": hosts,
         "nproc_per_node": processes_per_node(hosts, recipe.nproc_per_node),
         "main_ip": hosts.names[0],
-        "main_port": recipe.main_port,
+        "main_port": recipe.main_port or DEFAULT_MAIN_PORT,  # none: orch picks one per job
     }
     if recipe.launcher == "pdsh":
         texts = [
@@ -76,7 +77,7 @@ def test_shipped_recipe_validates_and_renders(path: Path, tmp_path: Path) -> Non
     for config_path in _configs(recipe, tmp_path):
         config = load_config_from_file(str(config_path))
         assert config.distributed_type == recipe.accelerate.distributed_type
-        assert config.main_process_port == recipe.main_port
+        assert config.main_process_port == (recipe.main_port or DEFAULT_MAIN_PORT)
 
 
 def test_diffsynth_recipe_gives_four_rank_configs_of_32_processes(tmp_path: Path) -> None:
@@ -171,7 +172,7 @@ def test_defaults_and_numbers_as_text() -> None:
     assert recipe.args == ["--steps", "30", "--lr", "0.5"]
     assert recipe.env == {"NCCL_IB_GID_INDEX": "3"}
     assert recipe.launcher == "pdsh"
-    assert recipe.main_port == 29500
+    assert recipe.main_port is None  # orch picks one per job
     assert recipe.accelerate.distributed_type == "DEEPSPEED"
     assert recipe.nproc_per_node is None
 

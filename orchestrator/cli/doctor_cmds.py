@@ -140,8 +140,10 @@ def doctor(
         None, "--workdir", help="Working directory of the job (default: the current one)."
     ),
     script: str = typer.Option(None, "--script", help="Training script to look for."),
-    main_port: int = typer.Option(
-        DEFAULT_MAIN_PORT, "--main-port", help="Rendezvous port on node 0."
+    main_port: int | None = typer.Option(
+        None,
+        "--main-port",
+        help="Rendezvous port on node 0 to check (default: one free there, as launch picks).",
     ),
     main_address: str = typer.Option(
         None, "--main-address", help="Address the nodes reach node 0 at (default: its name)."
@@ -157,19 +159,24 @@ def doctor(
 ) -> None:
     """Check every node: SSH, environment parity, files, network, GPUs, disk."""
     from orchestrator.errors import UsageError
+    from orchestrator.run.ports import free_port_on
     from orchestrator.run.preflight import run_preflight
 
     if timeout <= 0:
         raise UsageError("--timeout must be positive", "for example --timeout 10")
-    check_port(main_port, "--main-port")
+    if main_port is not None:
+        check_port(main_port, "--main-port")
     hosts = filter_hosts(read_hostfile(hostfile), include=include, exclude=exclude)
+    if main_port is None and hosts.names:  # the kind of port a launch would pick
+        main_port = free_port_on(hosts.names[0], python)
+    port = main_port if main_port is not None else DEFAULT_MAIN_PORT
     extra = _accelerate_findings(accelerate_config)
     report = run_preflight(
         hosts,
         python=python,
         workdir=workdir or os.getcwd(),
         script=script,
-        main_port=main_port,
+        main_port=port,
         timeout=timeout,
         full=deep,
         main_address=main_address,

@@ -212,7 +212,7 @@ def config_command(
     chosen_launcher = _config_launcher(launcher, recipe)
     hosts, hostfile_path = _config_hosts(hostfile, nodes, slots, recipe, out_dir, chosen_launcher)
     nproc = _config_nproc(hosts, nproc_per_node, num_processes, recipe)
-    recipe_port = recipe.main_port if recipe else DEFAULT_MAIN_PORT
+    recipe_port = (recipe.main_port if recipe else None) or DEFAULT_MAIN_PORT
     port = main_port if main_port is not None else recipe_port
     written = _render_and_write(
         options, hosts, nproc, main_ip or hosts.names[0], port, chosen_launcher,

@@ -25,6 +25,7 @@ from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan, build_plan, plan_from_recipe
 from orchestrator.run.launch import LaunchResult
 from orchestrator.run.pipeline import PipelineOptions, execute_plan, head_context
+from orchestrator.run.ports import plan_with_main_port
 from orchestrator.run.records import (
     FINAL_STATES,
     JobRecord,
@@ -40,7 +41,6 @@ from orchestrator.run.records import (
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
 from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
-from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
 from orchestrator.specs.options import check_launcher
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
@@ -76,6 +76,11 @@ _HANG_TIMEOUT = typer.Option(
     min=1.0,
     help="Seconds without any output from any rank after which the job hung: every rank's "
     f"stack is taken, the job torn down, exit code {HANG_EXIT_CODE}. Off unless given.",
+)
+_MAIN_PORT = typer.Option(
+    None,
+    "--main-port",
+    help="Rendezvous port on node 0 (default: a recipe's, else one orch finds free there).",
 )
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
 # Options end at the script: everything after it is the script's, and an option orch does
@@ -234,9 +239,7 @@ def launch(
     nproc_per_node: int = typer.Option(None, "--nproc-per-node", help="Ranks per node."),
     python: str = typer.Option(None, "--python", help="Interpreter on the nodes."),
     workdir: str = typer.Option(None, "--workdir", help="Working directory on the nodes."),
-    main_port: int = typer.Option(
-        DEFAULT_MAIN_PORT, "--main-port", help="Rendezvous port on node 0."
-    ),
+    main_port: int | None = _MAIN_PORT,
     env: list[str] = _ENV,
     runs_dir: Path = _RUNS_DIR,
     dry_run: bool = _DRY_RUN,
@@ -254,20 +257,25 @@ def launch(
     root = runs_root(runs_dir)
     job_id = new_job_id()
     head = head_context(job_id, dry_run=dry_run)
-    plan = build_plan(
-        job_id=job_id,
-        hostfile=hosts,
-        script=script,
-        args=_script_args(ctx.args),
-        launcher=launcher,
-        python=python or sys.executable,
-        workdir=workdir or os.getcwd(),
-        run_dir=str(root / job_id),
-        main_port=main_port,
-        nproc_per_node=nproc_per_node,
-        extra_env=_parse_env(env),
-        head=head,
-    )
+
+    def build(port: int, chosen: bool) -> LaunchPlan:
+        return build_plan(
+            job_id=job_id,
+            hostfile=hosts,
+            script=script,
+            args=_script_args(ctx.args),
+            launcher=launcher,
+            python=python or sys.executable,
+            workdir=workdir or os.getcwd(),
+            run_dir=str(root / job_id),
+            main_port=port,
+            main_port_chosen=chosen,
+            nproc_per_node=nproc_per_node,
+            extra_env=_parse_env(env),
+            head=head,
+        )
+
+    plan = plan_with_main_port(build, main_port, job_id, dry_run=dry_run, preflight=not no_doctor)
     options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
                        heartbeat_timeout=heartbeat_timeout, hang_timeout=hang_timeout)  # fmt: skip
     _execute(plan, root, options, dry_run=dry_run, as_json=as_json, quiet=quiet)
@@ -288,7 +296,7 @@ def submit(
     quiet: bool = _QUIET,
     heartbeat_timeout: float = _HEARTBEAT_TIMEOUT,
     hang_timeout: float | None = _HANG_TIMEOUT,
-    main_port: int = typer.Option(None, "--main-port", help="Overrides the recipe's."),
+    main_port: int | None = _MAIN_PORT,
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
     """Run a recipe: everything the launch needs, in one file. Extra ARGS go to the script."""
@@ -306,16 +314,22 @@ def submit(
     root = runs_root(runs_dir)
     job_id = new_job_id()
     head = head_context(job_id, dry_run=dry_run)
-    plan = plan_from_recipe(
-        loaded,
-        recipe_path=str(recipe),
-        job_id=job_id,
-        hostfile=hosts,
-        run_dir=str(root / job_id),
-        default_python=sys.executable,
-        default_workdir=os.getcwd(),
-        head=head,
-    )
+
+    def build(port: int, _chosen: bool) -> LaunchPlan:
+        return plan_from_recipe(
+            loaded,
+            recipe_path=str(recipe),
+            job_id=job_id,
+            hostfile=hosts,
+            run_dir=str(root / job_id),
+            default_python=sys.executable,
+            default_workdir=os.getcwd(),
+            head=head,
+            chosen_port=port,
+        )
+
+    plan = plan_with_main_port(build, loaded.main_port, job_id, dry_run=dry_run,
+                               preflight=not no_doctor)  # fmt: skip
     options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
                        heartbeat_timeout=heartbeat_timeout,
                        hang_timeout=hang_timeout or loaded.hang_timeout)  # fmt: skip

@@ -28,16 +28,15 @@ def _load(name, source):
     sys.modules[name] = module
     exec(compile(source, name, "exec"), module.__dict__)
     return module
-_load(%r, %r)
+%s
 sys.exit(_load(%r, %r).main(sys.argv[1:]))
 """
 
 
-def _boot_blob(helper: str, program: str) -> str:
+def _boot_blob(helper: str | None, program: str) -> str:
     """remote/<program>.py run with remote/<helper>.py loaded beside it (as orch_<name>)."""
-    payload = _BOOT % (
-        f"orch_{helper}", program_source(helper), f"orch_{program}", program_source(program)
-    )
+    first = f"_load({f'orch_{helper}'!r}, {program_source(helper)!r})" if helper else ""
+    payload = _BOOT % (first, f"orch_{program}", program_source(program))
     return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
 
 
@@ -80,3 +79,13 @@ def stacks_command(python: str, job_id: str, node: str, *, seconds: float, rate:
     fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
     words = (job_id, node, python, f"{seconds:g}", str(rate))
     return fallback + f"{_python_c('$P', _stacks_blob())} " + " ".join(map(shlex.quote, words))
+
+
+def port_command(python: str, job_id: str, directory: str, ttl: float,
+                 candidates: tuple[int, ...]) -> str:  # fmt: skip
+    """The remote shell command that picks (and with ttl > 0 reserves) a free main port on
+    node 0 among `candidates`, in order; any python3 runs it."""
+    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
+    words = (directory, job_id, f"{ttl:g}", *map(str, candidates))
+    blob = _boot_blob(None, "ports")
+    return fallback + f"{_python_c('$P', blob)} " + " ".join(map(shlex.quote, words))

@@ -47,6 +47,7 @@ def plan_summary(plan: LaunchPlan) -> dict:
         "python": plan.python,
         "workdir": plan.workdir,
         "main": f"{plan.main_host}:{plan.main_port}",
+        "main_port_chosen": plan.main_port_chosen,
         "script": plan.script,
         "args": list(plan.args),
         "run_dir": plan.run_dir,
@@ -171,6 +172,8 @@ def plan_text(plan: LaunchPlan) -> str:
     lines = [
         f"job {plan.job_id}: {plan.launcher} launcher, {len(plan.hosts)} nodes x "
         f"{plan.nproc_per_node} ranks = {world} ranks, main {plan.main_host}:{plan.main_port}",
+        *(["  (main port picked by orch: free on node 0 and reserved there for this job; a "
+           "dry run shows the first one it tries)"] if plan.main_port_chosen else []),
         f"record: {plan.run_dir}",
         "",
         "files:",

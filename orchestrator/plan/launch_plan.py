@@ -131,6 +131,7 @@ class LaunchPlan:
     wait_for_main: bool = False  # workers wait until node 0's main port answers
     grace: float = STOP_GRACE_S  # TERM -> KILL on each node
     recipe: str | None = None
+    main_port_chosen: bool = False  # picked by orch (free on node 0), not given
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -200,6 +201,7 @@ def build_plan(
     recipe: str | None = None,
     head: HeadContext | None = None,
     grace: float = STOP_GRACE_S,
+    main_port_chosen: bool = False,
 ) -> LaunchPlan:
     """Everything a launch does, decided up front. `run_dir` is where its files will live;
     `environ` is the head's environment (what the job may forward, what pdsh runs in);
@@ -252,6 +254,7 @@ def build_plan(
         wait_for_main=shape.wait_for_main,
         grace=grace,
         recipe=recipe,
+        main_port_chosen=main_port_chosen,
     )
 
 
@@ -473,8 +476,11 @@ def plan_from_recipe(
     default_workdir: str,
     environ: Mapping[str, str] | None = None,
     head: HeadContext | None = None,
+    chosen_port: int | None = None,
 ) -> LaunchPlan:
-    """A plan from a loaded Recipe (orchestrator.specs.recipe); `head` as for build_plan."""
+    """A plan from a loaded Recipe (orchestrator.specs.recipe); `head` as for build_plan;
+    `chosen_port` the port orch picked when the recipe gives none."""
+    chosen = recipe.main_port is None and chosen_port is not None
     return build_plan(
         job_id=job_id,
         hostfile=hostfile,
@@ -484,7 +490,8 @@ def plan_from_recipe(
         python=recipe.python or default_python,
         workdir=recipe.workdir or default_workdir,
         run_dir=run_dir,
-        main_port=recipe.main_port,
+        main_port=recipe.main_port or chosen_port or DEFAULT_MAIN_PORT,
+        main_port_chosen=chosen,
         nproc_per_node=recipe.nproc_per_node,
         extra_env=dict(recipe.env),
         passthrough=recipe.passthrough_env,

@@ -137,6 +137,8 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
         node_exit_codes={host: None for host in plan.hosts},
         recipe=plan.recipe,
         python=plan.python,
+        main_port=plan.main_port,
+        main_port_chosen=plan.main_port_chosen,
     )
     run.save(record)
     return record

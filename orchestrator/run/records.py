@@ -57,6 +57,8 @@ class JobRecord:
     python: str = "python3"  # the interpreter on the nodes (runs the kill program too)
     node_logs: Mapping[str, str] = field(default_factory=dict)  # node -> "ok" or the problem
     teardown_stacks: str | None = None  # the running ranks' stacks before a failure's teardown
+    main_port: int | None = None  # the job's rendezvous port on node 0
+    main_port_chosen: bool = False  # picked by orch (free on node 0), not given
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -91,6 +93,8 @@ class JobRecord:
             python=str(data.get("python") or "python3"),
             node_logs=dict(data.get("node_logs", {})),
             teardown_stacks=data.get("teardown_stacks"),
+            main_port=data.get("main_port"),
+            main_port_chosen=bool(data.get("main_port_chosen", False)),
         )
 
 

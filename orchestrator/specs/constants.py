@@ -8,6 +8,9 @@ DEFAULT_LAUNCHER = "pdsh"
 
 DEFAULT_MAIN_PORT = 29500  # torch.distributed's and accelerate's default rendezvous port
 PORT_RANGE = (1, 65535)
+# Where orch picks a job's main port when none is given: from the default up, below the
+# Linux ephemeral range (32768+), so an outgoing connection never takes it first.
+CHOSEN_PORT_RANGE = (DEFAULT_MAIN_PORT, DEFAULT_MAIN_PORT + 999)
 
 # Set on every process of a job on every node; the only way orch finds them again.
 # remote/agent.py carries its own copy (it is shipped alone); a test holds them equal.

@@ -282,12 +282,32 @@ def filter_hosts(
             left = entry.slots - len(removed) if removed else 0
             if left > 0:
                 hosts.append(HostSlots(entry.host, left))
+    for entry in hostfile.hosts:
+        _check_first_slots(entry, wanted.get(entry.host), spec, include=bool(include))
     if not hosts:
         raise UsageError(
             f"filter {spec!r} leaves no hosts of {_where(hostfile)}",
             hint="check the include/exclude expression against the hostfile",
         )
     return Hostfile(tuple(hosts), source=hostfile.source)
+
+
+def _check_first_slots(entry: HostSlots, named: set[int] | None, spec: str, *,
+                       include: bool) -> None:  # fmt: skip
+    """A node's ranks run on its first GPUs (0..k-1) on every launcher (DeepSpeed's
+    per-node launcher sets CUDA_VISIBLE_DEVICES itself): a filter that keeps other slots
+    would silently run on the wrong GPUs, so it is refused."""
+    if not named:
+        return
+    kept = named if include else set(range(entry.slots)) - named
+    if kept and kept != set(range(len(kept))):
+        slots = ",".join(map(str, sorted(kept)))
+        raise UsageError(
+            f"filter {spec!r} keeps slots {slots} of {entry.host}: orch runs a node's ranks "
+            f"on its first slots (0..{len(kept) - 1}), not on these",
+            hint=f"to run on GPUs {slots}, give --env CUDA_VISIBLE_DEVICES={slots} with "
+            f"--nproc-per-node {len(kept)} and --launcher torchrun or standard",
+        )
 
 
 def _parse_filter(spec: str, hostfile: Hostfile) -> dict[str, set[int]]:

@@ -26,7 +26,7 @@ from pydantic import (
 
 from orchestrator.errors import InputFileError, UsageError
 from orchestrator.specs import jobenv
-from orchestrator.specs.constants import DEFAULT_MAIN_PORT, PORT_RANGE
+from orchestrator.specs.constants import PORT_RANGE
 from orchestrator.specs.inventory import (
     Hostfile,
     expand_nodeset,
@@ -163,7 +163,8 @@ class Recipe(_Strict):
     python: str | None = None  # None: the head's sys.executable
     env: dict[str, str] = Field(default_factory=dict)
     passthrough_env: list[str] = Field(default_factory=list)
-    main_port: int = Field(DEFAULT_MAIN_PORT, ge=PORT_RANGE[0], le=PORT_RANGE[1])
+    # None: orch picks a port free on node 0 for each job
+    main_port: int | None = Field(None, ge=PORT_RANGE[0], le=PORT_RANGE[1])
     hang_timeout: float | None = Field(None, ge=1)  # None: no hang detection (--hang-timeout)
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)

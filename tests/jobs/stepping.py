@@ -52,6 +52,7 @@ def main() -> int:
     parser.add_argument("--slow-factor", type=float, default=1.0)
     parser.add_argument("--stop-file", default="")
     parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument("--pause", type=float, default=0.0)  # idle seconds between steps
     parser.add_argument("--stall-rank", type=int, default=-1)
     parser.add_argument("--stall-after", type=float, default=5.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
@@ -74,6 +75,7 @@ def main() -> int:
             print(f"rank {rank} fails after {steps} steps", flush=True)
             return 7
         compute(my_compute)
+        time.sleep(args.pause)
         flag = torch.tensor([1.0 if rank == 0 and should_stop(args, started) else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         steps += 1
