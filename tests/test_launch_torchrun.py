@@ -118,7 +118,7 @@ def test_sigint_stops_only_its_job_and_orch_kill_stops_the_other(sandbox, hostfi
                 proc.kill()
 
 
-def test_frozen_node_is_named_and_the_job_ends_within_60s(sandbox_factory, tmp_path):
+def test_frozen_node_is_named_and_the_job_ends_within_20s(sandbox_factory, tmp_path):
     box, state = sandbox_factory(2, 1)
     names = _names(state)
     out = tmp_path / "orch.out"
@@ -134,10 +134,13 @@ def test_frozen_node_is_named_and_the_job_ends_within_60s(sandbox_factory, tmp_p
         box.freeze(names[1])
         frozen_at = time.monotonic()
         code = proc.wait(90)
-        assert time.monotonic() - frozen_at < 60
+        took = time.monotonic() - frozen_at
         text = out.read_text()
+        assert took < 20, text
         assert code != 0
         assert f"first failure: {names[1]}: stopped answering" in text
+        # Its stop request went out, and nobody waited for the frozen node to answer it.
+        assert f"stop request sent, not waited for; pdsh's answer goes to {runs}/{job_id}" in text
         assert job_processes(names[0], job_id) == []
         record = job_json(runs, job_id)
         assert record["first_failure"]["node"] == names[1]

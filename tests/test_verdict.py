@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from orchestrator.remote.agent import HEARTBEAT_S
 from orchestrator.run.verdict import (
     HANG_EXIT_CODE,
     Decision,
@@ -117,6 +118,21 @@ def test_a_silent_node_is_torn_down_after_the_heartbeat_timeout(silent_for, torn
     if torn_down:
         assert failures[0].node == "n2" and failures[0].kind == "silent"
         assert failures[0].reason == "stopped answering (no heartbeat for 15 s)"
+
+
+def test_after_a_frozen_node_reading_ends_once_every_other_node_has_stopped():
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(0), NodeHeard("n1", 15), NodeHeard("n3", 15))
+    [failure] = _teardowns(_feed(verdict, Tick(15.1)))
+    assert failure.node == "n2"
+    _feed(verdict, _exit("n1", 16, -15), TeardownDone(16.5))
+    assert not verdict.feed(Tick(16.6)).stop_reading  # n3 may still say something
+    assert verdict.feed(_exit("n3", 16.7, -15)).stop_reading  # no drain: n2 will not answer
+    assert verdict.outcome(-15, stopped_by_us=True).failure == failure
+
+
+def test_the_default_heartbeat_timeout_is_five_missed_beats():
+    assert WatchSettings().heartbeat_timeout == 5 * HEARTBEAT_S
 
 
 def test_a_node_that_never_started_fails_after_the_start_timeout():

@@ -109,12 +109,14 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 def _majority_place(block: StackBlock) -> str:
     """Where most ranks stood: their innermost frame of the user's code, and the call
     they were inside (the collective they waited in)."""
-    ranks = f"rank(s) {rank_ranges(block.rank_numbers)}"
+    plural = "ranks" if len(block.ranks) > 1 else "rank"
+    ranks = f"{plural} {rank_ranges(block.rank_numbers)}"
     frame = user_frame(block.ranks[0])
     inner = block.threads[0].frames[0].function if block.threads and block.threads[0].frames else ""
     where = frame.where if frame else "(no frame of your code)"
     inside = f", inside {inner}" if inner and (frame is None or inner != frame.function) else ""
-    return f"{ranks} stood together at {where}{inside}"
+    together = " stood together" if len(block.ranks) > 1 else " stood"
+    return f"{ranks}{together} at {where}{inside}"
 
 
 def _print_stacks_kept(result: LaunchResult) -> None:

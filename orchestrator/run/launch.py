@@ -200,6 +200,11 @@ class _Tracker:
         return events
 
 
+def _not_answering(failure: Failure) -> tuple[str, ...]:
+    """A node that stopped answering: its stop request is sent, not waited for."""
+    return (failure.node,) if failure.kind == "silent" and failure.node else ()
+
+
 class JobRunner:
     """Runs one prepared plan to its end: turns what it reads into events for the job's
     verdict (run/verdict.py) and acts on its decisions. `interrupt()` may be called from a
@@ -339,10 +344,8 @@ class JobRunner:
         for node in unreachable:
             where = agent.node_dir(self.plan.job_id, node)
             outcome[node] = (
-                f"{node}: not tried, the teardown could not reach it "
-                f"({self.teardown[node].problem if self.teardown else ''}) "
-                f"(its logs stay on the node in {where}; fetch them by hand: "
-                f"scp -r {node}:{where} .)"
+                f"{node}: not tried, the teardown could not reach it; its logs stay on the "
+                f"node in {where}; fetch them by hand: scp -r {node}:{where} ."
             )
         return {h: outcome[h] for h in self.plan.hosts}
 
@@ -363,6 +366,8 @@ class JobRunner:
                     self.plan.python,
                     grace=self.plan.grace,
                     timeout=self.settings.teardown_timeout,
+                    not_answering=_not_answering(failure),
+                    log=self.run_dir.path / "teardown-unanswered.log",
                 )
             finally:
                 self._teardown_done.set()
@@ -374,8 +379,8 @@ class JobRunner:
         """Where the ranks still running stand, kept in the record before they are stopped.
         Bounded by the settings' stacks_timeout; a node that stopped answering is skipped.
         Taking stacks is a help, never a reason to fail: nothing it meets is raised."""
-        gone = failure.node if failure.kind in ("silent", "lost") else ""
-        hosts = [h for h in self.plan.hosts if h != gone]
+        gone = (failure.node,) if failure.kind in ("silent", "lost") else ()
+        hosts = [h for h in self.plan.hosts if h not in gone]
         hung = failure.kind == "hang"
         timeout = self.settings.hang_stacks_timeout if hung else self.settings.stacks_timeout
         try:

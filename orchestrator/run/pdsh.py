@@ -187,6 +187,32 @@ def run_pdsh(
     )
 
 
+def send_pdsh(hosts: Sequence[str], remote_command: str, *, timeout: float, log: Path) -> None:
+    """Start a short command on hosts that may not answer, and do not wait for it: pdsh
+    runs on by itself (its own session, bounded by its own timeouts) after orch exits,
+    and writes what it got to `log`."""
+    argv = build_pdsh_argv(
+        hosts,
+        remote_command,
+        connect_timeout=min(DEFAULT_CONNECT_TIMEOUT, max(1, int(timeout))),
+        command_timeout=max(1, int(timeout)),
+        pdsh=find_pdsh(),
+    )
+    try:
+        with log.open("ab") as out:
+            subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=pdsh_environment(os.environ),
+                start_new_session=True,
+                close_fds=True,
+            )
+    except OSError:
+        pass  # the node's agent stops the job by itself once it notices the head is gone
+
+
 # ----- the pdsh shim on DeepSpeed's PATH (plan/pdsh_command.py writes it) ---------
 def shim_main(config_path: str, args: list[str]) -> int:
     """Rewrite DeepSpeed's pdsh call so the agent runs its command, then exec the real pdsh."""

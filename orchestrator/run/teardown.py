@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
-from orchestrator.run.pdsh import run_pdsh, ssh_exit_of
+from orchestrator.run.pdsh import run_pdsh, send_pdsh, ssh_exit_of
 
 # `orch kill` leaves this file in the run directory, so the head reports "killed".
 KILL_MARKER = "kill-requested"
@@ -32,13 +33,36 @@ class StopReport:
 
 
 def teardown_job(
-    hosts: Sequence[str], job_id: str, python: str, *, grace: float, timeout: float
+    hosts: Sequence[str],
+    job_id: str,
+    python: str,
+    *,
+    grace: float,
+    timeout: float,
+    not_answering: Sequence[str] = (),
+    log: Path | None = None,
 ) -> GroupResult[StopReport]:
-    """Run the kill-by-job-id program on every host; what each one found (or why not)."""
-    run = run_pdsh(
-        list(hosts), kill_command(python, job_id, grace), timeout=max(timeout, grace + 5)
-    )
-    return stop_results(hosts, run.output, timed_out=run.timed_out)
+    """Run the kill-by-job-id program on every host; what each one found (or why not).
+
+    Hosts in `not_answering` (a node that stopped answering) get the stop request too, but
+    nobody waits for them: pdsh goes on by itself, writing to `log`."""
+    command = kill_command(python, job_id, grace)
+    timeout = max(timeout, grace + 5)
+    waited = [h for h in hosts if h not in not_answering]
+    sent = [h for h in hosts if h in not_answering]
+    if sent and log is not None:
+        send_pdsh(sent, command, timeout=timeout, log=log)
+    found = {h: _not_waited_for(h, log) for h in sent}
+    if waited:
+        run = run_pdsh(waited, command, timeout=timeout)
+        found.update((r.node, r) for r in stop_results(waited, run.output, timed_out=run.timed_out))
+    return GroupResult(tuple(found[h] for h in hosts))
+
+
+def _not_waited_for(host: str, log: Path | None) -> NodeResult[StopReport]:
+    where = f"; pdsh's answer goes to {log}" if log is not None else ""
+    return failed(host, f"{host}: stopped answering; stop request sent, not waited for{where}",
+                  _STOPS_ITSELF, NO_ANSWER)  # fmt: skip
 
 
 def stop_results(

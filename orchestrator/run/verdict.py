@@ -37,7 +37,10 @@ HANG_EXIT_CODE = 124  # a job that hung, as `timeout` reports a command that ran
 class WatchSettings:
     """Every timeout of a launch, in seconds."""
 
-    heartbeat_timeout: float = 15.0  # a started node silent this long has stopped answering
+    # A started node silent this long has stopped answering. Its agent sends a heartbeat
+    # every 2 s from its own small process, whatever the ranks do: 10 s is five missed
+    # beats, which only a frozen node, a dead link or a stopped ssh gives.
+    heartbeat_timeout: float = 10.0
     start_timeout: float = 120.0  # a node never heard from, once another node started
     settle: float = 1.0  # after the first failure, wait this long for an earlier one
     drain_after_teardown: float = 3.0  # read what the nodes say as they stop, then end
@@ -249,6 +252,8 @@ class JobVerdict:
         if self.output_ended and self.head_code is not None:
             return True
         if self.teardown_done_at is not None:
+            if self._every_answering_node_exited():
+                return True  # nothing more to read: the rest would be waiting for a dead node
             return now - self.teardown_done_at > self.settings.drain_after_teardown
         if self.failure is None and self.all_exited():
             self.all_exited_at = self.all_exited_at if self.all_exited_at is not None else now
@@ -310,6 +315,11 @@ class JobVerdict:
             return None
         reason = f"hang: no rank wrote anything for {now - quiet_since:.0f} s"
         return Failure("", reason, HANG_EXIT_CODE, kind="hang")
+
+    def _every_answering_node_exited(self) -> bool:
+        failure = self.failure
+        silent = failure.node if failure is not None and failure.kind == "silent" else None
+        return all(h in self.exits or h == silent for h in self.hosts)
 
     def all_exited(self) -> bool:
         return all(h in self.exits for h in self.hosts)
