@@ -156,6 +156,16 @@ def split_node_line(line: str) -> tuple[str, str]:
     return node, rest
 
 
+def _short_command_argv(hosts: Sequence[str], remote_command: str, timeout: float) -> list[str]:
+    return build_pdsh_argv(
+        hosts,
+        remote_command,
+        connect_timeout=min(DEFAULT_CONNECT_TIMEOUT, max(1, int(timeout))),
+        command_timeout=max(1, int(timeout)),
+        pdsh=find_pdsh(),
+    )
+
+
 def run_pdsh(
     hosts: Sequence[str],
     remote_command: str,
@@ -164,13 +174,7 @@ def run_pdsh(
     env: Mapping[str, str] | None = None,
 ) -> PdshRun:
     """Run a short command on every host; never longer than `timeout` seconds."""
-    argv = build_pdsh_argv(
-        hosts,
-        remote_command,
-        connect_timeout=min(DEFAULT_CONNECT_TIMEOUT, max(1, int(timeout))),
-        command_timeout=max(1, int(timeout)),
-        pdsh=find_pdsh(),
-    )
+    argv = _short_command_argv(hosts, remote_command, timeout)
     proc = start_streaming(argv, env=pdsh_environment(env if env is not None else os.environ))
     timed_out = False
     try:
@@ -191,13 +195,7 @@ def send_pdsh(hosts: Sequence[str], remote_command: str, *, timeout: float, log:
     """Start a short command on hosts that may not answer, and do not wait for it: pdsh
     runs on by itself (its own session, bounded by its own timeouts) after orch exits,
     and writes what it got to `log`."""
-    argv = build_pdsh_argv(
-        hosts,
-        remote_command,
-        connect_timeout=min(DEFAULT_CONNECT_TIMEOUT, max(1, int(timeout))),
-        command_timeout=max(1, int(timeout)),
-        pdsh=find_pdsh(),
-    )
+    argv = _short_command_argv(hosts, remote_command, timeout)
     try:
         with log.open("ab") as out:
             subprocess.Popen(
