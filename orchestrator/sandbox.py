@@ -55,6 +55,7 @@ class SandboxState:
     namespaces: bool
     user: str
     nodes: tuple[SandboxNode, ...]
+    sshd_profile: str = "default"  # default | hardened (see SSHD_PROFILES)
 
     @property
     def hostfile(self) -> str:
@@ -203,6 +204,22 @@ def _keygen(path: Path, comment: str) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
+# sshd settings that differ between the kinds of node the sandbox can stand in for.
+SSHD_PROFILES: dict[str, tuple[str, ...]] = {
+    # Benchmarks open many sessions at once; OpenSSH's 10:30:100 drops them.
+    "default": ("MaxStartups 512:30:1024", "MaxSessions 256", "Subsystem sftp internal-sftp"),
+    # A hardened cluster: no SFTP subsystem, OpenSSH's default session limits, no
+    # forwarding of any kind.
+    "hardened": (
+        "MaxStartups 10:30:100",
+        "MaxSessions 10",
+        "AllowTcpForwarding no",
+        "AllowAgentForwarding no",
+        "X11Forwarding no",
+    ),
+}
+
+
 class Sandbox:
     """One loopback cluster, identified by its state directory."""
 
@@ -231,15 +248,21 @@ class Sandbox:
         tmp.replace(self.state_file)
 
     # ----- up ----------------------------------------------------------------
-    def up(self, nodes: int = 4, slots: int = 2, prefix: str = DEFAULT_PREFIX) -> SandboxState:
+    def up(self, nodes: int = 4, slots: int = 2, prefix: str = DEFAULT_PREFIX,
+           sshd_profile: str = "default") -> SandboxState:  # fmt: skip
+        if sshd_profile not in SSHD_PROFILES:
+            raise SandboxError(
+                f"no sshd profile {sshd_profile!r}", f"choose one of: {', '.join(SSHD_PROFILES)}"
+            )
         if not 1 <= nodes <= 250:
             raise SandboxError(f"--nodes must be between 1 and 250, got {nodes}")
         if slots < 1:
             raise SandboxError(f"--slots must be at least 1, got {slots}")
         current = self.load()
         if current is not None:
-            wanted = (nodes, slots, prefix)
-            if (len(current.nodes), current.slots, current.prefix) == wanted and all(
+            wanted = (nodes, slots, prefix, sshd_profile)
+            have = (len(current.nodes), current.slots, current.prefix, current.sshd_profile)
+            if have == wanted and all(
                 s.process_alive and s.port_open for s in self.status(current)
             ):
                 return current
@@ -261,7 +284,9 @@ class Sandbox:
         started: list[SandboxNode] = []
         try:
             for name, address in zip(names, addresses, strict=True):
-                pid = self._start_node(sshd, name, address, port, sandbox_id, use_ns)
+                pid = self._start_node(
+                    sshd, name, address, port, sandbox_id, use_ns, sshd_profile
+                )
                 started.append(SandboxNode(name=name, address=address, port=port, pid=pid))
             state = SandboxState(
                 directory=str(self.directory),
@@ -271,6 +296,7 @@ class Sandbox:
                 namespaces=use_ns,
                 user=user,
                 nodes=tuple(started),
+                sshd_profile=sshd_profile,
             )
             self._save(state)
             self._wait_ready(state)
@@ -327,7 +353,9 @@ class Sandbox:
         )
         (d / "hosts").write_text(base_hosts.rstrip("\n") + "\n# orch sandbox nodes\n" + extra)
 
-    def _sshd_config(self, name: str, address: str, port: int, sandbox_id: str) -> Path:
+    def _sshd_config(
+        self, name: str, address: str, port: int, sandbox_id: str, profile: str
+    ) -> Path:
         d = self.directory
         node_dir = d / "nodes" / name
         config = node_dir / "sshd_config"
@@ -348,11 +376,8 @@ class Sandbox:
                     "PrintMotd no",
                     "PrintLastLog no",
                     "UseDNS no",
-                    # Benchmarks open many sessions at once; OpenSSH's 10:30:100 drops them.
-                    "MaxStartups 512:30:1024",
-                    "MaxSessions 256",
+                    *SSHD_PROFILES[profile],
                     f"SetEnv {SANDBOX_ENV}={sandbox_id} ORCH_SANDBOX_NODE={name}",
-                    "Subsystem sftp internal-sftp",
                     "LogLevel ERROR",
                     "",
                 ]
@@ -361,9 +386,10 @@ class Sandbox:
         return config
 
     def _start_node(
-        self, sshd: str, name: str, address: str, port: int, sandbox_id: str, use_ns: bool
-    ) -> int:
-        config = self._sshd_config(name, address, port, sandbox_id)
+        self, sshd: str, name: str, address: str, port: int, sandbox_id: str, use_ns: bool,
+        profile: str = "default",
+    ) -> int:  # fmt: skip
+        config = self._sshd_config(name, address, port, sandbox_id, profile)
         node_dir = self.directory / "nodes" / name
         sshd_cmd = [sshd, "-D", "-e", "-f", str(config)]
         if use_ns:

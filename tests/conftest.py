@@ -43,11 +43,11 @@ def sandbox_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     started: list[Sandbox] = []
     node_names: list[str] = []
 
-    def start(nodes: int = 4, slots: int = 2) -> tuple[Sandbox, SandboxState]:
+    def start(nodes: int = 4, slots: int = 2, sshd_profile: str = "default"):
         tag = uuid.uuid4().hex[:6]
         box = Sandbox(tmp_path_factory.mktemp(f"sandbox-{tag}", numbered=False))
         started.append(box)
-        state = box.up(nodes=nodes, slots=slots, prefix=f"t{tag}n")
+        state = box.up(nodes=nodes, slots=slots, prefix=f"t{tag}n", sshd_profile=sshd_profile)
         node_names.extend(node.name for node in state.nodes)
         return box, state
 

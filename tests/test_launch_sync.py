@@ -1,4 +1,5 @@
-"""`--sync`: which files go, and copying them to real sandbox nodes over SFTP."""
+"""`--sync`: which files go, and copying them to real sandbox nodes, over SFTP or, where
+the node's sshd has none, as a tar stream."""
 
 from __future__ import annotations
 
@@ -51,9 +52,15 @@ def test_a_file_is_not_mistaken_for_an_ignored_directory(tmp_path):
     assert files_to_sync(tmp_path) == [".gitignore", "outputs"]
 
 
+@pytest.fixture(scope="module", params=["default", "hardened"])
+def profiled(request, sandbox_factory):
+    """Nodes whose sshd offers SFTP, and nodes whose sshd does not (files go by tar)."""
+    return sandbox_factory(2, 2, sshd_profile=request.param)
+
+
 @pytest.mark.sandbox
-def test_sync_copies_to_every_node_once_and_leaves_a_shared_directory_alone(sandbox, tmp_path):
-    _box, state = sandbox
+def test_sync_copies_to_every_node_once_and_leaves_a_shared_directory_alone(profiled, tmp_path):
+    _box, state = profiled
     nodes = [n.name for n in state.nodes[:2]]
     _tree(tmp_path)
     remote = f"/tmp/orch-sync-test-{uuid.uuid4().hex[:8]}"

@@ -27,16 +27,20 @@ def up(
     nodes: int = typer.Option(4, "--nodes", "-n", min=1, max=250, help="Number of nodes."),
     slots: int = typer.Option(2, "--slots", min=1, help="Slots (ranks) per node in the hostfile."),
     prefix: str = typer.Option("node", "--prefix", help="Node names are PREFIX1..PREFIXN."),
+    sshd: str = typer.Option(
+        "default", "--sshd", help="sshd profile: default, or hardened (no SFTP, default limits)."
+    ),
     directory: Path | None = _DIR_OPTION,
 ) -> None:
     """Start the nodes (or keep them if already up) and print the hostfile path."""
-    state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix)
+    state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd)
     err = Console(stderr=True, highlight=False)
     first, last = state.nodes[0], state.nodes[-1]
     err.print(
         f"sandbox up: {len(state.nodes)} nodes {first.name}..{last.name} on "
         f"{first.address}..{last.address} port {first.port}"
         + ("" if state.namespaces else " (no namespaces: nodes share this hostname)")
+        + ("" if state.sshd_profile == "default" else f", sshd {state.sshd_profile}")
     )
     # stdout carries only the path, so `HF=$(orch sandbox up)` works.
     typer.echo(state.hostfile)

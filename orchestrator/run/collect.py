@@ -16,7 +16,6 @@ import hashlib
 import os
 import re
 import shlex
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,19 +99,14 @@ def _remote_hashes(
 
 
 def _pull_files(
-    session: NodeSession, remote_dir: str, local_dir: Path, names: Sequence[str]
-) -> None:
+    session: NodeSession, remote_dir: str, local_dir: Path, names: Sequence[str],
+    timeout: float,
+) -> None:  # fmt: skip
+    """The regular files the hash listing named (over SFTP, or `cat` where the node's sshd
+    has no SFTP subsystem)."""
     local_dir.mkdir(parents=True, exist_ok=True)
-    sftp = session.sftp()
-    try:
-        for name in names:
-            remote = f"{remote_dir}/{name}"
-            if not stat.S_ISREG(sftp.stat(remote).st_mode or 0):
-                continue
-            partial = local_dir / (name + _PARTIAL_SUFFIX)
-            sftp.get(remote, str(partial))
-    finally:
-        sftp.close()
+    for name in names:
+        session.download(f"{remote_dir}/{name}", local_dir / (name + _PARTIAL_SUFFIX), timeout)
 
 
 def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledFile]:
@@ -145,7 +139,7 @@ def _collect_over(
                 f"{node}: no raw logs at {remote_dir}",
                 "the job never started on this node, or its logs were already removed",
             )
-        _pull_files(session, remote_dir, local_dir, sorted(before))
+        _pull_files(session, remote_dir, local_dir, sorted(before), timeout)
         after = _remote_hashes(session, remote_dir, timeout) or {}
         try:
             if after != before:

@@ -336,11 +336,18 @@ class JobRunner:
             r.node for r in (self.teardown or ()) if r.kind in (UNREACHABLE, NO_ANSWER)
         }
         reachable = [h for h in self.plan.hosts if h not in unreachable]
-        report = collect_logs(
-            reachable, self.plan.job_id, self.run_dir.node_logs,
-            keep_remote=self.keep_remote_logs, connect_timeout=5.0, timeout=60.0,
-        )  # fmt: skip
-        outcome = {r.node: r.why for r in report}
+        try:
+            report = collect_logs(
+                reachable, self.plan.job_id, self.run_dir.node_logs,
+                keep_remote=self.keep_remote_logs, connect_timeout=5.0, timeout=60.0,
+            )  # fmt: skip
+            outcome = {r.node: r.why for r in report}
+        except Exception as err:  # the job is over: nothing here may change its exit code
+            outcome = {
+                node: f"{node}: pulling the raw logs failed ({type(err).__name__}: {err}); "
+                f"fetch them by hand: scp -r {node}:{agent.node_dir(self.plan.job_id, node)} ."
+                for node in reachable
+            }
         for node in unreachable:
             where = agent.node_dir(self.plan.job_id, node)
             outcome[node] = (

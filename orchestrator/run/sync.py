@@ -1,10 +1,11 @@
 """`--sync`: copy the head's working directory to every node before a launch.
 
 For clusters without a shared filesystem. Files go over SFTP (one SSH connection
-per node, nodes in parallel); what the .gitignore files ignore is skipped (git's
-rules, through pathspec: negations and nested .gitignore files included), as are
-.git and virtual environments. A file
-whose size and modification time already match on the node is not sent again.
+per node, nodes in parallel), or as one tar stream into `tar -x` where the node's sshd
+offers no SFTP. What the .gitignore files ignore is skipped (git's rules, through
+pathspec: negations and nested .gitignore files included), as are .git and virtual
+environments. A file whose size and modification time already match on the node is not
+sent again.
 
 A node that already sees the head's directory (a shared filesystem: a marker
 file written here is visible there) is left alone: copying a file onto itself
@@ -13,11 +14,13 @@ would truncate it.
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 import secrets
 import shlex
 import stat
+import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +28,15 @@ from pathlib import Path
 from pathspec import GitIgnoreSpec
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
-from orchestrator.ssh import SFTPClient, SSHError, failure_result, open_session
+from orchestrator.ssh import (
+    NO_SFTP,
+    NodeSession,
+    RemoteProcess,
+    SFTPClient,
+    SSHError,
+    failure_result,
+    open_session,
+)
 
 ALWAYS_SKIPPED = (".git", ".venv", "venv", "__pycache__", ".orch-sync-marker-*")
 _MARKER_PREFIX = ".orch-sync-marker-"
@@ -108,7 +119,12 @@ def _sync_node(
                     node, f"{node}: cannot create {remote_root}: {message}",
                     "check that the directory's parent exists and is writable on the node",
                 )  # fmt: skip
-            sftp = session.sftp()
+            try:
+                sftp = session.sftp()
+            except SSHError as err:
+                if err.failure.kind != NO_SFTP:
+                    raise
+                return succeeded(node, _copy_by_tar(session, root, remote_root, files, timeout))
             sftp.get_channel().settimeout(timeout)
             try:
                 return succeeded(node, _copy(sftp, root, remote_root, files))
@@ -140,6 +156,56 @@ def _copy(sftp: SFTPClient, root: Path, remote_root: str, files: Sequence[str]) 
         sftp.utime(remote, (info.st_atime, info.st_mtime))
         sent += 1
     return SyncedFiles(sent=sent, unchanged=unchanged)
+
+
+# ----- without SFTP: one listing, then one tar stream into `tar -x` on the node ----------
+def _remote_listing(session: NodeSession, remote_root: str, timeout: float) -> dict:
+    """Path (relative) -> (size, whole-second mtime) of every regular file on the node."""
+    command = f"cd -- {shlex.quote(remote_root)} && find . -type f -printf '%s %T@ %P\\0'"
+    result = session.run(command, timeout=timeout)
+    listing: dict[str, tuple[int, int]] = {}
+    for entry in result.stdout.split(b"\0"):
+        size, _, rest = entry.partition(b" ")
+        mtime, _, name = rest.partition(b" ")
+        if size.isdigit() and name:
+            listing[name.decode(errors="surrogateescape")] = (int(size), int(float(mtime)))
+    return listing
+
+
+class _ToProcess(io.RawIOBase):
+    """A write-only stream into a remote command's stdin."""
+
+    def __init__(self, process: RemoteProcess) -> None:
+        self.process = process
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # type: ignore[no-untyped-def]
+        self.process.send(bytes(data))
+        return len(data)
+
+
+def _copy_by_tar(
+    session: NodeSession, root: Path, remote_root: str, files: Sequence[str], timeout: float
+) -> SyncedFiles:
+    there = _remote_listing(session, remote_root, timeout)
+    changed = []
+    for relative in files:
+        info = (root / relative).stat()
+        if there.get(relative) != (info.st_size, int(info.st_mtime)):
+            changed.append(relative)
+    if changed:
+        # tar keeps each file's mode and modification time, so the next sync skips it.
+        process = session.start(f"tar -x -f - -C {shlex.quote(remote_root)}", timeout)
+        with tarfile.open(fileobj=_ToProcess(process), mode="w|") as archive:
+            for relative in changed:
+                archive.add(root / relative, arcname=relative, recursive=False)
+        result = process.wait(timeout)
+        if result.exit_code != 0:
+            said = result.stderr.decode(errors="replace").strip()[-300:]
+            raise OSError(f"tar on the node exited {result.exit_code}: {said}")
+    return SyncedFiles(sent=len(changed), unchanged=len(files) - len(changed))
 
 
 def _makedirs(sftp: SFTPClient, directory: str, made: set[str]) -> None:

@@ -4,13 +4,15 @@ open SFTP."""
 from __future__ import annotations
 
 import contextlib
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import paramiko
 
-from orchestrator.ssh.errors import ssh_error
+from orchestrator.ssh.errors import NO_SFTP, SSHError, ssh_error
 
 _POLL_S = 0.02
 
@@ -39,6 +41,7 @@ class NodeSession:
         self.node = node
         self._transport = transport
         self._hops = hops
+        self._sftp_offered: bool | None = None  # unknown until first asked
 
     def __enter__(self) -> NodeSession:
         return self
@@ -76,15 +79,69 @@ class NodeSession:
         return RemoteProcess(self.node, self._channel(command, timeout))
 
     def sftp(self) -> SFTPClient:
-        client = self._transport.open_sftp_client()
+        """An SFTP client; SSHError (kind "no-sftp") when the node's sshd offers no SFTP
+        subsystem, as hardened clusters configure it."""
+        try:
+            client = self._transport.open_sftp_client()
+        except (paramiko.SSHException, EOFError) as err:
+            client = None
+            why = str(err) or type(err).__name__
+        else:
+            why = "no client"
         if client is None:
             raise ssh_error(
                 self.node,
-                "other",
-                f"{self.node}: SFTP unavailable",
-                "enable the sftp Subsystem in the node's sshd_config",
+                NO_SFTP,
+                f"{self.node}: SFTP unavailable ({why})",
+                "orch copies through `cat` instead; to use SFTP, enable the sftp Subsystem "
+                "in the node's sshd_config",
             )
         return client
+
+    def download(self, remote: str, local: Path, timeout: float) -> None:
+        """Copy one remote file to `local`: over SFTP when the node offers it, else as the
+        output of `cat` on an exec channel. OSError when the file cannot be read."""
+        if self._sftp_offered is not False:
+            try:
+                client = self.sftp()
+            except SSHError as err:
+                if err.failure.kind != NO_SFTP:
+                    raise
+                self._sftp_offered = False
+            else:
+                self._sftp_offered = True
+                try:
+                    client.get_channel().settimeout(timeout)
+                    client.get(remote, str(local))
+                    return
+                finally:
+                    client.close()
+        self._cat(remote, local, timeout)
+
+    def _cat(self, remote: str, local: Path, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        channel = self._channel(f"cat -- {shlex.quote(remote)}", timeout)
+        errors: list[bytes] = []
+        try:
+            channel.shutdown_write()
+            with local.open("wb") as out:
+                while True:
+                    channel.settimeout(max(0.1, deadline - time.monotonic()))
+                    try:
+                        chunk = channel.recv(1 << 16)
+                    except TimeoutError as err:
+                        raise OSError(f"{self.node}: reading {remote} timed out") from err
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    while channel.recv_stderr_ready():
+                        errors.append(channel.recv_stderr(4096))
+            code = channel.recv_exit_status()
+        finally:
+            channel.close()
+        if code != 0:
+            said = b"".join(errors).decode(errors="replace").strip() or f"cat exited {code}"
+            raise OSError(f"{self.node}: {said}")
 
     def close(self) -> None:
         self._transport.close()
