@@ -26,6 +26,7 @@ from orchestrator.checks.node import (
     check_gpus,
     check_interpreter,
     check_known_traps,
+    check_stacks,
 )
 from orchestrator.checks.parity import check_parity, majority_value
 from orchestrator.checks.report import build_report
@@ -361,3 +362,39 @@ def test_checks_and_probe_parsing_import_no_ssh_or_process_code() -> None:
         [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def _stacks(**changes: object) -> list[str]:
+    found = check_stacks(probes(facts("n1", stacks_probed=True, **changes)), "/venv/bin/python")
+    assert all(f.severity == "warning" and f.check == "stacks" for f in found)
+    return [f"{f.problem} | {f.fix}" for f in found]
+
+
+def test_stacks_can_be_taken_as_root_with_ptrace_or_as_a_user_where_yama_allows():
+    assert _stacks(py_spy="/venv/bin/py-spy", root=True, cap_sys_ptrace=True) == []
+    assert _stacks(py_spy="/usr/bin/py-spy", root=False, ptrace_scope=0) == []
+    assert _stacks(py_spy="/usr/bin/py-spy", root=False, ptrace_scope=None) == []  # no Yama
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"py_spy": None}, "py-spy not found beside /venv/bin/python or on PATH on n1 | "
+                           "/venv/bin/python -m pip install py-spy"),
+        ({"py_spy": "/p", "root": True, "cap_sys_ptrace": False},
+         "root on n1 lacks CAP_SYS_PTRACE (a container drops it) | start the container with "
+         "--cap-add SYS_PTRACE"),
+        ({"py_spy": "/p", "root": False, "ptrace_scope": 1},
+         "kernel.yama.ptrace_scope=1 on n1: py-spy may not attach to ranks it did not start | "
+         "sysctl -w kernel.yama.ptrace_scope=0"),
+        ({"py_spy": "/p", "root": True, "cap_sys_ptrace": True, "ptrace_scope": 3},
+         "ptrace is disabled on n1 (kernel.yama.ptrace_scope=3)"),
+    ],
+)
+def test_a_node_where_stacks_cannot_be_taken_says_why_and_the_fix(changes, said):
+    [found] = _stacks(**changes)
+    assert found.startswith("stacks cannot be taken: " + said)
+
+
+def test_a_probe_that_says_nothing_of_stacks_gives_no_stacks_finding():
+    assert check_stacks(probes(facts("n1", py_spy=None)), "/venv/bin/python") == []

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_support import job_ids, job_json, job_processes, launch_args, run_orch
+from launch_support import job_ids, job_json, job_processes, launch_args, log_text, run_orch
 
 pytestmark = pytest.mark.sandbox
 
@@ -49,6 +49,9 @@ def test_a_job_succeeds_and_every_raw_log_comes_back(hardened, tmp_path):
     for node in _names(state):
         raw = tmp_path / job_id / "nodes" / node
         assert (raw / "stdout.raw").stat().st_size > 0
+        # NCCL's flight recorder would dump into the node's run directory, which came back.
+        stem = f"/tmp/orch-runs/{job_id}/{node}/nccl_trace_rank_"
+        assert f"fr={stem}" in log_text(tmp_path, job_id, node)
 
 
 def test_a_rank_that_exits_7_makes_the_job_exit_7(hardened, tmp_path):

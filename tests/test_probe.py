@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -84,6 +85,9 @@ def test_probe_runs_locally_and_reads_metadata_without_importing_torch(tmp_path:
     assert facts.workdir_exists and facts.disk_free_bytes and facts.disk_free_bytes > 0
     assert "lo" in facts.interfaces and "127.0.0.1" in facts.interfaces["lo"]
     assert facts.resolved["localhost"]
+    # py-spy is installed beside this interpreter; this machine runs as root.
+    assert facts.stacks_probed and facts.py_spy == str(Path(sys.executable).with_name("py-spy"))
+    assert facts.root is (os.geteuid() == 0)
 
 
 def test_probe_does_not_import_torch() -> None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 Severity = Literal["error", "warning"]
-CHECK_GROUPS = ("ssh", "python", "files", "parity", "network", "gpu", "disk")
+CHECK_GROUPS = ("ssh", "python", "files", "parity", "network", "gpu", "disk", "stacks")
 CLUSTER = "*"  # the node of a finding about the whole cluster or a file
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.checks.model import CLUSTER, Finding, NodeProbe, Severity, with_facts
 
 if TYPE_CHECKING:
-    pass
+    from orchestrator.probe.facts import NodeFacts
 
 GIB = 1 << 30
 DISK_ERROR_BYTES = 1 * GIB
@@ -204,5 +204,47 @@ def check_accelerate_config(config: Mapping[str, Any], path: str) -> list[Findin
                     "set deepspeed_config.deepspeed_hostfile to the hostfile path "
                     "(`orch config` writes it)",
                 )
+            )
+    return findings
+
+
+# ----- whether stacks can be taken (`orch stacks`, hangs, teardown) -------------------------
+def stacks_problem(f: NodeFacts, python: str) -> tuple[str, str] | None:
+    """Why py-spy could not read the ranks' stacks on this node, and the fix; None when
+    it can. py-spy attaches with ptrace: root (with CAP_SYS_PTRACE, which containers
+    drop), or the job's own user where Yama allows it (ptrace_scope 0; at 1 only a
+    process's ancestors may attach, and py-spy is not the ranks' ancestor)."""
+    if f.py_spy is None:
+        return (
+            f"py-spy not found beside {python} or on PATH on {f.node}",
+            f"{python} -m pip install py-spy (orch's own setup installs it)",
+        )
+    if f.root and not f.cap_sys_ptrace:
+        return (
+            f"root on {f.node} lacks CAP_SYS_PTRACE (a container drops it)",
+            "start the container with --cap-add SYS_PTRACE",
+        )
+    if f.ptrace_scope == 3:
+        return (f"ptrace is disabled on {f.node} (kernel.yama.ptrace_scope=3)",
+                "reboot with kernel.yama.ptrace_scope=1 or lower")  # fmt: skip
+    if not f.root and f.ptrace_scope in (1, 2):
+        return (
+            f"kernel.yama.ptrace_scope={f.ptrace_scope} on {f.node}: py-spy may not attach to "
+            "ranks it did not start",
+            "sysctl -w kernel.yama.ptrace_scope=0 (as root), or run the job as root",
+        )
+    return None
+
+
+def check_stacks(probes: Sequence[NodeProbe], python: str) -> list[Finding]:
+    """A warning per node where stacks cannot be taken: the job runs, its hangs are
+    detected, but nobody can see where its ranks stand."""
+    findings = []
+    for f in with_facts(probes):
+        problem = stacks_problem(f, python) if f.stacks_probed else None
+        if problem is not None:
+            message, fix = problem
+            findings.append(
+                Finding(f.node, "stacks", f"stacks cannot be taken: {message}", fix, "warning")
             )
     return findings

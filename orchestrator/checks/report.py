@@ -29,6 +29,7 @@ from orchestrator.checks.node import (
     check_interpreter,
     check_known_traps,
     check_reachability,
+    check_stacks,
 )
 from orchestrator.checks.parity import check_parity
 
@@ -87,6 +88,7 @@ def build_report(
         *check_nccl_env(probes, env),
         *check_gpus(probes, slots),
         *check_disk(probes),
+        *check_stacks(probes, python),
         *check_collective(deep, probes),
         *extra,
     ]  # fmt: skip

@@ -69,6 +69,12 @@ class NodeFacts:
     # every other node: did it reach the main port
     main_reached: bool | None = None
     main_error: str | None = None
+    # whether `orch stacks` can read the ranks' stacks: the probe's "stacks" object
+    py_spy: str | None = None
+    ptrace_scope: int | None = None  # Yama's setting (None: no Yama)
+    root: bool = False
+    cap_sys_ptrace: bool = False
+    stacks_probed: bool = False  # an older probe says nothing of stacks
 
     @property
     def gpu_count(self) -> int:
@@ -161,4 +167,9 @@ def parse_facts(node: str, stdout: bytes | str) -> NodeFacts:
         },
         main_reached=reach.get("ok"),
         main_error=reach.get("error"),
+        py_spy=_get(doc, "stacks", "py_spy"),
+        ptrace_scope=_get(doc, "stacks", "ptrace_scope"),
+        root=bool(_get(doc, "stacks", "root", default=False)),
+        cap_sys_ptrace=bool(_get(doc, "stacks", "cap_sys_ptrace", default=False)),
+        stacks_probed="stacks" in doc,
     )

@@ -48,6 +48,21 @@ _EXIT_SCAN_S = 0.2
 TAIL_BYTES = 64 * 1024
 
 
+def flight_recorder_env(directory: str) -> dict[str, str]:
+    """NCCL's flight recorder for every rank of the job (GPU jobs with NCCL; ignored by
+    gloo): the last 2000 collectives kept, dumped when a collective times out, one file
+    per rank in the node's run directory, which comes back to the head with the logs.
+    Both names of each setting: older torch reads TORCH_NCCL_*, newer TORCH_FR_*."""
+    stem = os.path.join(directory, "nccl_trace_rank_")
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": stem,
+        "TORCH_FR_DUMP_TEMP_FILE": stem,
+    }
+
+
 def node_dir(job_id: str, node: str) -> str:
     return f"{RUNS_ROOT}/{job_id}/{node}"
 
@@ -341,6 +356,8 @@ class Supervisor:
         env[NODE_RANK_VAR] = self.rank
         env[NODE_DIR_VAR] = str(self.dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        for name, value in flight_recorder_env(str(self.dir)).items():
+            env.setdefault(name, value)  # the user's own settings win
         return env
 
     def _write_files(self) -> None:

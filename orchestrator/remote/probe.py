@@ -306,6 +306,37 @@ class MainConnector:
         return self.result
 
 
+def stacks_facts(job_python):
+    """Whether `orch stacks` can read the ranks' stacks here: py-spy (beside the job's
+    interpreter, beside this one, or on PATH, as remote/stacks.py looks), and ptrace."""
+    py_spy = None
+    for directory in (os.path.dirname(job_python or ""), os.path.dirname(sys.executable)):
+        candidate = os.path.join(directory, "py-spy")
+        if directory and os.access(candidate, os.X_OK):
+            py_spy = candidate
+            break
+    scope = None
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as handle:
+            scope = int(handle.read().strip())
+    except (OSError, ValueError):
+        pass  # no Yama: classic ptrace rules (same user, or root)
+    cap_sys_ptrace = False
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("CapEff:"):
+                    cap_sys_ptrace = bool(int(line.split()[1], 16) >> 19 & 1)
+    except (OSError, ValueError):
+        pass
+    return {
+        "py_spy": py_spy or shutil.which("py-spy"),
+        "ptrace_scope": scope,
+        "root": os.geteuid() == 0,
+        "cap_sys_ptrace": cap_sys_ptrace,
+    }
+
+
 def os_name():
     try:
         with open("/etc/os-release") as handle:
@@ -349,6 +380,7 @@ def probe(request):
         "resolve": resolve_all(names, float(request.get("resolve_timeout", 3.0))),
         "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
         "cpu_count": os.cpu_count(),
+        "stacks": stacks_facts(request.get("python")),
     }
     if listener is not None:
         facts["main_listen"] = listener.finish()
