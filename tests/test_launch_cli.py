@@ -114,10 +114,28 @@ def test_uneven_slots_are_refused_before_anything_starts_unless_the_count_is_giv
     assert refused.returncode == 2
     assert "different slot counts (a1=2, a2=1, a3=2)" in refused.stderr
     assert not (tmp_path / "runs").exists()
+    assert "--launcher torchrun runs each node's own count (5 ranks in all)" in refused.stderr
+    standard = run_orch(["launch", "--hostfile", str(path), "--launcher", "standard",
+                         "train.py"], tmp_path / "runs")  # fmt: skip
+    assert standard.returncode == 2 and "the standard launcher starts the same" in standard.stderr
     given = run_orch(["launch", "--hostfile", str(path), "--nproc-per-node", "1", "--dry-run",
                       "--json", "train.py"], tmp_path)  # fmt: skip
     assert given.returncode == 0, given.stderr
     assert json.loads(given.stdout)["world_size"] == 3
+
+
+def test_uneven_slots_run_as_they_are_on_torchrun(tmp_path):
+    path = tmp_path / "uneven"
+    path.write_text("a1 slots=2\na2 slots=1\na3 slots=2\n")
+    args = ["launch", "--hostfile", str(path), "--launcher", "torchrun", "--dry-run"]
+    plan = json.loads(run_orch([*args, "--json", "train.py"], tmp_path).stdout)
+    assert (plan["world_size"], plan["ranks_per_node"]) == (5, [2, 1, 2])
+    counts = [f"--nproc_per_node={n}" for n in (2, 1, 2)]
+    # What each node's agent runs, and what the plan shows for it: each node its own count.
+    assert [c for argv in plan["agent_spec"]["commands"] for c in argv if "nproc" in c] == counts
+    assert all(c in node["runs"] for c, node in zip(counts, plan["nodes"], strict=True))
+    text = run_orch([*args, "train.py"], tmp_path).stdout
+    assert "torchrun launcher, 3 nodes (2+1+2 ranks) = 5 ranks" in text
 
 
 def test_include_and_exclude_select_nodes_and_name_an_unknown_one(tmp_path):

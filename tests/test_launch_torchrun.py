@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
 
 import pytest
 from launch_support import (
+    ALLREDUCE,
     all_ranks_up,
     job_ids,
     job_json,
@@ -173,3 +175,24 @@ def test_dead_head_nodes_clean_up_by_themselves(sandbox, hostfile, tmp_path):
     assert _status(tmp_path, job_id)["state"] == "head-died"
     for node in names:
         assert wait_for(lambda node=node: job_processes(node, job_id) == [], 60), node
+
+
+def test_uneven_slots_run_each_nodes_own_count(sandbox_factory, tmp_path):
+    _box, state = sandbox_factory(3, 2)
+    names = _names(state)
+    hostfile = tmp_path / "uneven"
+    hostfile.write_text("".join(f"{n} slots={k}\n" for n, k in zip(names, (2, 1, 2), strict=True)))
+    args = ["launch", "--hostfile", str(hostfile), "--launcher", "torchrun", "--no-doctor",
+            ALLREDUCE, "--", "--steps", "2"]  # fmt: skip
+    result = run_orch(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "torchrun on 3 nodes (2+1+2 ranks)" in result.stderr
+    [job_id] = job_ids(tmp_path)
+    ups = {node: re.findall(r"rank (\d+)/(\d+) up on", log_text(tmp_path, job_id, node))
+           for node in names}  # fmt: skip
+    assert [len(ups[node]) for node in names] == [2, 1, 2]
+    ranks = sorted(int(rank) for found in ups.values() for rank, _world in found)
+    assert ranks == [0, 1, 2, 3, 4]
+    assert {world for found in ups.values() for _rank, world in found} == {"5"}
+    # every rank summed 1+2+3+4+5 in its all_reduce
+    assert all("sum 15" in log_text(tmp_path, job_id, node) for node in names)

@@ -187,8 +187,7 @@ class _PipelinePrinter:
 
     def started(self, plan: LaunchPlan, run: RunDir) -> None:
         _err().print(
-            f"job {plan.job_id}: {plan.launcher} on {len(plan.hosts)} nodes "
-            f"x {plan.nproc_per_node} ranks; record {run.path}"
+            f"job {plan.job_id}: {plan.launcher} on {plan.shape_text}; record {run.path}"
         )
 
 

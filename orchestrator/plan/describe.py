@@ -43,7 +43,8 @@ def plan_summary(plan: LaunchPlan) -> dict:
         "launcher": plan.launcher,
         "hosts": [{"host": h.host, "slots": h.slots} for h in plan.hostfile.hosts],
         "nproc_per_node": plan.nproc_per_node,
-        "world_size": plan.nproc_per_node * len(plan.hostfile.hosts),
+        "world_size": plan.world_size,
+        "ranks_per_node": list(plan.ranks_per_node),
         "python": plan.python,
         "workdir": plan.workdir,
         "main": f"{plan.main_host}:{plan.main_port}",
@@ -137,7 +138,7 @@ def node_runs(plan: LaunchPlan, node_rank: int) -> str:
     filled in."""
     node = plan.hosts[node_rank]
     if plan.node_command:
-        words = list(plan.node_command)
+        words = list(plan.command_of(node_rank))
         if words[:2] == ["/bin/sh", "-c"]:
             return (
                 words[2]
@@ -168,10 +169,9 @@ def _deepspeed_node_command(plan: LaunchPlan, node_rank: int) -> str:
 # ----- the readable form ------------------------------------------------------------------
 def plan_text(plan: LaunchPlan) -> str:
     """What `orch launch --dry-run` prints: the plan in the order it runs."""
-    world = plan.nproc_per_node * len(plan.hosts)
     lines = [
-        f"job {plan.job_id}: {plan.launcher} launcher, {len(plan.hosts)} nodes x "
-        f"{plan.nproc_per_node} ranks = {world} ranks, main {plan.main_host}:{plan.main_port}",
+        f"job {plan.job_id}: {plan.launcher} launcher, {plan.shape_text} = {plan.world_size} "
+        f"ranks, main {plan.main_host}:{plan.main_port}",
         *(["  (main port picked by orch: free on node 0 and reserved there for this job; a "
            "dry run shows the first one it tries)"] if plan.main_port_chosen else []),
         f"record: {plan.run_dir}",

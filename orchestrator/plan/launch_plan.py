@@ -44,7 +44,7 @@ from orchestrator.specs.constants import (
     STOP_GRACE_S,
     standard_config_name,
 )
-from orchestrator.specs.inventory import Hostfile, processes_per_node, render_hostfile
+from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile
 from orchestrator.specs.jobenv import build_job_env, is_secret, redact
 from orchestrator.specs.options import check_launcher, check_port
 from orchestrator.specs.recipe import AccelerateOptions, Recipe
@@ -132,6 +132,24 @@ class LaunchPlan:
     grace: float = STOP_GRACE_S  # TERM -> KILL on each node
     recipe: str | None = None
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
+    ranks_per_node: tuple[int, ...] = ()  # per node, in order (uneven on torchrun)
+    node_commands: tuple[tuple[str, ...], ...] = ()  # per node rank, when they differ
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.ranks_per_node) or self.nproc_per_node * len(self.hostfile.hosts)
+
+    @property
+    def shape_text(self) -> str:
+        """"3 nodes x 2 ranks", or "3 nodes (2+1+2 ranks)" when they differ."""
+        counts = self.ranks_per_node or (self.nproc_per_node,) * len(self.hosts)
+        if len(set(counts)) > 1:
+            return f"{len(counts)} nodes ({'+'.join(map(str, counts))} ranks)"
+        return f"{len(counts)} nodes x {counts[0]} ranks"
+
+    def command_of(self, node_rank: int) -> tuple[str, ...]:
+        """What the agent on this node runs (standard and torchrun)."""
+        return self.node_commands[node_rank] if self.node_commands else self.node_command
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -209,8 +227,9 @@ def build_plan(
     _check_launch_inputs(launcher, hostfile, script, main_port)
     environ = environ if environ is not None else os.environ
     head = head or HeadContext("pdsh", f"/tmp/orch-{job_id}", sys.executable)
-    # Uneven slots would silently leave GPUs idle: refused unless the count is given.
-    nproc = processes_per_node(hostfile, nproc_per_node)
+    counts = ranks_per_node(hostfile, nproc_per_node)
+    _check_uneven(hostfile, counts, launcher)
+    nproc = max(counts)
     env = build_job_env(job_id, extra_env or {}, passthrough, environ)
     job = _JobShape(
         job_id=job_id, hostfile=hostfile, nproc=nproc, script=script, args=tuple(args),
@@ -219,10 +238,13 @@ def build_plan(
     )  # fmt: skip
     options = accelerate if accelerate is not None else AccelerateOptions()
     if launcher == "torchrun":
-        node_command = _torchrun_command(job, torchrun_args, rdzv_id or job_id)
-        shape = _node_side(
-            job, node_command, (), wait_for_main=False, pdsh=head.pdsh, environ=environ
+        commands = tuple(
+            _torchrun_command(job, count, torchrun_args, rdzv_id or job_id) for count in counts
         )
+        shape = _node_side(
+            job, commands[0], (), wait_for_main=False, pdsh=head.pdsh, environ=environ,
+            per_node=commands if len(set(counts)) > 1 else (),
+        )  # fmt: skip
     elif launcher == "standard":
         node_files = _standard_node_files(options, hostfile, nproc, main_port)
         node_command = _standard_command(job)
@@ -255,6 +277,25 @@ def build_plan(
         grace=grace,
         recipe=recipe,
         main_port_chosen=main_port_chosen,
+        ranks_per_node=counts,
+        node_commands=shape.node_commands,
+    )
+
+
+def _check_uneven(hostfile: Hostfile, counts: Sequence[int], launcher: str) -> None:
+    """Nodes with different slot counts run as they are on torchrun (each node's agent
+    starts its own count; c10d numbers the ranks). accelerate's launchers start the same
+    number everywhere (num_processes // num_machines): refused, never run short."""
+    if len(set(counts)) == 1 or launcher == "torchrun":
+        return
+    listing = ", ".join(f"{e.host}={e.slots}" for e in hostfile.hosts)
+    where = hostfile.source or "the hostfile"
+    raise UsageError(
+        f"hosts of {where} have different slot counts ({listing}): the {launcher} launcher "
+        "starts the same number of ranks on every node (accelerate divides num_processes by "
+        "num_machines), so some slots would stay idle",
+        hint=f"--launcher torchrun runs each node's own count ({sum(counts)} ranks in all); "
+        f"or --nproc-per-node N runs N on every node (at most {min(counts)} here)",
     )
 
 
@@ -286,6 +327,7 @@ class _LauncherShape:
     head_command: tuple[str, ...] = ()
     node_command: tuple[str, ...] = ()
     wait_for_main: bool = False
+    node_commands: tuple[tuple[str, ...], ...] = ()
 
 
 def _agent_spec(job: _JobShape, node_files: Sequence[PlannedFile], wait_for_main: bool) -> dict:
@@ -302,11 +344,13 @@ def _agent_spec(job: _JobShape, node_files: Sequence[PlannedFile], wait_for_main
     return spec
 
 
-def _torchrun_command(job: _JobShape, extra: Sequence[str], rdzv_id: str) -> tuple[str, ...]:
+def _torchrun_command(
+    job: _JobShape, nproc: int, extra: Sequence[str], rdzv_id: str
+) -> tuple[str, ...]:
     return (
         job.python, "-m", "torch.distributed.run",
         f"--nnodes={len(job.hostfile.hosts)}",
-        f"--nproc_per_node={job.nproc}",
+        f"--nproc_per_node={nproc}",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={job.hostfile.names[0]}:{job.main_port}",
         f"--rdzv_id={rdzv_id}",
@@ -342,13 +386,16 @@ def _node_side(
     wait_for_main: bool,
     pdsh: str,
     environ: Mapping[str, str],
+    per_node: tuple[tuple[str, ...], ...] = (),
 ) -> _LauncherShape:
     """standard and torchrun: orch's pdsh runs the agent on every node, which runs
-    `node_command`."""
-    spec = _agent_spec(job, node_files, wait_for_main)
+    `node_command`, or its node rank's command of `per_node` when the nodes' differ."""
+    spec = {**_agent_spec(job, node_files, wait_for_main), "command": list(node_command)}
+    if per_node:
+        spec["commands"] = [list(command) for command in per_node]
     argv = build_pdsh_argv(
         job.hostfile.names,
-        agent_command(job.python, {**spec, "command": list(node_command)}),
+        agent_command(job.python, spec),
         fanout=job_fanout(len(job.hostfile.hosts)),
         pdsh=pdsh,
     )
@@ -357,7 +404,7 @@ def _node_side(
     )
     return _LauncherShape(
         files=node_files, agent_spec=spec, fanout=fanout, node_command=node_command,
-        wait_for_main=wait_for_main,
+        wait_for_main=wait_for_main, node_commands=per_node,
     )  # fmt: skip
 
 

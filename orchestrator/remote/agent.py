@@ -368,6 +368,8 @@ class Supervisor:
     def _argv(self) -> list[str]:
         if self.spec.get("shell"):
             return ["/bin/sh", "-c", self.spec["shell"]]
+        if self.spec.get("commands"):  # one per node rank, when the nodes' commands differ
+            return [str(word) for word in self.spec["commands"][int(self.rank)]]
         return [str(word) for word in self.spec["command"]]
 
     def _pump_stream(self, fd: int, stream: str, raw: Path) -> None:

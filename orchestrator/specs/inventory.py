@@ -352,6 +352,14 @@ def _where(hostfile: Hostfile) -> str:
     return hostfile.source or "the hostfile"
 
 
+def ranks_per_node(hostfile: Hostfile, requested: int | None = None) -> tuple[int, ...]:
+    """Ranks to start on each node, in order: `requested` on every node (checked against
+    the slots), else each node's own slot count, even when they differ."""
+    if requested is None:
+        return tuple(entry.slots for entry in hostfile.hosts)
+    return (processes_per_node(hostfile, requested),) * len(hostfile.hosts)
+
+
 def processes_per_node(hostfile: Hostfile, requested: int | None = None) -> int:
     """Processes to start on each node: `requested`, or the hosts' (equal) slot count.
 
