@@ -296,6 +296,30 @@ def test_different_package_version_on_one_node(sandbox, wrapped_python, tmp_path
     assert elapsed < LIMIT
 
 
+def test_a_slow_node_is_not_a_dead_one(sandbox, tmp_path: Path) -> None:
+    """A node whose Python takes longer to start than the connect timeout (a cold NFS
+    mount) answered: its probe gets its own, longer limit, and doctor passes."""
+    _, state = sandbox
+    slow = state.nodes[1].name
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$ORCH_SANDBOX_NODE" = "{slow}" ]; then sleep {TIMEOUT + 3}; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    hostfile = Path(state.hostfile)
+    code, report, elapsed = doctor(hostfile, "--python", str(wrapper),
+                                   port=free_port(state.nodes[0].address))  # fmt: skip
+    assert code == 0, findings_for(report, slow) if isinstance(report, dict) else report
+    assert elapsed > TIMEOUT + 3  # it did wait for the slow node
+    code, report, _ = doctor(hostfile, "--python", str(wrapper), "--probe-timeout", "1",
+                             port=free_port(state.nodes[0].address))  # fmt: skip
+    assert code == 1 and isinstance(report, dict)
+    [finding] = findings_for(report, slow)
+    assert "did not finish" in finding["problem"], finding
+
+
 def test_main_port_in_use_on_node_zero(sandbox, tmp_path: Path) -> None:
     _, state = sandbox
     main = state.nodes[0]

@@ -132,7 +132,12 @@ def doctor(
     hostfile: Path = _HOSTFILE,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     deep: bool = typer.Option(False, "--deep", help="Also run an all_reduce across the nodes."),
-    timeout: float = typer.Option(10.0, "--timeout", help="Seconds per node for each step."),
+    timeout: float = typer.Option(
+        10.0, "--timeout", help="Seconds for a node to answer (connect, key exchange, auth)."
+    ),
+    probe_timeout: float = typer.Option(
+        120.0, "--probe-timeout", help="Seconds for the probe on a node that answered."
+    ),
     python: str = typer.Option(
         sys.executable, "--python", help="Interpreter the job runs with on every node."
     ),
@@ -178,6 +183,7 @@ def doctor(
         script=script,
         main_port=port,
         timeout=timeout,
+        probe_timeout=probe_timeout,
         full=deep,
         main_address=main_address,
         accept_new_host_keys=accept_new_host_keys,

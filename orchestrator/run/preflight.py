@@ -3,8 +3,9 @@
 The flow: (1) one probe per node, in parallel over SSH, during which node 0
 holds the main port open while every other node connects to it and says its
 hostname, which node 0 resolves; (2) with `full`, one all_reduce process per
-node. Each phase is bounded by the timeout, so a node that hangs delays the report by at most
-that. The checks themselves are the pure functions of `orchestrator.checks`.
+node. A node that does not answer fails within the connect timeout; one that answered has
+the probe timeout to run the probe, so a node that hangs delays the report by at most that.
+The checks themselves are the pure functions of `orchestrator.checks`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from orchestrator.ssh import (
     run_on_nodes,
 )
 
+PROBE_TIMEOUT_S = 120.0  # the probe's own time on a node that answered
+
 
 def _to_probe(outcome: NodeResult[CommandResult]) -> NodeProbe:
     result = outcome.value
@@ -83,6 +86,7 @@ def probe_nodes(
     main_address: str,
     main_port: int,
     timeout: float,
+    probe_timeout: float = 0.0,
     accept_new_host_keys: bool = False,
 ) -> list[NodeProbe]:
     """Facts from every node, in parallel; meanwhile node 0 holds the main port
@@ -93,6 +97,10 @@ def probe_nodes(
     """
     main, others = names[0], list(names[1:])
     config = load_ssh_config()
+    # A node that does not answer fails within `timeout` (connect, banner, key exchange,
+    # auth); one that answered gets `probe_timeout` to run the probe: a cold, NFS-mounted
+    # Python can take tens of seconds to read its packages' metadata.
+    probe_timeout = max(probe_timeout, timeout)
 
     def command(node: str, role: dict[str, object] | None) -> str:
         return probe_command(
@@ -101,7 +109,7 @@ def probe_nodes(
         )  # fmt: skip
 
     # Node 0 waits for "done"; the window only bounds it if this process dies.
-    listen = listen_request(main_port, peers=len(others), window=4 * timeout + 10)
+    listen = listen_request(main_port, peers=len(others), window=2 * probe_timeout + timeout + 10)
     process: RemoteProcess | None = None
     first_line = b""
     main_outcome: NodeResult[CommandResult] | None = None
@@ -114,19 +122,19 @@ def probe_nodes(
         main_outcome = failure_result(err.failure)
     else:
         try:
-            process = session.start(command(main, listen), timeout)
+            process = session.start(command(main, listen), timeout)  # the channel opens
         except SSHError as err:
             session.close()
             main_outcome = failure_result(err.failure)
         else:
-            first_line = process.read_line(timeout) or b""
+            first_line = process.read_line(probe_timeout) or b""
             listening, _ = parse_listening(first_line)
     try:
         connect = connect_request(main_address, main_port, window=max(1.0, min(5.0, timeout / 2)))
         outcomes = run_on_nodes(
             others,
             lambda node: command(node, connect if listening else None),
-            timeout=timeout,
+            timeout=probe_timeout,
             connect_timeout=timeout,
             accept_new_host_keys=accept_new_host_keys,
         )
@@ -134,7 +142,7 @@ def probe_nodes(
             with contextlib.suppress(OSError, EOFError):
                 process.send(b"done\n")
             try:
-                result = process.wait(timeout)
+                result = process.wait(probe_timeout)
                 result = replace(result, stdout=first_line + result.stdout)
                 main_outcome = succeeded(main, result)
             except SSHError as err:
@@ -214,6 +222,7 @@ def run_preflight(
     script: str | None = None,
     main_port: int = DEFAULT_MAIN_PORT,
     timeout: float = 10.0,
+    probe_timeout: float = PROBE_TIMEOUT_S,
     full: bool = False,
     main_address: str | None = None,
     env: Mapping[str, str] | None = None,
@@ -242,6 +251,7 @@ def run_preflight(
         main_address=address,
         main_port=main_port,
         timeout=timeout,
+        probe_timeout=probe_timeout,
         accept_new_host_keys=accept_new_host_keys,
     )
     deep: list[CollectiveResult] = []
