@@ -9,7 +9,10 @@ methods run alternating, several repetitions:
           last node (its sshd included) gets SIGSTOP: sockets stay open, nothing
           answers (`Sandbox.freeze`);
 - sigint: every rank is in the all_reduce loop; then SIGINT goes to the
-          launcher's whole process group, as Ctrl-C in a terminal does.
+          launcher's whole process group, as Ctrl-C in a terminal does;
+- hang:   every rank has reached the all_reduce loop; then the last rank stops in
+          plain Python and the others wait for it, silently (orch runs with
+          --hang-timeout 30); the fault time is the stamp the rank writes as it stops.
 
 Teardown time: from the fault until the launcher has exited AND no process of
 the job is left on any node that can still run (the frozen node excluded).
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -64,7 +68,8 @@ from bench.common import (
 from orchestrator.sandbox import SandboxState
 
 SLOTS = 2
-SCENARIOS = ("crash", "freeze", "sigint")
+SCENARIOS = ("crash", "freeze", "sigint", "hang")
+HANG_TIMEOUT_S = 30  # orch's --hang-timeout in the hang scenario
 PLAIN_METHODS = ("accelerate", "deepspeed")
 START_TIMEOUT_S = 480.0  # the job must reach the fault point within this (loaded 2-core box)
 POLL_S = 0.25
@@ -107,17 +112,20 @@ class Teardowns:
         self.port = 29400 + uuid.uuid4().int % 100 * 2
         self.count = 0
 
-    def argv(self, method: str, job: list[str], workdir: Path) -> list[str]:
+    def argv(self, method: str, job: list[str], workdir: Path, scenario: str) -> list[str]:
         self.count += 1
+        hang = ("--hang-timeout", str(HANG_TIMEOUT_S)) if scenario == "hang" else ()
         return launcher_argv(
             method, self.state, job=job, workdir=workdir, port=self.port + self.count,
-            runs_dir=self.base / "runs", processes_per_node=SLOTS,
+            runs_dir=self.base / "runs", processes_per_node=SLOTS, orch_options=hang,
         )  # fmt: skip
 
     def job_args(self, scenario: str, token: str, events: Path) -> list[str]:
         job = [str(JOB_SCRIPT), "--steps", "6", "--events", str(events), "--token", token]
         if scenario == "crash":
             return [*job, "--crash-rank", str(self.world - 1), "--crash-code", "7"]
+        if scenario == "hang":
+            return [*job, "--hang", "--stall-rank", str(self.world - 1)]
         return [*job, "--hang"]
 
     def run(self, scenario: str, method: str) -> Outcome:
@@ -126,7 +134,7 @@ class Teardowns:
         events.mkdir(parents=True)
         workdir = prepare_workdir(self.base, method)
         log = self.base / f"{scenario}-{method}-{self.count + 1}.log"
-        argv = self.argv(method, self.job_args(scenario, token, events), workdir)
+        argv = self.argv(method, self.job_args(scenario, token, events), workdir, scenario)
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 argv, cwd=workdir, env=head_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -159,7 +167,7 @@ class Teardowns:
                     nodes_clear=(clear_at or time.time()) - fault_at,
                     exit_code=proc.returncode,
                     leftovers={},
-                    note=f"exit {proc.returncode}",
+                    note=f"exit {proc.returncode}" + self._named(),
                 )
             time.sleep(POLL_S)
         leftovers: dict[str, int] = {}
@@ -177,13 +185,24 @@ class Teardowns:
             f"{sum(leftovers.values())} job processes still on {sorted(leftovers)}",
         )
 
+    def _named(self) -> str:
+        """What orch's record names as the first failure (plain tools keep no record)."""
+        records = sorted((self.base / "runs").glob("*/job.json"), key=lambda p: p.stat().st_mtime)
+        if not records:
+            return ""
+        failure = json.loads(records[-1].read_text()).get("first_failure") or {}
+        if failure.get("kind") != "hang":
+            return ""
+        where = failure.get("reason", "").rpartition(" at ")[2]
+        return f", names rank {failure.get('rank')} at {where}"
+
     def _wait_and_inject(self, scenario: str, proc: subprocess.Popen, events: Path) -> float | None:
         deadline = time.time() + START_TIMEOUT_S
         while time.time() < deadline:
-            if scenario == "crash":
-                crash = events / "crash"
-                if crash.exists():
-                    return float(crash.read_text())
+            if scenario in ("crash", "hang"):  # the job faults by itself, and says when
+                said = events / ("crash" if scenario == "crash" else "stall")
+                if said.exists() and said.read_text():
+                    return float(said.read_text())
             elif len(list(events.glob("ready-*"))) >= self.world:
                 if scenario == "freeze":
                     sandbox_of(self.state).freeze(self.victim)

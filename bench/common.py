@@ -405,6 +405,7 @@ def launcher_argv(
     runs_dir: Path,
     processes_per_node: int,
     hostfile: str | None = None,
+    orch_options: Sequence[str] = (),
 ) -> list[str]:
     """One launch of `job` (script and arguments) by one method, on the sandbox (with
     its own hostfile, or `hostfile` naming the same nodes with other slots).
@@ -431,7 +432,7 @@ def launcher_argv(
         doctor = ["--no-doctor"] if method == "orch" else []
         return [
             ORCH, "launch", "--hostfile", hosts, "--main-port", str(port),
-            "--runs-dir", str(runs_dir), *doctor, "--", *job,
+            "--runs-dir", str(runs_dir), *doctor, *orch_options, "--", *job,
         ]  # fmt: skip
     raise ValueError(f"unknown method {method}")
 

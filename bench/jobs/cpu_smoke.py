@@ -10,6 +10,9 @@ differently):
   --crash-rank R     global rank that exits with --crash-code after step 2
   --crash-code C     default 7
   --hang             after training, every rank loops in all_reduce until killed
+  --stall-rank R     with --hang: global rank R stops in plain Python instead (a data
+                     loader that never yields), writing `stall` (time.time()) first; the
+                     others wait for it in all_reduce, silently
   --token T          ignored: lets the benchmark find this run's processes by argv
 """
 
@@ -43,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-code", type=int, default=7)
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--stall-rank", type=int, default=-1)
     parser.add_argument("--token", default="")
     # `deepspeed` without --no_local_rank appends --local_rank=N: ignore what we do not know.
     args, _unknown = parser.parse_known_args()
@@ -54,6 +58,13 @@ def write_event(events: str | None, name: str, text: str = "") -> None:
         path = Path(events) / name
         path.with_suffix(".tmp").write_text(text)
         path.with_suffix(".tmp").replace(path)
+
+
+def next_batch_that_never_comes(events: str | None) -> None:
+    time.sleep(1.0)  # the others are back in all_reduce by now
+    write_event(events, "stall", repr(time.time()))
+    while True:
+        time.sleep(0.5)
 
 
 def make_accelerator() -> Accelerator:
@@ -99,6 +110,8 @@ def main() -> int:
         torch.distributed.all_reduce(tensor)
         print(f"rank {rank}: waiting in all_reduce", flush=True)
         write_event(args.events, f"ready-{rank}")
+        if rank == args.stall_rank:
+            next_batch_that_never_comes(args.events)
         while True:
             torch.distributed.all_reduce(tensor)
             time.sleep(0.2)
