@@ -55,6 +55,13 @@ def _python_c(python: str, blob: str) -> str:
     return f"{interpreter} -c {shlex.quote(code)}"
 
 
+def _with_any_python3(python: str, blob: str, words: tuple[str, ...]) -> str:
+    """A standard-library program run with the job's interpreter, or any python3 on the
+    node when that one is missing; `words` its arguments, each shell-quoted."""
+    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
+    return fallback + f"{_python_c('$P', blob)} " + " ".join(map(shlex.quote, words))
+
+
 def agent_command(python: str, spec: dict) -> str:
     """The remote shell command (for pdsh) that runs the agent; %h/%n filled in by pdsh."""
     encoded = encode_spec(spec)
@@ -67,8 +74,7 @@ def kill_command(python: str, job_id: str, grace: float) -> str:
     The kill program needs only the standard library: when the job's interpreter
     is missing on a node, any python3 there does.
     """
-    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
-    return fallback + f"{_python_c('$P', _blob())} kill {shlex.quote(job_id)} {grace:g}"
+    return _with_any_python3(python, _blob(), ("kill", job_id, f"{grace:g}"))
 
 
 def stacks_command(python: str, job_id: str, node: str, *, seconds: float, rate: int) -> str:
@@ -76,16 +82,13 @@ def stacks_command(python: str, job_id: str, node: str, *, seconds: float, rate:
     the job's ranks on `node` as one JSON document. Like the kill program it needs only the
     standard library, so any python3 runs it when the job's interpreter is missing; py-spy
     is looked for beside the job's interpreter first."""
-    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
     words = (job_id, node, python, f"{seconds:g}", str(rate))
-    return fallback + f"{_python_c('$P', _stacks_blob())} " + " ".join(map(shlex.quote, words))
+    return _with_any_python3(python, _stacks_blob(), words)
 
 
 def port_command(python: str, job_id: str, directory: str, ttl: float,
                  candidates: tuple[int, ...]) -> str:  # fmt: skip
     """The remote shell command that picks (and with ttl > 0 reserves) a free main port on
     node 0 among `candidates`, in order; any python3 runs it."""
-    fallback = f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; '
     words = (directory, job_id, f"{ttl:g}", *map(str, candidates))
-    blob = _boot_blob(None, "ports")
-    return fallback + f"{_python_c('$P', blob)} " + " ".join(map(shlex.quote, words))
+    return _with_any_python3(python, _boot_blob(None, "ports"), words)

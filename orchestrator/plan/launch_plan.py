@@ -44,7 +44,7 @@ from orchestrator.specs.constants import (
     STOP_GRACE_S,
     standard_config_name,
 )
-from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile
+from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
 from orchestrator.specs.jobenv import build_job_env, is_secret, redact
 from orchestrator.specs.options import check_launcher, check_port
 from orchestrator.specs.recipe import AccelerateOptions, Recipe
@@ -288,10 +288,10 @@ def _check_uneven(hostfile: Hostfile, counts: Sequence[int], launcher: str) -> N
     number everywhere (num_processes // num_machines): refused, never run short."""
     if len(set(counts)) == 1 or launcher == "torchrun":
         return
-    listing = ", ".join(f"{e.host}={e.slots}" for e in hostfile.hosts)
     where = hostfile.source or "the hostfile"
     raise UsageError(
-        f"hosts of {where} have different slot counts ({listing}): the {launcher} launcher "
+        f"hosts of {where} have different slot counts ({slot_listing(hostfile)}): the "
+        f"{launcher} launcher "
         "starts the same number of ranks on every node (accelerate divides num_processes by "
         "num_machines), so some slots would stay idle",
         hint=f"--launcher torchrun runs each node's own count ({sum(counts)} ranks in all); "

@@ -51,6 +51,11 @@ class _Mismatch(Exception):
     pass
 
 
+def fetch_command(node: str, remote_dir: str) -> str:
+    """How a user copies a node's raw logs by hand when orch could not."""
+    return f"scp -r {node}:{remote_dir} ."
+
+
 def _is_safe(value: str) -> bool:
     # Job ids and node names become parts of a path removed with rm -rf: be strict.
     return bool(_SAFE.fullmatch(value)) and ".." not in value
@@ -155,7 +160,7 @@ def _collect_over(
     return failed(
         node,
         f"{node}: raw logs did not arrive whole: {problem}",
-        f"the node's copy was kept; fetch it by hand: scp -r {node}:{remote_dir} .",
+        f"the node's copy was kept; fetch it by hand: {fetch_command(node, remote_dir)}",
     )
 
 
@@ -198,7 +203,7 @@ def collect_node(
         return failed(
             node,
             f"{node}: fetching {remote_dir} failed ({type(err).__name__}: {err})",
-            f"its logs stay on the node; fetch them by hand: scp -r {node}:{remote_dir} .",
+            f"its logs stay on the node; fetch them by hand: {fetch_command(node, remote_dir)}",
         )
 
 

@@ -329,7 +329,7 @@ class JobRunner:
 
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
-        from orchestrator.run.collect import collect_logs
+        from orchestrator.run.collect import collect_logs, fetch_command
 
         # A node the teardown could not reach just now would only cost another timeout.
         unreachable = {
@@ -345,16 +345,19 @@ class JobRunner:
         except Exception as err:  # the job is over: nothing here may change its exit code
             outcome = {
                 node: f"{node}: pulling the raw logs failed ({type(err).__name__}: {err}); "
-                f"fetch them by hand: scp -r {node}:{agent.node_dir(self.plan.job_id, node)} ."
+                f"fetch them by hand: {fetch_command(node, self._node_dir(node))}"
                 for node in reachable
             }
         for node in unreachable:
-            where = agent.node_dir(self.plan.job_id, node)
+            where = self._node_dir(node)
             outcome[node] = (
                 f"{node}: not tried, the teardown could not reach it; its logs stay on the "
-                f"node in {where}; fetch them by hand: scp -r {node}:{where} ."
+                f"node in {where}; fetch them by hand: {fetch_command(node, where)}"
             )
         return {h: outcome[h] for h in self.plan.hosts}
+
+    def _node_dir(self, node: str) -> str:
+        return agent.node_dir(self.plan.job_id, node)
 
     # -- teardown ------------------------------------------------------------------
     def _begin_teardown(self, failure: Failure) -> None:

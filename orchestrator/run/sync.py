@@ -29,7 +29,6 @@ from pathspec import GitIgnoreSpec
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.ssh import (
-    NO_SFTP,
     NodeSession,
     RemoteProcess,
     SFTPClient,
@@ -119,13 +118,9 @@ def _sync_node(
                     node, f"{node}: cannot create {remote_root}: {message}",
                     "check that the directory's parent exists and is writable on the node",
                 )  # fmt: skip
-            try:
-                sftp = session.sftp()
-            except SSHError as err:
-                if err.failure.kind != NO_SFTP:
-                    raise
+            sftp = session.sftp_if_offered(timeout)
+            if sftp is None:  # no SFTP subsystem on the node: one tar stream instead
                 return succeeded(node, _copy_by_tar(session, root, remote_root, files, timeout))
-            sftp.get_channel().settimeout(timeout)
             try:
                 return succeeded(node, _copy(sftp, root, remote_root, files))
             finally:

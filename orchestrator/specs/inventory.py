@@ -352,6 +352,11 @@ def _where(hostfile: Hostfile) -> str:
     return hostfile.source or "the hostfile"
 
 
+def slot_listing(hostfile: Hostfile) -> str:
+    """ "a1=2, a2=1, a3=2": each host's slots, for messages."""
+    return ", ".join(f"{e.host}={e.slots}" for e in hostfile.hosts)
+
+
 def ranks_per_node(hostfile: Hostfile, requested: int | None = None) -> tuple[int, ...]:
     """Ranks to start on each node, in order: `requested` on every node (checked against
     the slots), else each node's own slot count, even when they differ."""
@@ -369,9 +374,9 @@ def processes_per_node(hostfile: Hostfile, requested: int | None = None) -> int:
     if requested is None:
         counts = {entry.slots for entry in hostfile.hosts}
         if len(counts) != 1:
-            listing = ", ".join(f"{e.host}={e.slots}" for e in hostfile.hosts)
             raise UsageError(
-                f"hosts of {_where(hostfile)} have different slot counts ({listing})",
+                f"hosts of {_where(hostfile)} have different slot counts "
+                f"({slot_listing(hostfile)})",
                 hint="every node runs the same number of processes: set the processes per "
                 "node (e.g. nproc_per_node) to at most the smallest slot count",
             )

@@ -6,13 +6,12 @@ Callers outside ssh/ import from here.
 
 from orchestrator.ssh.config import SSHTarget, expand_includes, load_ssh_config, resolve_target
 from orchestrator.ssh.connect import open_session
-from orchestrator.ssh.errors import NO_SFTP, SSHError, SSHFailure
+from orchestrator.ssh.errors import SSHError, SSHFailure
 from orchestrator.ssh.group import failure_result, run_on_nodes
 from orchestrator.ssh.known_hosts import check_host_key, host_matches, parse_known_hosts
 from orchestrator.ssh.session import CommandResult, NodeSession, RemoteProcess, SFTPClient
 
 __all__ = [
-    "NO_SFTP",
     "CommandResult",
     "NodeSession",
     "RemoteProcess",

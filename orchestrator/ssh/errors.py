@@ -14,10 +14,8 @@ FAILURE_KINDS = (
     "hostkey-unknown",
     "hostkey-changed",
     "command",
-    "no-sftp",
     "other",
 )
-NO_SFTP = "no-sftp"  # the node's sshd offers no SFTP subsystem
 
 
 # ----- results and errors --------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import paramiko
 
-from orchestrator.ssh.errors import NO_SFTP, SSHError, ssh_error
+from orchestrator.ssh.errors import ssh_error
 
 _POLL_S = 0.02
 
@@ -78,45 +78,31 @@ class NodeSession:
         """Start a command and return at once; read its output line by line."""
         return RemoteProcess(self.node, self._channel(command, timeout))
 
-    def sftp(self) -> SFTPClient:
-        """An SFTP client; SSHError (kind "no-sftp") when the node's sshd offers no SFTP
-        subsystem, as hardened clusters configure it."""
+    def sftp_if_offered(self, timeout: float) -> SFTPClient | None:
+        """An SFTP client (its channel bounded by `timeout`), or None when the node's sshd
+        offers no SFTP subsystem, as hardened clusters configure it (remembered)."""
+        if self._sftp_offered is False:
+            return None
         try:
             client = self._transport.open_sftp_client()
-        except (paramiko.SSHException, EOFError) as err:
+        except (paramiko.SSHException, EOFError):
             client = None
-            why = str(err) or type(err).__name__
-        else:
-            why = "no client"
-        if client is None:
-            raise ssh_error(
-                self.node,
-                NO_SFTP,
-                f"{self.node}: SFTP unavailable ({why})",
-                "orch copies through `cat` instead; to use SFTP, enable the sftp Subsystem "
-                "in the node's sshd_config",
-            )
+        self._sftp_offered = client is not None
+        if client is not None:
+            client.get_channel().settimeout(timeout)
         return client
 
     def download(self, remote: str, local: Path, timeout: float) -> None:
         """Copy one remote file to `local`: over SFTP when the node offers it, else as the
         output of `cat` on an exec channel. OSError when the file cannot be read."""
-        if self._sftp_offered is not False:
-            try:
-                client = self.sftp()
-            except SSHError as err:
-                if err.failure.kind != NO_SFTP:
-                    raise
-                self._sftp_offered = False
-            else:
-                self._sftp_offered = True
-                try:
-                    client.get_channel().settimeout(timeout)
-                    client.get(remote, str(local))
-                    return
-                finally:
-                    client.close()
-        self._cat(remote, local, timeout)
+        client = self.sftp_if_offered(timeout)
+        if client is None:
+            self._cat(remote, local, timeout)
+            return
+        try:
+            client.get(remote, str(local))
+        finally:
+            client.close()
 
     def _cat(self, remote: str, local: Path, timeout: float) -> None:
         deadline = time.monotonic() + timeout
