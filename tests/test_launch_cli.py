@@ -24,7 +24,9 @@ def test_launch_dry_run_prints_the_plan_as_json_with_secrets_redacted(tmp_path):
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["launcher"] == "torchrun" and plan["world_size"] == 4
-    assert plan["node_command"][-3:] == ["train.py", "--lr", "1"]
+    # The launcher starts orch-rank; the rank's own command is exactly what was typed.
+    assert plan["node_command"][-2:] == ["--no-python", "orch-rank"]
+    assert plan["rank_command"][1:] == ["train.py", "--lr", "1"]
     assert plan["env"]["HF_TOKEN"] == "***"
     assert "hunter2" not in result.stdout
     assert not (tmp_path / "runs").exists()  # nothing written, nothing run
@@ -74,7 +76,9 @@ def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothi
     for rank, node in enumerate(("node1", "node2")):
         line = next(line for line in lines if line.startswith(f"  {node} (node rank {rank}): "))
         assert f"--node_rank={rank} --master_addr=node1 --master_port={port}" in line
-        assert line.endswith("train.py --lr 'it'\"'\"'s 1'")
+        assert line.endswith("--no_python --no_local_rank orch-rank")
+    at = lines.index("and the launcher starts every rank through orch-rank, which runs exactly:")
+    assert lines[at + 1].endswith(" train.py --lr 'it'\"'\"'s 1'")
     assert not (tmp_path / "runs").exists()
     assert not any(p.name == f"orch-{job_id}" for p in Path(tempfile.gettempdir()).iterdir())
 

@@ -139,10 +139,10 @@ class RecordingView:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, bytes]] = []
 
-    def line(self, node: str, stream: str, data: bytes) -> None:
+    def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         self.seen.append((node, stream, data))
 
-    def frame(self, node: str, stream: str, data: bytes) -> None:
+    def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         self.seen.append((node, "frame:" + stream, data))
 
     def control(self, node: str, kind: str, fields: dict) -> None:
@@ -200,7 +200,7 @@ def test_memory_stays_bounded_for_a_huge_line(tmp_path: Path) -> None:
     for _ in range(160):  # 10 MiB in one line, never terminated
         for wire in framer.feed(block):
             writer.write_wire(wire[3], wire[4], wire[6:-1])
-        state = writer._streams[ord("o")]
+        state = writer._streams[(b"", ord("o"))]
         held = max(held, state.chunks_len + len(framer._buf))
     for wire in framer.flush():
         writer.write_wire(wire[3], wire[4], wire[6:-1])

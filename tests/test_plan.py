@@ -60,7 +60,9 @@ def test_torchrun_plan_rendezvous_at_node0_with_the_job_id():
     assert "--nnodes=3" in cmd and "--nproc_per_node=2" in cmd
     assert "--rdzv_backend=c10d" in cmd
     assert "--rdzv_endpoint=n1:29511" in cmd and "--rdzv_id=job-1" in cmd
-    assert cmd[-4:] == ("train.py", "--lr", "0.1", "two words")
+    assert cmd[-2:] == ("--no-python", "orch-rank")
+    assert plan.rank_command == ("/opt/py/bin/python", "train.py", "--lr", "0.1", "two words")
+    assert plan.agent_spec["rank_argv"] == list(plan.rank_command)
     assert plan.head_command == ()
     assert plan.hosts == ("n1", "n2", "n3")
 
@@ -79,7 +81,8 @@ def test_pdsh_plan_runs_accelerate_on_the_head_with_its_files():
         "/opt/py/bin/python", f"/runs/job-1/{HEAD_LAUNCHER_NAME}",
         f"/runs/job-1/{PDSH_SPEC_NAME}", "--config_file", f"/runs/job-1/{PDSH_CONFIG_NAME}",
     )  # fmt: skip
-    assert plan.head_command[-4:] == ("train.py", "--lr", "0.1", "two words")
+    assert plan.head_command[-2:] == ("--no_python", "orch-rank")
+    assert plan.agent_spec["rank_argv"][1:] == ["train.py", "--lr", "0.1", "two words"]
     config = yaml.safe_load(rendered_pdsh_config(plan))
     assert config["num_machines"] == 3
     assert config["num_processes"] == 6
@@ -135,7 +138,8 @@ def test_standard_plan_ships_one_config_spec_per_machine_rank_and_the_program_th
     shell = plan.node_command[2]
     assert '"$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.json"' in shell
     assert '--config_file "$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.yaml"' in shell
-    assert shell.endswith(shlex.join(["train.py", "--lr", "0.1", "two words"]))
+    assert shell.endswith("--no_python orch-rank")
+    assert plan.agent_spec["rank_argv"][1:] == ["train.py", "--lr", "0.1", "two words"]
     # What a node writes is what accelerate loads back, and what the dry run shows.
     for name in (HEAD_LAUNCHER_NAME, standard_spec_name(1)):
         (tmp_path / name).write_text(plan.file(name).content)
@@ -239,7 +243,10 @@ def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
     for rank, node in enumerate(("n1", "n2", "n3")):
         line = next(line for line in text.splitlines() if line.startswith(f"  {node} "))
         assert f"(node rank {rank})" in line
-        assert line.endswith(shlex.join(["train.py", "--lr", "0.1", "two words"]))
+        assert line.endswith("--no-python orch-rank")
+    lines = text.splitlines()
+    at = lines.index("and the launcher starts every rank through orch-rank, which runs exactly:")
+    assert lines[at + 1] == "  " + shlex.join(plan.rank_command)
     # The JSON form's argv is the one that runs, the secret's value masked in the agent spec.
     argv = plan_summary(plan)["head_process"]["argv"]
     assert argv[:-1] == list(plan.fanout.argv[:-1])

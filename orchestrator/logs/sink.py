@@ -8,9 +8,13 @@ message). `LogRouter` splits pdsh's stream by node, `NodeLogWriter` writes
     2026-11-21T23:30:01.123Z out step 10 loss 0.25
     2026-11-21T23:30:01.125Z err 100%|##########| 100/100 [00:01<00:00]
 
-one line per line the job printed, each with the time the head received it and
-its stream (`out`, `err`; `sys` for plain output outside the wire, `orch` for
-what the node agent reported). Progress frames are collapsed: only a bar's final
+    2026-11-21T23:30:01.130Z r3/1 out step 10 loss 0.25
+
+one line per line the job printed, each with the time the head received it, the
+rank that wrote it (`r<global rank>/<local rank>`; no rank: the node's launcher)
+and its stream (`out`, `err`; `sys` for plain output outside the wire, `orch` for
+what the node agent reported). Each rank's partial lines and frames are kept
+apart from every other rank's. Progress frames are collapsed: only a bar's final
 frame is kept (plus one sample every `frame_sample_interval` seconds of a long
 bar); no `\\r` or terminal escape codes reach the file; bytes that are not UTF-8
 are written as they came. Memory is bounded: nothing is held but the partial
@@ -30,7 +34,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.remote.logwire import MAGIC, WireRecord, decode_wire, unescape_payload
+from orchestrator.remote.logwire import (
+    MAGIC,
+    WireRecord,
+    decode_wire,
+    split_header,
+    unescape_payload,
+)
 
 _L, _P, _F, _C, _K = (ord(c) for c in "LPFCK")
 _STREAM_TAG = {ord("o"): b"out", ord("e"): b"err"}
@@ -108,9 +118,12 @@ class _Timestamps:
 
 
 class _StreamState:
-    __slots__ = ("chunks", "chunks_len", "frame", "frame_since", "last_written_frame", "pieces")
+    __slots__ = (
+        "chunks", "chunks_len", "frame", "frame_since", "last_written_frame", "pieces", "tag",
+    )  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, tag: bytes) -> None:
+        self.tag = tag  # what the log line says of its source: b"out", b"r3/1 err"
         self.chunks: list[bytes] = []
         self.chunks_len = 0
         self.pieces = 0  # pieces of an over-long line already written
@@ -135,7 +148,7 @@ class NodeLogWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "ab", buffering=256 * 1024)  # noqa: SIM115 (closed in close())
         self._stamps = _Timestamps(clock)
-        self._streams = {code: _StreamState() for code in _STREAM_TAG}
+        self._streams: dict[tuple[bytes, int], _StreamState] = {}
         self._sample = frame_sample_interval
         self._max_line = max_line_bytes
         self._flush_interval = flush_interval
@@ -144,25 +157,36 @@ class NodeLogWriter:
 
     # -- input ------------------------------------------------------------
 
-    def write_wire(self, kind: int, stream: int, data: bytes) -> None:
-        """One wire record, already unescaped (see logwire.parse_wire)."""
-        state = self._streams.get(stream)
+    def _state(self, rank: bytes, stream: int) -> _StreamState | None:
+        state = self._streams.get((rank, stream))
+        if state is None:
+            tag = _STREAM_TAG.get(stream)
+            if tag is None:
+                return None
+            state = _StreamState(b"r" + rank + b" " + tag if rank else tag)
+            self._streams[(rank, stream)] = state
+        return state
+
+    def write_wire(self, kind: int, stream: int, data: bytes, rank: bytes = b"") -> None:
+        """One wire record, already unescaped (see logwire.parse_wire); `rank` the label of
+        the rank that wrote it (b"3/1"), b"" for the node's launcher."""
+        state = self._state(rank, stream)
         if state is None:
             return
         if kind == _L and not state.chunks and state.frame is None and not state.pieces:
-            self._write(_STREAM_TAG[stream], data)  # the common case, kept short
+            self._write(state.tag, data)  # the common case, kept short
             return
         if kind == _C:
-            self._add_chunk(state, stream, data)
+            self._add_chunk(state, data)
             return
         if state.chunks:
             state.chunks.append(data)
             data = b"".join(state.chunks)
             state.chunks, state.chunks_len = [], 0
         if kind == _F:
-            self._on_frame(state, stream, data)
+            self._on_frame(state, data)
         elif kind in (_L, _P):
-            self._on_line(state, stream, data)
+            self._on_line(state, data)
 
     def add(self, record: WireRecord) -> None:
         """One decoded record (the slower, typed form of write_wire)."""
@@ -173,7 +197,7 @@ class NodeLogWriter:
         if record.kind == "line" and not record.newline:
             kind = _P
         stream = {"out": ord("o"), "err": ord("e")}.get(record.stream, 0)
-        self.write_wire(kind, stream, record.data)
+        self.write_wire(kind, stream, record.data, record.rank.encode())
 
     def write_plain(self, data: bytes) -> None:
         """Output that did not come through the wire (ssh errors, a crashed agent)."""
@@ -191,23 +215,22 @@ class NodeLogWriter:
 
     # -- frames and lines -------------------------------------------------
 
-    def _add_chunk(self, state: _StreamState, stream: int, data: bytes) -> None:
+    def _add_chunk(self, state: _StreamState, data: bytes) -> None:
         state.chunks.append(data)
         state.chunks_len += len(data)
         if state.chunks_len >= self._max_line:
             # Bounded memory: write what we have; the rest follows as a tagged piece.
             piece = b"".join(state.chunks)
             state.chunks, state.chunks_len = [], 0
-            self._write(self._piece_tag(state, stream), piece)
+            self._write(self._piece_tag(state), piece)
 
-    def _piece_tag(self, state: _StreamState, stream: int) -> bytes:
-        tag = _STREAM_TAG[stream]
+    def _piece_tag(self, state: _StreamState) -> bytes:
         state.pieces += 1
-        return tag if state.pieces == 1 else tag + b"+"
+        return state.tag if state.pieces == 1 else state.tag + b"+"
 
-    def _on_frame(self, state: _StreamState, stream: int, data: bytes) -> None:
+    def _on_frame(self, state: _StreamState, data: bytes) -> None:
         if not data.strip(_BLANK):
-            self._end_bar(state, stream)  # a blank frame clears the bar: keep its last frame
+            self._end_bar(state)  # a blank frame clears the bar: keep its last frame
             return
         state.pieces = 0
         stamps = self._stamps
@@ -217,25 +240,25 @@ class NodeLogWriter:
         state.frame = data
         if self._sample is not None and now - state.frame_since >= self._sample:
             state.frame_since = now
-            self._write_frame(state, stream, data)
+            self._write_frame(state, data)
 
-    def _write_frame(self, state: _StreamState, stream: int, data: bytes) -> None:
+    def _write_frame(self, state: _StreamState, data: bytes) -> None:
         if data != state.last_written_frame:
-            self._write(_STREAM_TAG[stream], data)
+            self._write(state.tag, data)
             state.last_written_frame = data
 
-    def _end_bar(self, state: _StreamState, stream: int) -> None:
+    def _end_bar(self, state: _StreamState) -> None:
         if state.frame is not None:
-            self._write_frame(state, stream, state.frame)
+            self._write_frame(state, state.frame)
         state.frame = None
         state.last_written_frame = None
 
-    def _on_line(self, state: _StreamState, stream: int, data: bytes) -> None:
+    def _on_line(self, state: _StreamState, data: bytes) -> None:
         if state.frame is not None and not data.strip(_BLANK):
             data = state.frame  # "frame\r\n": the line is the frame it shows
-        tag = _STREAM_TAG[stream]
+        tag = state.tag
         if state.pieces:
-            tag = self._piece_tag(state, stream)
+            tag = self._piece_tag(state)
             state.pieces = 0
         state.frame = None
         state.last_written_frame = None
@@ -266,12 +289,12 @@ class NodeLogWriter:
         """End of the job's output: keep unfinished lines and each bar's last frame."""
         if self._file.closed:
             return
-        for stream, state in self._streams.items():
+        for state in self._streams.values():
             if state.chunks:
                 data = b"".join(state.chunks)
                 state.chunks, state.chunks_len = [], 0
-                self._on_line(state, stream, data)
-            self._end_bar(state, stream)
+                self._on_line(state, data)
+            self._end_bar(state)
         self._file.close()
 
     def __enter__(self) -> NodeLogWriter:
@@ -284,8 +307,8 @@ class NodeLogWriter:
 class LogView(Protocol):
     """What a live display receives from the router (see liveview)."""
 
-    def line(self, node: str, stream: str, data: bytes) -> None: ...
-    def frame(self, node: str, stream: str, data: bytes) -> None: ...
+    def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None: ...
+    def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None: ...
     def control(self, node: str, kind: str, fields: dict) -> None: ...
 
 
@@ -394,16 +417,24 @@ class LogRouter:
                     if view is not None:
                         view.control(self._names[node], record.text, record.fields)
                 continue
-            body = payload[6:]
+            if payload[5] == 0x20:  # the node's launcher: no rank label
+                rank, body = b"", payload[6:]
+            else:
+                header = split_header(payload)
+                if header is None:
+                    self._plain(node, writer, payload)
+                    continue
+                rank, body = header
             if b"\\" in body:
                 body = unescape_payload(body)
-            writer.write_wire(kind, payload[4], body)
+            writer.write_wire(kind, payload[4], body, rank)
             if view is not None and kind != _C:
                 stream = _VIEW_STREAM.get(payload[4], "")
+                label = rank.decode("ascii", "replace")
                 if kind == _F:
-                    view.frame(self._names[node], stream, body)
+                    view.frame(self._names[node], stream, body, label)
                 else:
-                    view.line(self._names[node], stream, body)
+                    view.line(self._names[node], stream, body, label)
         self.lines += count
         # A small batch means the nodes are quiet: flushing is cheap then, and
         # `orch logs --follow` sees a slow job's last line at once (the agents'

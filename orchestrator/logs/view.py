@@ -56,8 +56,9 @@ class _Ranks:
         if kind == "started" and "rank" in fields:
             self.labels[node] = f"{node}[{fields['rank']}]"
 
-    def prefix(self, node: str) -> str:
-        return self.labels.get(node) or node or _HEAD
+    def prefix(self, node: str, rank: str = "") -> str:
+        name = self.labels.get(node) or node or _HEAD
+        return f"{name} r{rank.partition('/')[0]}" if rank else name
 
 
 class PlainView:
@@ -76,7 +77,7 @@ class PlainView:
         self._clock = clock
         self._last_frame: dict[str, float] = {}
         self._ranks = _Ranks()
-        self._prefixes: dict[str, bytes] = {}
+        self._prefixes: dict[tuple[str, str], bytes] = {}
         self._dirty = False
         self._broken = False
         self._closed = threading.Event()
@@ -87,29 +88,31 @@ class PlainView:
         self._flusher.start()
         atexit.register(self.close)  # a view nobody closed still ends its output
 
-    def _prefix(self, node: str) -> bytes:
-        prefix = self._prefixes.get(node)
+    def _prefix(self, node: str, rank: str) -> bytes:
+        prefix = self._prefixes.get((node, rank))
         if prefix is None:
-            prefix = self._prefixes[node] = self._ranks.prefix(node).encode() + b": "
+            prefix = self._ranks.prefix(node, rank).encode() + b": "
+            self._prefixes[(node, rank)] = prefix
         return prefix
 
-    def line(self, node: str, stream: str, data: bytes) -> None:
+    def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         if b"\x1b" in data or b"\r" in data:
             data = strip_terminal_codes(data)
-        self._write(self._prefix(node) + data + b"\n")
+        self._write(self._prefix(node, rank) + data + b"\n")
         self._last_frame.pop(node, None)  # a new bar starts with its first frame shown
 
-    def frame(self, node: str, stream: str, data: bytes) -> None:
+    def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
+        # One frame per node per interval: the nodes' bars move together.
         now = self._clock()
         last = self._last_frame.get(node)
         if last is not None and now - last < self._frame_interval:
             return
         self._last_frame[node] = now
-        self._write(self._prefix(node) + strip_terminal_codes(data) + b"\n")
+        self._write(self._prefix(node, rank) + strip_terminal_codes(data) + b"\n")
 
     def control(self, node: str, kind: str, fields: dict) -> None:
         self._ranks.note(node, kind, fields)
-        self._prefixes.pop(node, None)
+        self._prefixes = {key: v for key, v in self._prefixes.items() if key[0] != node}
 
     def _write(self, data: bytes) -> None:
         if self._broken:
@@ -168,7 +171,7 @@ class LiveView:
         self.console = console if console is not None else Console(highlight=False)
         self._rows: dict[str, _NodeRow] = {node: _NodeRow() for node in nodes}
         self._ranks = _Ranks()
-        self._pending: deque[tuple[str, bytes]] = deque()
+        self._pending: deque[tuple[str, str, bytes]] = deque()
         self._budget = max(1, int(max_lines_per_second * tick))
         self._hidden = 0
         self._lock = threading.Lock()
@@ -192,21 +195,20 @@ class LiveView:
                 row = self._rows.setdefault(node, _NodeRow())
         return row
 
-    def line(self, node: str, stream: str, data: bytes) -> None:
+    def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         with self._lock:
             if len(self._pending) < self._budget:
-                self._pending.append((node, data))
+                self._pending.append((node, rank, data))
             else:
                 self._hidden += 1
         if not _is_pdsh(node):
-            row = self._row(node)
-            row.latest = data[:400].decode("utf-8", "replace")
-            if row.state == "waiting":
-                row.state = "running"
+            self.frame(node, stream, data, rank)
 
-    def frame(self, node: str, stream: str, data: bytes) -> None:
+    def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
+        # One row per node: its latest line or frame, whichever rank wrote it.
         row = self._row(node)
-        row.latest = data[:400].decode("utf-8", "replace")
+        text = data[:400].decode("utf-8", "replace")
+        row.latest = f"r{rank.partition('/')[0]} {text}" if rank else text
         if row.state == "waiting":
             row.state = "running"
 
@@ -242,8 +244,8 @@ class LiveView:
         if not batch and not hidden:
             return
         lines = [
-            Text.assemble((self._ranks.prefix(node) + ": ", "dim"), _display_text(data))
-            for node, data in batch
+            Text.assemble((self._ranks.prefix(node, rank) + ": ", "dim"), _display_text(data))
+            for node, rank, data in batch
         ]
         if hidden:
             lines.append(Text(f"... {hidden} lines not shown (all are in `orch logs`)", "dim"))

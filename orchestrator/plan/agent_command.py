@@ -25,6 +25,7 @@ _BOOT = """\
 import sys, types
 def _load(name, source):
     module = types.ModuleType(name)
+    module.__orch_source__ = source
     sys.modules[name] = module
     exec(compile(source, name, "exec"), module.__dict__)
     return module
@@ -33,20 +34,21 @@ sys.exit(_load(%r, %r).main(sys.argv[1:]))
 """
 
 
-def _boot_blob(helper: str | None, program: str) -> str:
-    """remote/<program>.py run with remote/<helper>.py loaded beside it (as orch_<name>)."""
-    first = f"_load({f'orch_{helper}'!r}, {program_source(helper)!r})" if helper else ""
+def _boot_blob(helpers: tuple[str, ...], program: str) -> str:
+    """remote/<program>.py run with each remote/<helper>.py loaded beside it (as orch_<name>)."""
+    first = "\n".join(f"_load({f'orch_{name}'!r}, {program_source(name)!r})" for name in helpers)
     payload = _BOOT % (first, f"orch_{program}", program_source(program))
     return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
 
 
 def _blob() -> str:
-    return _boot_blob("logwire", "agent")
+    # The agent with the wire format and the per-rank program it writes for the launcher.
+    return _boot_blob(("logwire", "rank"), "agent")
 
 
 def _stacks_blob() -> str:
     # `orch stacks`: the agent is loaded, not run, for its job_pids and _rank_of.
-    return _boot_blob("agent", "stacks")
+    return _boot_blob(("agent",), "stacks")
 
 
 def _python_c(python: str, blob: str) -> str:
@@ -91,4 +93,4 @@ def port_command(python: str, job_id: str, directory: str, ttl: float,
     """The remote shell command that picks (and with ttl > 0 reserves) a free main port on
     node 0 among `candidates`, in order; any python3 runs it."""
     words = (directory, job_id, f"{ttl:g}", *map(str, candidates))
-    return _with_any_python3(python, _boot_blob(None, "ports"), words)
+    return _with_any_python3(python, _boot_blob((), "ports"), words)

@@ -22,14 +22,14 @@ from orchestrator.plan.launch_plan import (
     standard_spec_name,
 )
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
-from orchestrator.remote.agent import node_dir
+from orchestrator.remote.agent import RANK_PROGRAM, node_dir
 from orchestrator.specs.constants import (
     NODE_DIR_VAR,
     NODE_RANK_VAR,
     PDSH_CONFIG_NAME,
     standard_config_name,
 )
-from orchestrator.specs.jobenv import REDACTED, is_secret, redact
+from orchestrator.specs.jobenv import redact
 
 DEEPSPEED_FANOUT = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
 _AGENT_WORD_LIMIT = 200  # longer words (the inline agent) are abbreviated in the readable form
@@ -62,6 +62,7 @@ def plan_summary(plan: LaunchPlan) -> dict:
         },
         "head_command": list(plan.head_command),
         "node_command": list(plan.node_command),
+        "rank_command": list(plan.rank_command),
         "nodes": [
             {"node": node, "node_rank": rank, "runs": node_runs(plan, rank)}
             for rank, node in enumerate(plan.hosts)
@@ -152,18 +153,15 @@ def node_runs(plan: LaunchPlan, node_rank: int) -> str:
 
 def _deepspeed_node_command(plan: LaunchPlan, node_rank: int) -> str:
     """DeepSpeed's per-node launcher, as its pdsh runner writes it on the head (the runner
-    builds it at run time; orch's shim runs it under the agent)."""
+    builds it at run time; orch's shim hands its words to the agent, without the runner's
+    exports of the head's environment)."""
     world = {h.host: list(range(plan.nproc_per_node)) for h in plan.hostfile.hosts}
     world_info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
-    exports = "".join(
-        f"export {name}={REDACTED if is_secret(name) else value}; " for name, value in plan.env
-    )
-    launch = shlex.join([
+    return shlex.join([
         plan.python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
         f"--node_rank={node_rank}", f"--master_addr={plan.main_host}",
-        f"--master_port={plan.main_port}", "--no_local_rank", plan.script, *plan.args,
+        f"--master_port={plan.main_port}", "--no_python", "--no_local_rank", RANK_PROGRAM,
     ])  # fmt: skip
-    return f"{exports}cd {shlex.quote(plan.workdir)}; {launch}"
 
 
 # ----- the readable form ------------------------------------------------------------------
@@ -194,13 +192,16 @@ def plan_text(plan: LaunchPlan) -> str:
         ]
     env = " ".join(f"{name}={shlex.quote(value)}" for name, value in plan.redacted_env.items())
     runs = (
-        "DeepSpeed's per-node launcher, as DeepSpeed's runner writes it (accelerate adds "
-        "its own variables to the exports)" if plan.head_command else "its command"
+        "DeepSpeed's per-node launcher, as DeepSpeed's runner writes it (with accelerate's "
+        "ACCELERATE_* settings added to the environment)" if plan.head_command else "its command"
     )
     lines += [
         "",
         f"every node's agent, in {plan.workdir}, with {env}, runs {runs}:",
         *(f"  {node} (node rank {k}): {node_runs(plan, k)}" for k, node in enumerate(plan.hosts)),
+        "",
+        f"and the launcher starts every rank through {RANK_PROGRAM}, which runs exactly:",
+        f"  {shlex.join(plan.rank_command)}",
     ]
     if plan.wait_for_main:
         lines.append(f"  (nodes other than {plan.main_host} start once its port answers)")

@@ -10,6 +10,10 @@ Launchers:
 - standard: every node runs `accelerate launch` with its own machine-rank config,
   through pdsh and the agent; workers start once the main port answers.
 - torchrun: every node runs torchrun with c10d rendezvous at node 0.
+
+Every launcher starts `orch-rank` (remote/rank.py) in place of the script, through its
+own `--no_python` option: the rank's command (`rank_command`: interpreter, script, the
+user's arguments) travels in the agent's spec and is never on a launcher's command line.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from orchestrator.plan.pdsh_command import (
     shim_script,
 )
 from orchestrator.remote import program_source
+from orchestrator.remote.agent import RANK_PROGRAM
 from orchestrator.specs.constants import (
     DEFAULT_LAUNCHER,
     DEFAULT_MAIN_PORT,
@@ -134,6 +139,11 @@ class LaunchPlan:
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
     ranks_per_node: tuple[int, ...] = ()  # per node, in order (uneven on torchrun)
     node_commands: tuple[tuple[str, ...], ...] = ()  # per node rank, when they differ
+
+    @property
+    def rank_command(self) -> tuple[str, ...]:
+        """What every rank runs, exactly as typed (orch-rank starts it)."""
+        return (self.python, self.script, *self.args)
 
     @property
     def world_size(self) -> int:
@@ -338,6 +348,8 @@ def _agent_spec(job: _JobShape, node_files: Sequence[PlannedFile], wait_for_main
         "env": dict(job.env),
         "grace": job.grace,
         "files": {f.name: f.content for f in node_files},
+        # orch-rank reads it on the node: the user's words never pass through a launcher.
+        "rank_argv": [job.python, job.script, *job.args],
     }
     if wait_for_main:
         spec["wait_for"] = [job.hostfile.names[0], job.main_port]
@@ -355,7 +367,7 @@ def _torchrun_command(
         f"--rdzv_endpoint={job.hostfile.names[0]}:{job.main_port}",
         f"--rdzv_id={rdzv_id}",
         *extra,
-        job.script, *job.args,
+        "--no-python", RANK_PROGRAM,
     )  # fmt: skip
 
 
@@ -373,7 +385,7 @@ def _standard_command(job: _JobShape) -> tuple[str, ...]:
     config = f'"{node_dir}/{standard_config_name(rank)}"'
     shell = (
         f"exec {shlex.quote(job.python)} {launcher} {spec} --config_file {config} "
-        + shlex.join([job.script, *job.args])
+        f"--no_python {RANK_PROGRAM}"
     )
     return ("/bin/sh", "-c", shell)
 
@@ -432,7 +444,7 @@ def _head_side(
         f"{job.run_dir}/{HOSTFILE_NAME}",
     )  # fmt: skip
     head = (job.python, f"{job.run_dir}/{HEAD_LAUNCHER_NAME}", spec_path,
-            "--config_file", config_path, job.script, *job.args)  # fmt: skip
+            "--config_file", config_path, "--no_python", RANK_PROGRAM)  # fmt: skip
     agent = _agent_spec(job, (), wait_for_main=False)
     shim_dir = f"{job.private_dir}/{SHIM_DIR}"
     shim_config = {"job_id": job.job_id, "python": job.python, "real_pdsh": pdsh, "agent": agent}

@@ -96,3 +96,42 @@ def shim_script(config_path: str, orch_python: str) -> str:
         "from orchestrator.run.pdsh import shim_main\n"
         f"sys.exit(shim_main({config_path!r}, sys.argv[1:]))\n"
     )
+
+
+# What the ranks of the pdsh launcher get from the head besides the job's own variables:
+# the settings accelerate hands its ranks (ACCELERATE_*) and the NCCL ones it may add.
+LAUNCHER_ENV_PREFIXES = ("ACCELERATE_", "NCCL_")
+_NODE_LAUNCH_MODULE = "deepspeed.launcher.launch"
+
+
+def node_launcher_spec(
+    agent: Mapping[str, object], words: Sequence[str], environ: Mapping[str, str]
+) -> dict[str, object]:
+    """The agent's spec for DeepSpeed's per-node launcher, from the words DeepSpeed's runner
+    gave pdsh: `export ...; ` (the head's whole environment), `cd DIR;`, then the launcher's
+    argv. The launcher's argv is kept as words (pdsh's `%n` becomes the node's rank in the
+    agent); the exports are dropped: the agent sets the job's environment itself, plus
+    accelerate's settings for its ranks, read from this process's environment (which is
+    the runner's) rather than parsed back out of a shell string."""
+    start = _launcher_start(words)
+    env = dict(agent.get("env", {}))  # type: ignore[call-overload]
+    for name, value in environ.items():
+        if name.startswith(LAUNCHER_ENV_PREFIXES) and name not in env:
+            env[name] = value
+    # accelerate puts the working directory first on the ranks' PYTHONPATH.
+    workdir = str(agent.get("workdir", ""))
+    env["PYTHONPATH"] = ":".join(p for p in (workdir, env.get("PYTHONPATH", "")) if p)
+    if start is None:
+        # Not the runner's usual words: run them as DeepSpeed meant (a shell string).
+        shell = " ".join(words).replace("%n", "$ORCH_NODE_RANK")
+        return {**agent, "env": env, "shell": shell}
+    return {**agent, "env": env, "command": list(words[start:]), "node_rank_word": "%n"}
+
+
+def _launcher_start(words: Sequence[str]) -> int | None:
+    """Index of the interpreter that runs `-u -m deepspeed.launcher.launch` in `words`."""
+    for index in range(len(words)):
+        after = list(words[index + 1 : index + 4])
+        if after[:2] == ["-m", _NODE_LAUNCH_MODULE] or after == ["-u", "-m", _NODE_LAUNCH_MODULE]:
+            return index
+    return None

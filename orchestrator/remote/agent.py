@@ -1,13 +1,16 @@
 """The orch agent: the supervisor that runs the job's command on one node.
 
-STANDARD LIBRARY ONLY. The head ships this file and remote/logwire.py to
-each node inline (`python -c <zlib+base64 blob>`), so a node needs no orch
-install, just the job's interpreter.
+STANDARD LIBRARY ONLY. The head ships this file, remote/logwire.py and
+remote/rank.py to each node inline (`python -c <zlib+base64 blob>`), so a node
+needs no orch install, just the job's interpreter.
 
-`run` mode: start the node's command in its own session with ORCH_JOB_ID set;
-tee its raw stdout/stderr into /tmp/orch-runs/<job>/<node>/{stdout,stderr}.raw;
-frame both onto the agent's own stdout (the ssh channel back to the head) with
-logwire; send a heartbeat every 2 s and an `exit` control message at the end.
+`run` mode: start the node's command (its launcher) in its own session with
+ORCH_JOB_ID set; tee the launcher's raw stdout/stderr into
+/tmp/orch-runs/<job>/<node>/{stdout,stderr}.raw, and each rank's, which arrive
+on connections of their own (remote/rank.py), into rank<R>.{stdout,stderr}.raw;
+frame all of them onto the agent's own stdout (the ssh channel back to the
+head) with logwire, each rank's records labelled with its rank; send a
+heartbeat every 2 s and an `exit` control message at the end.
 When the head goes away (the channel breaks, or writes stay blocked), the agent
 tears its job down by itself.
 
@@ -25,13 +28,16 @@ import os
 import queue
 import re
 import select
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 JOB_ID_VAR = "ORCH_JOB_ID"
@@ -46,6 +52,10 @@ STALL_S = 30.0
 GRACE_S = 5.0
 _EXIT_SCAN_S = 0.2
 TAIL_BYTES = 64 * 1024
+RANK_PROGRAM = "orch-rank"  # what the launchers start in place of the script (--no_python)
+RANK_SOCKET = "ranks.sock"
+_SOCKET_PATH_MAX = 100  # AF_UNIX paths are capped at 108 bytes
+_HEADER_MAX = 4096
 
 
 def flight_recorder_env(directory: str) -> dict[str, str]:
@@ -277,12 +287,22 @@ def first_failed_rank(
 
 
 # ----- talking to the head -------------------------------------------------------
-def _logwire():
-    if "orch_logwire" in sys.modules:  # shipped inline by the bootstrap
-        return sys.modules["orch_logwire"]
-    from orchestrator.remote import logwire
+def _shipped(name: str):
+    """remote/<name>.py: shipped inline by the bootstrap (as orch_<name>), or from the
+    installed package."""
+    if f"orch_{name}" in sys.modules:
+        return sys.modules[f"orch_{name}"]
+    import importlib
 
-    return logwire
+    return importlib.import_module(f"orchestrator.remote.{name}")
+
+
+def _shipped_source(name: str) -> str:
+    module = _shipped(name)
+    source = getattr(module, "__orch_source__", None)
+    if source is None:
+        source = Path(module.__file__).read_text(encoding="utf-8")
+    return source
 
 
 class Channel:
@@ -331,6 +351,146 @@ class Channel:
                 self.busy_since = None
 
 
+class OutputPump:
+    """Copies one output stream (the launcher's pipe, or a rank's connection) to its raw file
+    and, framed by logwire, to the head, until the stream ends."""
+
+    def __init__(self, channel: Channel, framer: object, raw: Path, tail: Tail | None) -> None:
+        self.channel = channel
+        self.framer = framer
+        self.raw = raw
+        self.tail = tail
+
+    def run(self, read: Callable[[], bytes]) -> None:
+        with self.raw.open("ab") as log:
+            while True:
+                try:
+                    data = read()
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                log.write(data)
+                log.flush()
+                if self.tail is not None:
+                    self.tail.add(data)
+                wire = self.framer.feed(data)
+                if wire:  # one hand-off per read, not per line: the rank is not slowed
+                    self.channel.send(b"".join(wire))
+        for line in self.framer.flush():
+            self.channel.send(line)
+
+
+class Tail:
+    """The end of the launcher's output, to find its failure report in."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._lock = threading.Lock()
+
+    def add(self, data: bytes) -> None:
+        with self._lock:
+            self._data += data
+            del self._data[:-TAIL_BYTES]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._data.decode(errors="replace")
+
+
+def socket_path(directory: Path) -> str:
+    """Where the ranks reach the agent: in the node directory, or, when that path is too
+    long for a unix socket, a private directory of its own."""
+    path = str(directory / RANK_SOCKET)
+    if len(path.encode()) <= _SOCKET_PATH_MAX:
+        return path
+    return os.path.join(tempfile.mkdtemp(prefix="orch-"), RANK_SOCKET)
+
+
+class RankChannels:
+    """Accepts the ranks' own connections (remote/rank.py opens two per rank: stdout and
+    stderr) and pumps each into its raw file and to the head, labelled with its rank."""
+
+    def __init__(self, supervisor: Supervisor, path: str) -> None:
+        self.sup = supervisor
+        self.path = path
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        os.chmod(path, 0o600)
+        self.server.listen(256)
+        self.pumps: list[threading.Thread] = []
+        self._announced: set[int] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _addr = self.server.accept()
+            except OSError:
+                return  # closed
+            pump = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self._lock:
+                self.pumps.append(pump)
+            pump.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            header = _read_header(conn)
+            if header is None:
+                return
+            rank, local_rank, stream, first_bytes = header
+            with self._lock:
+                first = rank not in self._announced
+                self._announced.add(rank)
+            if first:
+                self.sup.control("rank", rank=rank, local_rank=local_rank, node=self.sup.node)
+            framer = self.sup.lw.WireFramer(stream, f"{rank}/{local_rank}")
+            raw = self.sup.dir / f"rank{rank}.{_RAW_NAME[stream]}"
+            pending = [first_bytes] if first_bytes else []
+
+            def read() -> bytes:
+                return pending.pop() if pending else conn.recv(65536)
+
+            OutputPump(self.sup.channel, framer, raw, None).run(read)
+
+    def close(self, timeout: float) -> None:
+        """Stop accepting; wait (at most `timeout` s) for the ranks' streams to end."""
+        with contextlib.suppress(OSError):
+            self.server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            pumps = list(self.pumps)
+        for pump in pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+
+
+_RAW_NAME = {"out": "stdout.raw", "err": "stderr.raw"}
+
+
+def _read_header(conn: socket.socket) -> tuple[int, int, str, bytes] | None:
+    """The first line a rank sends: who it is and which of its streams this is."""
+    conn.settimeout(10.0)
+    data = b""
+    try:
+        while b"\n" not in data and len(data) < _HEADER_MAX:
+            chunk = conn.recv(_HEADER_MAX)
+            if not chunk:
+                return None
+            data += chunk
+        conn.settimeout(None)
+        line, _, rest = data.partition(b"\n")
+        doc = json.loads(line)
+        rank, local_rank, stream = int(doc["rank"]), int(doc["local_rank"]), str(doc["stream"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if stream not in _RAW_NAME:
+        return None
+    return rank, local_rank, stream, rest  # rest: the rank's first bytes, when they came along
+
+
 class Supervisor:
     def __init__(self, spec: dict, node: str, rank: str) -> None:
         self.spec = spec
@@ -338,12 +498,12 @@ class Supervisor:
         self.node = node
         self.rank = rank
         self.dir = Path(node_dir(self.job_id, node))
-        self.lw = _logwire()
+        self.lw = _shipped("logwire")
         self.channel = Channel()
-        self.tail = bytearray()  # the end of the output, to find a failure report in
-        self.tail_lock = threading.Lock()
+        self.tail = Tail()
         self.stop_reason: str | None = None
         self.ranks = RankWatch(self.job_id)
+        self.rank_channels: RankChannels | None = None
 
     def control(self, kind: str, **fields: object) -> None:
         self.channel.send(self.lw.encode_control(kind, **fields))
@@ -356,6 +516,8 @@ class Supervisor:
         env[NODE_RANK_VAR] = self.rank
         env[NODE_DIR_VAR] = str(self.dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.rank_channels is not None:  # the launchers find orch-rank on PATH
+            env["PATH"] = os.pathsep.join([str(self.dir / "bin"), env.get("PATH", "")])
         for name, value in flight_recorder_env(str(self.dir)).items():
             env.setdefault(name, value)  # the user's own settings win
         return env
@@ -365,33 +527,46 @@ class Supervisor:
             path = self.dir / os.path.basename(name)
             path.write_text(content)
 
+    def _prepare_ranks(self) -> None:
+        """What the launcher's `--no_python orch-rank` starts: the per-rank program, the
+        rank's exact command (readable by this user only), and the socket it reports to."""
+        rank_argv = self.spec.get("rank_argv")
+        if not rank_argv:
+            return
+        rank_module = _shipped("rank")
+        program = self.dir / "orch_rank.py"
+        program.write_text(_shipped_source("rank"))
+        path = socket_path(self.dir)
+        command = {"argv": [str(word) for word in rank_argv], "socket": path}
+        fd = os.open(self.dir / rank_module.COMMAND_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                     0o600)  # fmt: skip
+        with os.fdopen(fd, "w") as handle:
+            json.dump(command, handle)
+        bin_dir = self.dir / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        launcher = bin_dir / RANK_PROGRAM
+        # -I -S: the wrapper needs nothing but the standard library, and starts fastest so.
+        launcher.write_text(
+            "#!/bin/sh\n"
+            f"exec {shlex.quote(str(rank_argv[0]))} -I -S {shlex.quote(str(program))} \"$@\"\n"
+        )
+        launcher.chmod(0o755)
+        self.rank_channels = RankChannels(self, path)
+
     def _argv(self) -> list[str]:
         if self.spec.get("shell"):
             return ["/bin/sh", "-c", self.spec["shell"]]
         if self.spec.get("commands"):  # one per node rank, when the nodes' commands differ
             return [str(word) for word in self.spec["commands"][int(self.rank)]]
-        return [str(word) for word in self.spec["command"]]
+        words = [str(word) for word in self.spec["command"]]
+        placeholder = self.spec.get("node_rank_word")  # pdsh's %n, in DeepSpeed's words
+        if placeholder:
+            words = [word.replace(placeholder, self.rank) for word in words]
+        return words
 
     def _pump_stream(self, fd: int, stream: str, raw: Path) -> None:
-        framer = self.lw.WireFramer(stream)
-        with raw.open("ab") as log:
-            while True:
-                try:
-                    data = os.read(fd, 65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    break
-                log.write(data)
-                log.flush()
-                with self.tail_lock:
-                    self.tail += data
-                    del self.tail[:-TAIL_BYTES]
-                wire = framer.feed(data)
-                if wire:  # one hand-off per read, not per line: the rank is not slowed
-                    self.channel.send(b"".join(wire))
-            for line in framer.flush():
-                self.channel.send(line)
+        pump = OutputPump(self.channel, self.lw.WireFramer(stream), raw, self.tail)
+        pump.run(lambda: os.read(fd, 65536))
         os.close(fd)
 
     def _wait_for_main(self) -> bool:
@@ -417,7 +592,9 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o700)
         self._write_files()
+        self._prepare_ranks()
         workdir = self.spec.get("workdir") or os.getcwd()
         if not os.path.isdir(workdir):
             return self._finish(
@@ -455,6 +632,8 @@ class Supervisor:
         code = self._watch(child)
         for pump in pumps:
             pump.join(5.0)
+        if self.rank_channels is not None:
+            self.rank_channels.close(5.0)
         return self._finish(code)
 
     def _watch(self, child: subprocess.Popen[bytes]) -> int:
@@ -479,9 +658,7 @@ class Supervisor:
     def _finish(self, code: int, error: str | None = None) -> int:
         # Nothing of the job may outlive its command on this node.
         stopped = stop_job(self.job_id, float(self.spec.get("grace", GRACE_S)))
-        with self.tail_lock:
-            text = self.tail.decode(errors="replace")
-        rank, rank_code = failure_from_text(text)
+        rank, rank_code = failure_from_text(self.tail.text())
         if rank is None and code != 0:
             rank, rank_code = self.ranks.first_failed(code)
         fields: dict[str, object] = {"code": code, "node": self.node}

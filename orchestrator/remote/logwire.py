@@ -9,8 +9,10 @@ is lost); a line longer than pdsh's buffer (128 KiB) is cut and the rest
 dropped. The node therefore re-frames each output stream into short, safe wire
 lines:
 
-    %o1<kind><stream> <payload>\\n
+    %o1<kind><stream>[:<rank>/<local rank>] <payload>\\n
 
+A record of one rank's own output (the per-rank channel) names that rank
+after its stream; a record without it is the node's launcher's output.
 kind: ``L`` a line (its ``\\n`` removed), ``F`` a progress frame (what the
 terminal shows after a ``\\r``), ``P`` the last line of a stream that had no
 final newline, ``C`` a chunk of a long segment that continues in the next
@@ -43,6 +45,7 @@ _ESCAPE_SEQ = re.compile(rb"\\(\\|x[0-9a-fA-F]{2}|.?)", re.DOTALL)
 _BAD_ESCAPE = re.compile(rb"\\(?!x[0-9a-fA-F]{2})")
 _SURROGATE_RUN = re.compile("[\udc80-\udcff]+")
 _BLANK = b" \t\x0b\x0c"
+_RANK_LABEL = re.compile(r"\d+/\d+")
 
 
 def escape_payload(data: bytes) -> bytes:
@@ -102,10 +105,12 @@ class WireFramer:
     `feed`, so the head sees progress as soon as it is printed.
     """
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, rank: str = "") -> None:
         if stream not in _STREAM_CODE:
             raise ValueError(f"stream must be 'out' or 'err', not {stream!r}")
-        code = _STREAM_CODE[stream]
+        if rank and _RANK_LABEL.fullmatch(rank) is None:
+            raise ValueError(f"rank label must read <rank>/<local rank>, not {rank!r}")
+        code = _STREAM_CODE[stream] + (b":" + rank.encode() if rank else b"")
         self.stream = stream
         self._line = MAGIC + b"L" + code + b" "
         self._frame = MAGIC + b"F" + code + b" "
@@ -258,6 +263,7 @@ class WireRecord:
     kept reversibly (`text.encode("utf-8", "surrogateescape")` gives them back).
     For control records, text is the control kind and fields the rest.
     newline: False for the last line of a stream that had no final newline.
+    rank: "<rank>/<local rank>" of the rank that wrote it; "" for the node's launcher.
     """
 
     kind: str
@@ -266,20 +272,39 @@ class WireRecord:
     fields: dict = field(default_factory=dict)
     more: bool = False
     newline: bool = True
+    rank: str = ""
 
     @property
     def data(self) -> bytes:
         return self.text.encode("utf-8", "surrogateescape")
 
 
-def parse_wire(payload: bytes) -> tuple[int, int, bytes] | None:
-    """Fast path for the head: (kind byte, stream byte, raw unescaped bytes), or None."""
-    if len(payload) < 6 or payload[:3] != MAGIC or payload[5] != 0x20:
+def split_header(payload: bytes) -> tuple[bytes, bytes] | None:
+    """(rank label, escaped body) of a wire line that passed the magic check; None if the
+    header is not one logwire writes."""
+    if payload[5] == 0x20:
+        return b"", payload[6:]
+    if payload[5] != 0x3A:  # ":"
         return None
+    end = payload.find(b" ", 6, 32)
+    if end < 0:
+        return None
+    return payload[6:end], payload[end + 1 :]
+
+
+def parse_wire(payload: bytes) -> tuple[int, int, bytes, bytes] | None:
+    """Fast path for the head: (kind byte, stream byte, rank label, raw unescaped bytes),
+    or None."""
+    if len(payload) < 6 or payload[:3] != MAGIC:
+        return None
+    header = split_header(payload)
+    if header is None:
+        return None
+    label, body = header
     kind = payload[3]
     if kind == 0x4B:  # K: JSON, not escaped
-        return kind, payload[4], payload[6:]
-    return kind, payload[4], unescape_payload(payload[6:])
+        return kind, payload[4], label, body
+    return kind, payload[4], label, unescape_payload(body)
 
 
 def decode_wire(payload: bytes) -> WireRecord | None:
@@ -289,7 +314,7 @@ def decode_wire(payload: bytes) -> WireRecord | None:
     parsed = parse_wire(payload)
     if parsed is None:
         return None
-    kind, stream, data = parsed
+    kind, stream, label, data = parsed
     if kind == 0x4B:
         try:
             doc = json.loads(data)
@@ -305,4 +330,7 @@ def decode_wire(payload: bytes) -> WireRecord | None:
     if name is None or stream_name is None:
         return None
     text = data.decode("utf-8", "surrogateescape")
-    return WireRecord(name, stream_name, text, more=kind == 0x43, newline=kind != 0x50)
+    return WireRecord(
+        name, stream_name, text, more=kind == 0x43, newline=kind != 0x50,
+        rank=label.decode("ascii", "replace"),
+    )  # fmt: skip

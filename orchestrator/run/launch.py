@@ -77,6 +77,7 @@ from orchestrator.specs.jobenv import is_secret
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
 TAIL_LINES = 15
+RANK_TAIL_LINES = 300
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,22 @@ class _Tracker:
         self.hosts = set(hosts)
         self.forward = forward
         self.tails: dict[str, deque[str]] = {h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")}
+        # Each rank's own last lines: its traceback is read from them when it fails.
+        self.rank_tails: dict[int, deque[str]] = {}
         self.heard: set[str] = set()
         self.ranks_wrote = False  # a line or a frame from a node since the last call
         self.ssh_ended: list[tuple[str, int]] = []
         self.exited: list[tuple[str, dict]] = []
 
-    def line(self, node: str, stream: str, data: bytes) -> None:
+    def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         text = data.decode("utf-8", "replace")
+        if rank:
+            number = int(rank.partition("/")[0])
+            tail = self.rank_tails.get(number)
+            if tail is None:
+                tail = self.rank_tails[number] = deque(maxlen=RANK_TAIL_LINES)
+            tail.append(text)
+            text = f"[r{number}] {text}"
         if node.startswith("pdsh@"):
             lost = ssh_exit_of(text)
             if lost is not None and lost[0] in self.hosts:
@@ -169,13 +179,13 @@ class _Tracker:
         self.ranks_wrote = self.ranks_wrote or node in self.hosts
         self.tails.setdefault(node, deque(maxlen=TAIL_LINES)).append(text)
         if self.forward is not None:
-            self.forward.line(node, stream, data)
+            self.forward.line(node, stream, data, rank)
 
-    def frame(self, node: str, stream: str, data: bytes) -> None:
+    def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         self.heard.add(node)
         self.ranks_wrote = self.ranks_wrote or node in self.hosts
         if self.forward is not None:
-            self.forward.frame(node, stream, data)
+            self.forward.frame(node, stream, data, rank)
 
     def control(self, node: str, kind: str, fields: dict) -> None:
         self.heard.add(node)

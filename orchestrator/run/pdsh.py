@@ -216,23 +216,20 @@ def shim_main(config_path: str, args: list[str]) -> int:
     """Rewrite DeepSpeed's pdsh call so the agent runs its command, then exec the real pdsh."""
     # Imported here: the shim runs in its own process, after the runner started it.
     from orchestrator.plan.agent_command import agent_command, kill_command
+    from orchestrator.plan.pdsh_command import node_launcher_spec
 
     config = json.loads(Path(config_path).read_text())
     options, hosts, words = split_pdsh_args(args)
-    remote = " ".join(words)
-    if remote.lstrip().startswith("pkill"):
+    if " ".join(words).lstrip().startswith("pkill"):
         # DeepSpeed's Ctrl-C cleanup is `pkill -f <pattern>`, which would hit other
         # jobs on the same nodes; stop this job by its id instead.
         remote = kill_command(config["python"], config["job_id"], grace=3.0)
     else:
-        # pdsh substitutes %n with the node's rank; inside the agent the rank is a variable.
         remote = agent_command(
-            config["python"],
-            {**config["agent"], "shell": remote.replace("%n", "$ORCH_NODE_RANK")},
+            config["python"], node_launcher_spec(config["agent"], words, os.environ)
         )
     real = config["real_pdsh"]
     argv = [real, *options, "-w", ",".join(hosts), remote]
     env = pdsh_environment(os.environ)
     os.execve(real, argv, env)
     return 127  # not reached
-
