@@ -1,7 +1,9 @@
-"""`orch logs JOB`: a job's per-node logs, one node or all, by node or by time, or followed."""
+"""`orch logs JOB`: a job's per-node logs, one node or all, by node or by time, or followed;
+`--rank R`: exactly rank R's lines (or its raw output with --raw)."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -17,6 +19,7 @@ from orchestrator.logs.sink import (
     LogFollower,
     log_file_name,
     merge_by_time,
+    rank_filter,
     read_log_lines,
 )
 from orchestrator.run.records import (
@@ -71,18 +74,42 @@ def _write_all(out: BinaryIO, chunks: Iterable[bytes]) -> None:
     out.flush()
 
 
-def _show(run: RunDir, nodes: list[str], by_time: bool, out: BinaryIO) -> list[str]:
+def _show(
+    run: RunDir, nodes: list[str], by_time: bool, out: BinaryIO, rank: int | None
+) -> list[str]:
     paths = {node: run.logs / log_file_name(node) for node in nodes}
     present = {node: path for node, path in paths.items() if path.is_file()}
-    prefix = len(nodes) > 1
+    prefix = len(nodes) > 1 and rank is None  # one rank lives on one node
+    keep = rank_filter(rank)
     if by_time:
-        merged = merge_by_time({n: read_log_lines(p) for n, p in present.items()})
+        merged = merge_by_time({n: keep(read_log_lines(p)) for n, p in present.items()})
         lines = ((n.encode() + b" " if prefix else b"") + line + b"\n" for n, line in merged)
         _write_all(out, lines)
     else:
         for node, path in present.items():
-            _write_all(out, _prefixed(node, read_log_lines(path), prefix))
+            _write_all(out, _prefixed(node, keep(read_log_lines(path)), prefix))
     return [node for node in nodes if node not in present]
+
+
+_RANK_NOTE = re.compile(rb" orch rank .*\brank=(\d+)")
+
+
+def _check_rank_seen(run: RunDir, record: JobRecord, nodes: list[str], rank: int) -> None:
+    """An error naming the ranks the job had when `rank` was never among them."""
+    seen: set[int] = set()
+    for node in nodes:
+        path = run.logs / log_file_name(node)
+        if path.is_file():
+            for line in read_log_lines(path):
+                match = _RANK_NOTE.search(line)
+                if match:
+                    seen.add(int(match.group(1)))
+    if rank not in seen:
+        known = ", ".join(map(str, sorted(seen))) or "none reported"
+        raise OrchError(
+            f"job {record.id}: rank {rank} never started on {', '.join(nodes)}",
+            f"its ranks: {known}",
+        )
 
 
 def _still_running(run: RunDir) -> bool:
@@ -93,24 +120,26 @@ def _still_running(run: RunDir) -> bool:
     return record.state in RUNNING_STATES and head_alive(record)
 
 
-def _follow(run: RunDir, nodes: list[str], out: BinaryIO) -> None:
-    prefix = len(nodes) > 1
+def _follow(run: RunDir, nodes: list[str], out: BinaryIO, rank: int | None) -> None:
+    prefix = len(nodes) > 1 and rank is None
+    keep = rank_filter(rank)
     followers = {node: LogFollower(run.logs / log_file_name(node)) for node in nodes}
     while True:
         running = _still_running(run)  # checked before reading: nothing written is missed
         for node, follower in followers.items():
             while lines := follower.read_new():
-                _write_all(out, _prefixed(node, lines, prefix))
+                _write_all(out, _prefixed(node, keep(lines), prefix))
         if not running:
             return
         time.sleep(_FOLLOW_POLL_S)
 
 
-def _show_raw(run: RunDir, nodes: list[str], out: BinaryIO) -> list[str]:
+def _show_raw(run: RunDir, nodes: list[str], out: BinaryIO, rank: int | None) -> list[str]:
     missing = []
+    names = _RAW_FILES if rank is None else tuple(f"rank{rank}.{name}" for name in _RAW_FILES)
     for node in nodes:
         directory = _raw_dir(run, node)
-        files = [directory / name for name in _RAW_FILES if (directory / name).is_file()]
+        files = [directory / name for name in names if (directory / name).is_file()]
         if not files:
             missing.append(node)
             continue
@@ -141,9 +170,15 @@ def logs(
     by_time: bool = typer.Option(
         False, "--by-time/--by-node", help="Interleave nodes by time, or one node after another."
     ),
+    rank: int | None = typer.Option(
+        None, "--rank", "-r", min=0,
+        help="Only this global rank's lines (its raw output with --raw).",
+    ),
     runs_dir: Path = _RUNS_DIR,
 ) -> None:
-    """Print a job's per-node logs (timestamp, stream, text), prefixed by node when several."""
+    """Print a job's per-node logs (timestamp, [r<rank>/<local rank>,] stream, text), prefixed
+    by node when several. Lines with no rank are the node's launcher's (out, err), ssh's (sys)
+    or orch's (orch)."""
     if raw and follow:
         raise UsageError(
             "--raw and --follow cannot be combined",
@@ -155,15 +190,19 @@ def logs(
     out = sys.stdout.buffer
     try:
         if raw:
-            missing = _show_raw(run, nodes, out)
-            what = "raw logs"
+            missing = _show_raw(run, nodes, out, rank)
+            what = "raw logs" if rank is None else f"raw logs of rank {rank}"
+            if rank is not None and len(missing) < len(nodes):
+                missing = []  # the rank ran on one of them
         elif follow:
-            _follow(run, nodes, out)
+            _follow(run, nodes, out, rank)
             missing = []
             what = ""
         else:
-            missing = _show(run, nodes, by_time, out)
+            missing = _show(run, nodes, by_time, out, rank)
             what = "head-side log"
+            if rank is not None and not missing:
+                _check_rank_seen(run, record, nodes, rank)
     except BrokenPipeError:
         # `orch logs JOB | head`: the reader left; not an error.
         sys.stdout = None  # type: ignore[assignment]

@@ -483,6 +483,20 @@ def read_log_lines(path: str | Path) -> Iterator[bytes]:
             yield line.rstrip(b"\n")
 
 
+def rank_filter(rank: int | None) -> Callable[[Iterable[bytes]], Iterator[bytes]]:
+    """Keeps exactly the entries rank `rank` wrote (all entries for None)."""
+    if rank is None:
+        return iter
+    token = b"r%d/" % rank
+
+    def keep(lines: Iterable[bytes]) -> Iterator[bytes]:
+        for line in lines:
+            if line.startswith(token, STAMP_LEN + 1):
+                yield line
+
+    return keep
+
+
 def merge_by_time(logs: Mapping[str, Iterable[bytes]]) -> Iterator[tuple[str, bytes]]:
     """(node, entry) from every node's log, ordered by timestamp, streamed.
 
