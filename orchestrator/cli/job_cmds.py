@@ -28,6 +28,7 @@ from orchestrator.run.pipeline import PipelineOptions, execute_plan, head_contex
 from orchestrator.run.ports import plan_with_main_port
 from orchestrator.run.records import (
     FINAL_STATES,
+    FirstFailure,
     JobRecord,
     RunDir,
     find_job,
@@ -139,6 +140,16 @@ def _print_stacks_kept(result: LaunchResult) -> None:
     err.print(f"every running rank's stack: {result.stacks_file}", markup=False)
 
 
+def _print_root_cause(console: Console, failure: FirstFailure) -> None:
+    """The failing rank's own traceback, first: the cascades on other ranks come after."""
+    if not failure.traceback:
+        return
+    where = f"{failure.root_cause_node or '?'} rank {failure.root_cause_rank}"
+    console.print(f"[bold]root cause[/]: {escape(where)}: {escape(failure.root_cause or '')}")
+    for line in failure.traceback:
+        console.print(f"  | {line}", markup=False, highlight=False)
+
+
 def _print_summary(result: LaunchResult) -> None:
     err = _err()
     codes = ", ".join(
@@ -150,9 +161,10 @@ def _print_summary(result: LaunchResult) -> None:
         failure = result.first_failure
         err.print(f"[red]job {result.job_id} {result.state}[/], exit code {result.exit_code}")
         if failure is not None:
+            _print_root_cause(err, failure)
             rank = f" rank {failure.rank}" if failure.rank is not None else ""
-            err.print(f"first failure: {failure.node}{rank}: {failure.reason}")
-            if failure.last_lines:
+            err.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
+            if failure.last_lines and not failure.traceback:
                 err.print(f"last lines from {failure.node}:")
                 for line in failure.last_lines:
                     err.print(f"  | {line}", markup=False)
@@ -384,9 +396,10 @@ def status(
         out.print(f"  {node}: exit {'-' if code is None else code}")
     failure = record.first_failure
     if failure is not None:
+        _print_root_cause(out, failure)
         rank = f" rank {failure.rank}" if failure.rank is not None else ""
         out.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
-        for line in failure.last_lines:
+        for line in failure.last_lines if not failure.traceback else ():
             out.print(f"  | {line}", markup=False)
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
+from orchestrator.logs.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
 from orchestrator.logs.sink import LogRouter, LogView
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
@@ -156,6 +157,9 @@ class _Tracker:
         self.tails: dict[str, deque[str]] = {h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")}
         # Each rank's own last lines: its traceback is read from them when it fails.
         self.rank_tails: dict[int, deque[str]] = {}
+        self.rank_nodes: dict[int, str] = {}
+        self.traceback_at: dict[int, int] = {}  # rank -> when its last traceback began
+        self._seen = 0
         self.heard: set[str] = set()
         self.ranks_wrote = False  # a line or a frame from a node since the last call
         self.ssh_ended: list[tuple[str, int]] = []
@@ -169,6 +173,10 @@ class _Tracker:
             if tail is None:
                 tail = self.rank_tails[number] = deque(maxlen=RANK_TAIL_LINES)
             tail.append(text)
+            self.rank_nodes[number] = node
+            if TRACEBACK_HEADER in text:
+                self._seen += 1
+                self.traceback_at[number] = self._seen
             text = f"[r{number}] {text}"
         if node.startswith("pdsh@"):
             lost = ssh_exit_of(text)
@@ -410,6 +418,14 @@ class JobRunner:
         except (OrchError, OSError) as err:
             self.stacks_problem = f"stacks not taken: {err}"
 
+    def _root_cause(self) -> RankTraceback | None:
+        """The failing rank's own traceback, read from each rank's last lines: the earliest
+        that is not a cascade of another rank's failure."""
+        tracker = self.tracker
+        lines = {rank: list(tail) for rank, tail in tracker.rank_tails.items()}
+        found = rank_tracebacks(lines, tracker.traceback_at)
+        return found[0] if found else None
+
     def _last_lines(self, node: str) -> tuple[str, ...]:
         tails = self.tails_at_failure if self.tails_at_failure is not None else self.tracker.tails
         return tuple(tails.get(node, ()))
@@ -424,6 +440,7 @@ class JobRunner:
         if failure is not None and failure.kind == "hang":
             failure = hang_culprit(failure, self.stacks)
         if failure is not None:
+            root = self._root_cause() if failure.kind not in ("signal", "killed") else None
             first = FirstFailure(
                 node=failure.node or "head",
                 rank=failure.rank,
@@ -431,6 +448,10 @@ class JobRunner:
                 reason=failure.reason,
                 last_lines=self._last_lines(failure.node),
                 kind=failure.kind,
+                root_cause_rank=root.rank if root else None,
+                root_cause_node=self.tracker.rank_nodes.get(root.rank) if root else None,
+                root_cause=root.exception if root else None,
+                traceback=root.lines if root else (),
             )
         self.record = finished(
             self.record,

@@ -36,6 +36,17 @@ class FirstFailure:
     reason: str
     last_lines: tuple[str, ...] = ()
     kind: str = "rank"  # rank | silent | lost | hang | head | signal | killed
+    # The rank whose own Python traceback is the root cause, ranked above the cascades it
+    # caused on other ranks (lost peers, watchdog aborts, the teardown's SIGTERM).
+    root_cause_rank: int | None = None
+    root_cause_node: str | None = None
+    root_cause: str | None = None  # its exception line
+    traceback: tuple[str, ...] = ()
+
+
+def _failure_from_json(data: Mapping) -> FirstFailure:
+    lists = {name: tuple(data.get(name, ())) for name in ("last_lines", "traceback")}
+    return FirstFailure(**{**data, **lists})
 
 
 @dataclass(frozen=True)
@@ -84,11 +95,7 @@ class JobRecord:
             ended_at=data.get("ended_at"),
             exit_code=data.get("exit_code"),
             node_exit_codes=dict(data.get("node_exit_codes", {})),
-            first_failure=(
-                FirstFailure(**{**failure, "last_lines": tuple(failure.get("last_lines", ()))})
-                if failure
-                else None
-            ),
+            first_failure=_failure_from_json(failure) if failure else None,
             recipe=data.get("recipe"),
             python=str(data.get("python") or "python3"),
             node_logs=dict(data.get("node_logs", {})),

@@ -3,7 +3,9 @@
 Every rank joins the process group and runs `--steps` all_reduce steps. Fault
 switches: `--fail-rank R --exit-code C` makes rank R exit with C after the steps
 while the others wait in one more all_reduce; `--sleep S` keeps every rank
-alive S seconds after the steps (for interrupt and kill tests).
+alive S seconds after the steps (for interrupt and kill tests); `--raise-rank R`
+makes rank R raise a ValueError from a nested call while the others wait in an
+all_reduce, which then fails on them with gloo's lost-peer error.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import torch
 import torch.distributed as dist
 
 
+def load_batch(rank: int, index: int) -> None:
+    raise ValueError(f"batch {index} is corrupt (rank {rank})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
@@ -26,6 +32,7 @@ def main() -> int:
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--exit-code", type=int, default=7)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--raise-rank", type=int, default=-1)
     args, _unknown = parser.parse_known_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=900))
@@ -44,7 +51,10 @@ def main() -> int:
     if rank == args.fail_rank:
         print(f"rank {rank} failing with exit code {args.exit_code}", flush=True)
         os._exit(args.exit_code)
-    if args.fail_rank >= 0:
+    if rank == args.raise_rank:
+        time.sleep(1.0)  # the others are waiting in the all_reduce below by now
+        load_batch(rank, 17)
+    if args.fail_rank >= 0 or args.raise_rank >= 0:
         # The others block here until the job is torn down.
         dist.all_reduce(torch.ones(1))
     if args.sleep:
