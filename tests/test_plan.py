@@ -16,7 +16,6 @@ from accelerate.commands.config.config_args import load_config_from_file
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.plan.describe import plan_summary, plan_text, rendered_pdsh_config
 from orchestrator.plan.launch_plan import (
-    ENV_FILE_NAME,
     HEAD_LAUNCHER_NAME,
     HOSTFILE_NAME,
     PDSH_CONFIG_NAME,
@@ -28,6 +27,7 @@ from orchestrator.plan.launch_plan import (
     standard_config_name,
     standard_spec_name,
 )
+from orchestrator.plan.pdsh_command import node_launcher_spec
 from orchestrator.remote.agent import decode_spec
 from orchestrator.run.launch import write_private_files
 from orchestrator.specs.inventory import make_hostfile
@@ -62,7 +62,7 @@ def test_torchrun_plan_rendezvous_at_node0_with_the_job_id():
     assert "--rdzv_endpoint=n1:29511" in cmd and "--rdzv_id=job-1" in cmd
     assert cmd[-2:] == ("--no-python", "orch-rank")
     assert plan.rank_command == ("/opt/py/bin/python", "train.py", "--lr", "0.1", "two words")
-    assert plan.agent_spec["rank_argv"] == list(plan.rank_command)
+    assert json.loads(plan.node_private)["rank_argv"] == list(plan.rank_command)
     assert plan.head_command == ()
     assert plan.hosts == ("n1", "n2", "n3")
 
@@ -82,17 +82,17 @@ def test_pdsh_plan_runs_accelerate_on_the_head_with_its_files():
         f"/runs/job-1/{PDSH_SPEC_NAME}", "--config_file", f"/runs/job-1/{PDSH_CONFIG_NAME}",
     )  # fmt: skip
     assert plan.head_command[-2:] == ("--no_python", "orch-rank")
-    assert plan.agent_spec["rank_argv"][1:] == ["train.py", "--lr", "0.1", "two words"]
+    assert json.loads(plan.node_private)["rank_argv"][1:] == ["train.py", "--lr", "0.1",
+                                                              "two words"]  # fmt: skip
     config = yaml.safe_load(rendered_pdsh_config(plan))
     assert config["num_machines"] == 3
     assert config["num_processes"] == 6
     assert config["deepspeed_config"]["deepspeed_multinode_launcher"] == "pdsh"
     assert config["deepspeed_config"]["deepspeed_hostfile"] == f"/runs/job-1/{HOSTFILE_NAME}"
     assert plan.file(HOSTFILE_NAME).content == "n1 slots=2\nn2 slots=2\nn3 slots=2\n"
-    env_file = plan.file(ENV_FILE_NAME)
-    assert f"{JOB_ID_VAR}=job-1\n" in env_file.content
-    # The env file holds real values: it is never kept in the run directory.
-    assert env_file.run_dir is False
+    # The job's env reaches the nodes in node_private only, never in a spec or a file here.
+    assert json.loads(plan.node_private)["env"][JOB_ID_VAR] == "job-1"
+    assert "env" not in plan.agent_spec
 
 
 def test_pdsh_head_launcher_writes_the_config_the_dry_run_shows(tmp_path):
@@ -139,7 +139,8 @@ def test_standard_plan_ships_one_config_spec_per_machine_rank_and_the_program_th
     assert '"$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.json"' in shell
     assert '--config_file "$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.yaml"' in shell
     assert shell.endswith("--no_python orch-rank")
-    assert plan.agent_spec["rank_argv"][1:] == ["train.py", "--lr", "0.1", "two words"]
+    assert json.loads(plan.node_private)["rank_argv"][1:] == ["train.py", "--lr", "0.1",
+                                                              "two words"]  # fmt: skip
     # What a node writes is what accelerate loads back, and what the dry run shows.
     for name in (HEAD_LAUNCHER_NAME, standard_spec_name(1)):
         (tmp_path / name).write_text(plan.file(name).content)
@@ -202,7 +203,8 @@ def test_node_side_launchers_plan_the_exact_pdsh_argv_and_what_the_agent_runs(la
     assert int(argv[argv.index("-f") + 1]) >= 3  # every node starts at once
     assert plan.fanout.cwd == "/work/x"
     assert _remote_spec(argv[-1]) == {**plan.agent_spec, "command": list(plan.node_command)}
-    assert plan.agent_spec["env"] == dict(plan.env)
+    assert json.loads(plan.node_private)["env"] == dict(plan.env)
+    assert "env" not in plan.agent_spec and "rank_argv" not in plan.agent_spec
     assert ("PDSH_RCMD_TYPE", "ssh") in plan.fanout.set_env
     assert not any(f.where == PRIVATE for f in plan.files)
 
@@ -211,12 +213,11 @@ def test_pdsh_launcher_plans_the_head_process_its_environment_and_the_shim():
     plan = _plan("pdsh", head=HEAD, environ={"HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x"})
     assert plan.fanout.argv == plan.head_command
     set_env = dict(plan.fanout.set_env)
-    assert set_env["DS_ENV_FILE"] == f"/tmp/orch-job-1/{ENV_FILE_NAME}"
-    assert set_env[JOB_ID_VAR] == "job-1"
+    # accelerate's copy of the head's environment goes nowhere: DeepSpeed exports no file.
+    assert set_env["DS_ENV_FILE"] == "/dev/null"
+    assert JOB_ID_VAR not in set_env
     assert plan.fanout.drop_env == ("AWS_SECRET_ACCESS_KEY",)
     assert plan.fanout.path_prepend == ("/tmp/orch-job-1/bin", "/opt/py/bin")
-    env_file = plan.file(ENV_FILE_NAME)
-    assert env_file.where == PRIVATE and env_file.mode == 0o600
     shim = plan.file("bin/pdsh")
     assert shim.mode == 0o755 and shim.content.startswith("#!/venv/py\n")
     assert "/tmp/orch-job-1/bin/pdsh-shim.json" in shim.content
@@ -231,7 +232,7 @@ def test_process_environment_drops_sets_and_puts_the_shim_first_on_path():
     assert "HF_TOKEN" not in env  # not forwarded by the job: never reaches accelerate
     assert env["LANG"] == "C"
     assert env["PATH"] == "/tmp/orch-job-1/bin:/opt/py/bin:/usr/bin"
-    assert env["DS_ENV_FILE"] == "/tmp/orch-job-1/deepspeed_env"
+    assert env["DS_ENV_FILE"] == "/dev/null"
 
 
 def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
@@ -247,10 +248,11 @@ def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
     lines = text.splitlines()
     at = lines.index("and the launcher starts every rank through orch-rank, which runs exactly:")
     assert lines[at + 1] == "  " + shlex.join(plan.rank_command)
-    # The JSON form's argv is the one that runs, the secret's value masked in the agent spec.
+    # The JSON form's argv is the one that runs: no value of the job's env is in it at all.
     argv = plan_summary(plan)["head_process"]["argv"]
-    assert argv[:-1] == list(plan.fanout.argv[:-1])
-    assert _remote_spec(argv[-1])["env"]["HF_TOKEN"] == "***"
+    assert argv == list(plan.fanout.argv)
+    assert "env" not in _remote_spec(argv[-1]) and "hunter22" not in json.dumps(argv)
+    assert plan_summary(plan)["node_private"]["env"]["HF_TOKEN"] == "***"
 
 
 def test_readable_dry_run_gives_each_standard_node_its_own_config():
@@ -266,7 +268,23 @@ def test_private_files_are_written_only_for_their_owner_in_a_new_directory(tmp_p
     plan = _plan("pdsh", head=HeadContext("/usr/bin/pdsh", str(private), "/venv/py"))
     write_private_files(plan)
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
-    assert stat.S_IMODE((private / ENV_FILE_NAME).stat().st_mode) == 0o600
+    assert stat.S_IMODE((private / "bin" / "pdsh-shim.json").stat().st_mode) == 0o600
     assert stat.S_IMODE((private / "bin" / "pdsh").stat().st_mode) == 0o755
     with pytest.raises(OrchError, match="private directory"):
         write_private_files(plan)  # never into a directory that already exists
+
+
+def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_head():
+    words = [
+        "export PATH=/usr/bin; export DATABASE_URL=postgres://u:pw@db; ",
+        "cd /work;", "/opt/py/bin/python", "-u", "-m", "deepspeed.launcher.launch",
+        "--world_info=e30=", "--node_rank=%n", "--master_addr=n1", "--master_port=29511",
+        "--no_python", "--no_local_rank", "orch-rank",
+    ]  # fmt: skip
+    environ = {"ACCELERATE_MIXED_PRECISION": "no", "DATABASE_URL": "postgres://u:pw@db"}
+    spec = node_launcher_spec({"job_id": "j", "workdir": "/work"}, words, environ)
+    assert spec["command"] == words[2:]
+    assert spec["node_rank_word"] == "%n"
+    assert spec["env"] == {"ACCELERATE_MIXED_PRECISION": "no"}
+    assert spec["path_first"] == {"PYTHONPATH": "/work"}
+    assert "pw@db" not in json.dumps(spec)

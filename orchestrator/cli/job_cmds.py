@@ -50,7 +50,9 @@ _RUNS_DIR = typer.Option(
     None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
 )
 _HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile.")
-_ENV = typer.Option([], "--env", "-e", help="NAME=VALUE for every rank.")
+_ENV = typer.Option(
+    [], "--env", "-e", help="NAME=VALUE for every rank; NAME alone forwards the head's value."
+)
 _RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
 _KEEP_REMOTE_LOGS = typer.Option(
     False,
@@ -97,14 +99,26 @@ def _view(plan: LaunchPlan, quiet: bool) -> LiveView | PlainView | None:
     return None if quiet else make_view(plan.hosts)
 
 
-def _parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
+def _parse_env(pairs: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(values set, names forwarded): --env NAME=VALUE sets NAME; --env NAME forwards the
+    head's value of NAME (kept out of records and logs as a secret)."""
+    env: dict[str, str] = {}
+    forwarded: list[str] = []
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--env {pair!r} is not NAME=VALUE", "e.g. --env NCCL_DEBUG=INFO")
+        if not name:
+            raise UsageError(f"--env {pair!r} names no variable", "e.g. --env NCCL_DEBUG=INFO")
+        if not sep:
+            if name not in os.environ:
+                raise UsageError(
+                    f"--env {name}: {name} is not set on the head, so there is no value to "
+                    "forward",
+                    f"set it (export {name}=...) or give one: --env {name}=VALUE",
+                )
+            forwarded.append(name)
+            continue
         env[name] = value
-    return env
+    return env, forwarded
 
 
 def _majority_place(block: StackBlock) -> str:
@@ -271,6 +285,8 @@ def launch(
     job_id = new_job_id()
     head = head_context(job_id, dry_run=dry_run)
 
+    given, forwarded = _parse_env(env)
+
     def build(port: int, chosen: bool) -> LaunchPlan:
         return build_plan(
             job_id=job_id,
@@ -284,7 +300,8 @@ def launch(
             main_port=port,
             main_port_chosen=chosen,
             nproc_per_node=nproc_per_node,
-            extra_env=_parse_env(env),
+            extra_env=given,
+            passthrough=forwarded,
             head=head,
         )
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 import base64
 import json
 import shlex
-from collections.abc import Mapping
 
-from orchestrator.plan.agent_command import agent_command, kill_command
+from orchestrator.plan.agent_command import kill_command
 from orchestrator.plan.launch_plan import (
-    ENV_FILE_NAME,
     HEAD_LAUNCHER_NAME,
     NODE,
     PDSH_SPEC_NAME,
@@ -18,7 +16,6 @@ from orchestrator.plan.launch_plan import (
     SHIM_DIR,
     LaunchPlan,
     PlannedFile,
-    env_file_text,
     standard_spec_name,
 )
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
@@ -54,7 +51,7 @@ def plan_summary(plan: LaunchPlan) -> dict:
         "run_dir": plan.run_dir,
         "private_dir": plan.private_dir,
         "head_process": {
-            "argv": redacted_fanout_argv(plan),
+            "argv": list(plan.fanout.argv),
             "cwd": plan.fanout.cwd,
             "set_env": redact(dict(plan.fanout.set_env)),
             "drop_env": list(plan.fanout.drop_env),
@@ -67,7 +64,8 @@ def plan_summary(plan: LaunchPlan) -> dict:
             {"node": node, "node_rank": rank, "runs": node_runs(plan, rank)}
             for rank, node in enumerate(plan.hosts)
         ],
-        "agent_spec": _redacted_spec(plan.agent_spec),
+        "agent_spec": dict(plan.agent_spec),  # holds no value of the job's env
+        "node_private": {"env": plan.redacted_env, "rank_argv": list(plan.rank_command)},
         "teardown_command": kill_command(plan.python, plan.job_id, plan.grace),
         "workers_wait_for_main_port": plan.wait_for_main,
         "env": plan.redacted_env,
@@ -75,18 +73,6 @@ def plan_summary(plan: LaunchPlan) -> dict:
     }
 
 
-def _redacted_spec(spec: Mapping[str, object]) -> dict:
-    env = spec.get("env")
-    return {**spec, "env": redact(env)} if isinstance(env, dict) else dict(spec)
-
-
-def redacted_fanout_argv(plan: LaunchPlan) -> list[str]:
-    """The head process's argv as it will run, with secret values in the agent's spec masked."""
-    argv = list(plan.fanout.argv)
-    if plan.node_command:  # orch's pdsh: the last word is the agent with the job's spec
-        spec = {**_redacted_spec(plan.agent_spec), "command": list(plan.node_command)}
-        argv[-1] = agent_command(plan.python, spec)
-    return argv
 
 
 def _files_summary(plan: LaunchPlan) -> dict[str, str]:
@@ -104,13 +90,8 @@ def _files_summary(plan: LaunchPlan) -> dict[str, str]:
 
 
 def _shown_content(planned: PlannedFile) -> str:
-    if planned.name == ENV_FILE_NAME:
-        return redact_env_text(planned.content)
     if planned.name == HEAD_LAUNCHER_NAME:
         return f"(orch's head launcher: writes {PDSH_CONFIG_NAME}, then runs accelerate launch)"
-    if planned.name == f"{SHIM_DIR}/{SHIM_CONFIG_NAME}":
-        config = json.loads(planned.content)
-        return json.dumps({**config, "agent": _redacted_spec(config["agent"])}, indent=2) + "\n"
     return planned.content
 
 
@@ -128,9 +109,6 @@ def rendered_config(spec_file: PlannedFile) -> str:
     return config_text(spec["fields"], spec["header"])
 
 
-def redact_env_text(text: str) -> str:
-    lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    return env_file_text(redact(lines))
 
 
 # ----- what each node runs ------------------------------------------------------------
@@ -227,7 +205,7 @@ def _head_command_line(plan: LaunchPlan) -> str:
     assignments = " ".join(
         w if w.startswith("PATH=") else shlex.quote(w) for w in words
     )
-    command = " ".join(_abbreviated(word) for word in _quoted(redacted_fanout_argv(plan)))
+    command = " ".join(_abbreviated(word) for word in _quoted(list(plan.fanout.argv)))
     return f"env {assignments} {command}" if assignments else command
 
 

@@ -12,12 +12,14 @@ Launchers:
 - torchrun: every node runs torchrun with c10d rendezvous at node 0.
 
 Every launcher starts `orch-rank` (remote/rank.py) in place of the script, through its
-own `--no_python` option: the rank's command (`rank_command`: interpreter, script, the
-user's arguments) travels in the agent's spec and is never on a launcher's command line.
+own `--no_python` option. The rank's command (`rank_command`: interpreter, script, the
+user's arguments) and the job's environment are in `node_private`, a file orch writes on
+every node before the launch (readable by the user only), never on a command line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -50,13 +52,12 @@ from orchestrator.specs.constants import (
     standard_config_name,
 )
 from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
-from orchestrator.specs.jobenv import build_job_env, is_secret, redact
+from orchestrator.specs.jobenv import REDACTED, build_job_env, is_secret
 from orchestrator.specs.options import check_launcher, check_port
 from orchestrator.specs.recipe import AccelerateOptions, Recipe
 
 PDSH_SPEC_NAME = "accelerate_config.json"  # ClusterConfig fields the head launcher renders
 HEAD_LAUNCHER_NAME = "accelerate_head.py"
-ENV_FILE_NAME = "deepspeed_env"
 SHIM_DIR = "bin"  # in the private directory, first on the head launcher's PATH
 
 RECORD, PRIVATE, NODE = "record", "private", "node"
@@ -139,6 +140,7 @@ class LaunchPlan:
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
     ranks_per_node: tuple[int, ...] = ()  # per node, in order (uneven on torchrun)
     node_commands: tuple[tuple[str, ...], ...] = ()  # per node rank, when they differ
+    node_private: str = ""  # JSON: the job's env and the rank's argv, written on every node
 
     @property
     def rank_command(self) -> tuple[str, ...]:
@@ -169,9 +171,18 @@ class LaunchPlan:
     def main_host(self) -> str:
         return self.hostfile.names[0]
 
+    forwarded: tuple[str, ...] = ()  # names whose value came from the head's environment
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        """Variables whose values never reach a record or a log: secret by name, or forwarded
+        from the head's environment (a DATABASE_URL with a password is not caught by name)."""
+        return frozenset(n for n, _v in self.env if is_secret(n) or n in self.forwarded)
+
     @property
     def redacted_env(self) -> dict[str, str]:
-        return redact(dict(self.env))
+        secret = self.secret_names
+        return {name: REDACTED if name in secret else value for name, value in self.env}
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -197,11 +208,6 @@ def _check_launch_inputs(launcher: str, hostfile: Hostfile, script: str, main_po
     if not script:
         raise UsageError("no training script given", "orch launch --hostfile F SCRIPT [ARGS...]")
     check_port(main_port)
-
-
-def env_file_text(env: Mapping[str, str]) -> str:
-    # DeepSpeed's runner reads NAME=value lines and exports them on every node.
-    return "".join(f"{name}={value}\n" for name, value in env.items())
 
 
 def _script_path(script: str, workdir: str) -> str:
@@ -240,6 +246,7 @@ def build_plan(
     counts = ranks_per_node(hostfile, nproc_per_node)
     _check_uneven(hostfile, counts, launcher)
     nproc = max(counts)
+    passthrough = tuple(passthrough)
     env = build_job_env(job_id, extra_env or {}, passthrough, environ)
     job = _JobShape(
         job_id=job_id, hostfile=hostfile, nproc=nproc, script=script, args=tuple(args),
@@ -289,6 +296,8 @@ def build_plan(
         main_port_chosen=main_port_chosen,
         ranks_per_node=counts,
         node_commands=shape.node_commands,
+        node_private=node_private_text(env, (python, script, *args)),
+        forwarded=tuple(name for name in passthrough if name in env),
     )
 
 
@@ -340,16 +349,23 @@ class _LauncherShape:
     node_commands: tuple[tuple[str, ...], ...] = ()
 
 
+def node_private_text(job_env: Mapping[str, str], rank_argv: Sequence[str]) -> str:
+    """What orch writes on every node before the launch: the job's environment (secrets
+    included) and the rank's exact command. The agent reads it, checks its hash, and removes
+    it; nothing of it is on a command line."""
+    return json.dumps({"env": dict(job_env), "rank_argv": list(rank_argv)}, sort_keys=True)
+
+
 def _agent_spec(job: _JobShape, node_files: Sequence[PlannedFile], wait_for_main: bool) -> dict:
-    """What every node's agent gets, apart from the command it runs."""
+    """What every node's agent gets on its command line, apart from the command it runs:
+    no value of the job's environment, no word the user typed."""
+    private = node_private_text(job.env, (job.python, job.script, *job.args))
     spec: dict = {
         "job_id": job.job_id,
         "workdir": job.workdir,
-        "env": dict(job.env),
         "grace": job.grace,
         "files": {f.name: f.content for f in node_files},
-        # orch-rank reads it on the node: the user's words never pass through a launcher.
-        "rank_argv": [job.python, job.script, *job.args],
+        "private_sha256": hashlib.sha256(private.encode()).hexdigest(),
     }
     if wait_for_main:
         spec["wait_for"] = [job.hostfile.names[0], job.main_port]
@@ -451,23 +467,18 @@ def _head_side(
     files = (
         PlannedFile(HEAD_LAUNCHER_NAME, program_source("accelerate_head")),
         PlannedFile(PDSH_SPEC_NAME, json.dumps(config_spec, indent=2, sort_keys=True) + "\n"),
-        # Holds real values (secrets too): written privately, never kept in the record.
-        PlannedFile(ENV_FILE_NAME, env_file_text(job.env), where=PRIVATE, mode=0o600),
         PlannedFile(f"{SHIM_DIR}/{SHIM_CONFIG_NAME}", json.dumps(shim_config, indent=2) + "\n",
                     where=PRIVATE, mode=0o600),
         PlannedFile(f"{SHIM_DIR}/{SHIM_NAME}",
                     shim_script(f"{shim_dir}/{SHIM_CONFIG_NAME}", orch_python),
                     where=PRIVATE, mode=0o755),
     )  # fmt: skip
-    # Secrets reach the nodes only when the job's env names them: accelerate would
-    # otherwise copy the head's whole environment into the env file.
+    # accelerate copies the head's whole environment into DeepSpeed's env file, whose lines
+    # the runner exports on pdsh's command line: the file is /dev/null (not a regular file,
+    # so the runner reads nothing back), and secret-named variables stay out of the head
+    # launcher's environment. The job's own variables reach the nodes in node_private.
     dropped = tuple(sorted(name for name in environ if is_secret(name)))
-    set_env = {
-        **dict(_pdsh_variables(environ)),
-        **job.env,
-        # DeepSpeed reads the job's env from this file only (never ~/.deepspeed_env).
-        "DS_ENV_FILE": f"{job.private_dir}/{ENV_FILE_NAME}",
-    }
+    set_env = {**dict(_pdsh_variables(environ)), "DS_ENV_FILE": os.devnull}
     fanout = HeadProcess(
         argv=head,
         cwd=job.workdir,

@@ -110,22 +110,17 @@ def node_launcher_spec(
     """The agent's spec for DeepSpeed's per-node launcher, from the words DeepSpeed's runner
     gave pdsh: `export ...; ` (the head's whole environment), `cd DIR;`, then the launcher's
     argv. The launcher's argv is kept as words (pdsh's `%n` becomes the node's rank in the
-    agent); the exports are dropped: the agent sets the job's environment itself, plus
-    accelerate's settings for its ranks, read from this process's environment (which is
-    the runner's) rather than parsed back out of a shell string."""
+    agent); the exports are dropped: the agent sets the job's environment itself (from the
+    file orch wrote on the node), plus accelerate's settings for its ranks, read from this
+    process's environment (which is the runner's) rather than parsed out of a shell string."""
     start = _launcher_start(words)
-    env = dict(agent.get("env", {}))  # type: ignore[call-overload]
-    for name, value in environ.items():
-        if name.startswith(LAUNCHER_ENV_PREFIXES) and name not in env:
-            env[name] = value
+    env = {name: value for name, value in environ.items() if name.startswith(LAUNCHER_ENV_PREFIXES)}
     # accelerate puts the working directory first on the ranks' PYTHONPATH.
-    workdir = str(agent.get("workdir", ""))
-    env["PYTHONPATH"] = ":".join(p for p in (workdir, env.get("PYTHONPATH", "")) if p)
+    shape = {**agent, "env": env, "path_first": {"PYTHONPATH": agent.get("workdir", "")}}
     if start is None:
         # Not the runner's usual words: run them as DeepSpeed meant (a shell string).
-        shell = " ".join(words).replace("%n", "$ORCH_NODE_RANK")
-        return {**agent, "env": env, "shell": shell}
-    return {**agent, "env": env, "command": list(words[start:]), "node_rank_word": "%n"}
+        return {**shape, "shell": " ".join(words).replace("%n", "$ORCH_NODE_RANK")}
+    return {**shape, "command": list(words[start:]), "node_rank_word": "%n"}
 
 
 def _launcher_start(words: Sequence[str]) -> int | None:

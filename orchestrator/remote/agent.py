@@ -54,6 +54,7 @@ _EXIT_SCAN_S = 0.2
 TAIL_BYTES = 64 * 1024
 RANK_PROGRAM = "orch-rank"  # what the launchers start in place of the script (--no_python)
 RANK_SOCKET = "ranks.sock"
+PRIVATE_FILE = "private.json"  # the job's env and the rank's argv, written by the head
 _SOCKET_PATH_MAX = 100  # AF_UNIX paths are capped at 108 bytes
 _HEADER_MAX = 4096
 
@@ -508,9 +509,39 @@ class Supervisor:
     def control(self, kind: str, **fields: object) -> None:
         self.channel.send(self.lw.encode_control(kind, **fields))
 
+    def _load_private(self) -> str | None:
+        """Take in what the head wrote for this job on the node (the job's env, the rank's
+        argv) and remove it: it holds secrets, and the node directory comes back to the
+        head's record. Returns why it could not, or None."""
+        wanted = self.spec.get("private_sha256")
+        if not wanted:
+            return None
+        path = self.dir / PRIVATE_FILE
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            return f"the job's settings did not reach {self.node} ({path}: {err.strerror})"
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        import hashlib
+
+        if hashlib.sha256(data).hexdigest() != wanted:
+            return f"the job's settings on {self.node} ({path}) are not the ones this job wrote"
+        private = json.loads(data)
+        # The launcher's own settings (accelerate's, on the pdsh launcher) first; the job's win.
+        self.spec = {
+            **self.spec,
+            "env": {**self.spec.get("env", {}), **private["env"]},
+            "rank_argv": private["rank_argv"],
+        }
+        return None
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in self.spec.get("env", {}).items()})
+        for name, first in self.spec.get("path_first", {}).items():
+            env[name] = os.pathsep.join(p for p in (str(first), env.get(name, "")) if p)
         env[JOB_ID_VAR] = self.job_id
         env[NODE_VAR] = self.node
         env[NODE_RANK_VAR] = self.rank
@@ -593,6 +624,9 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o700)
+        problem = self._load_private()
+        if problem:
+            return self._finish(127, error=problem)
         self._write_files()
         self._prepare_ranks()
         workdir = self.spec.get("workdir") or os.getcwd()

@@ -283,7 +283,10 @@ class JobRunner:
         router = LogRouter(self.run_dir.logs, view=self.tracker, nodes=self.plan.hosts)
         # The head launcher inherits this process's environment, and accelerate hands all
         # of it to DeepSpeed, whose runner logs it: mask the head's secrets as well.
-        redactor = _Redactor({**os.environ, **dict(self.plan.env)})
+        redactor = _Redactor(
+            [v for k, v in os.environ.items() if is_secret(k)]
+            + [v for k, v in self.plan.env if k in self.plan.secret_names]
+        )
         try:
             self._watch(process, chunks, router, redactor)
         finally:
@@ -483,8 +486,8 @@ class JobRunner:
 class _Redactor:
     """Splits output into lines and masks secret values (DeepSpeed logs its export line)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        values = {v for k, v in env.items() if is_secret(k) and len(v) >= 4}
+    def __init__(self, secrets: list[str]) -> None:
+        values = {v for v in secrets if len(v) >= 4}
         self.secrets = sorted((v.encode() for v in values), key=len, reverse=True)
         self._rest = b""
 

@@ -1,4 +1,5 @@
-"""From a plan to a finished job: sync -> pre-flight -> prepare the record -> run.
+"""From a plan to a finished job: sync -> pre-flight -> the job's private settings on every
+node -> prepare the record -> run.
 
 Each step either passes or raises OrchError before anything of the job has started;
 what a step found goes to the caller's `PipelineReporter` (the CLI prints it).
@@ -7,6 +8,7 @@ what a step found goes to the caller's `PipelineReporter` (the CLI prints it).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -63,6 +65,7 @@ def execute_plan(
         _sync(plan, reporter)
     if options.preflight:
         _preflight(plan, reporter)
+    _write_node_private(plan)
     run = run_dir(root, plan.job_id)
     record = prepare_run(plan, run)
     runner = JobRunner(
@@ -91,6 +94,40 @@ def _sync(plan: LaunchPlan, reporter: PipelineReporter) -> None:
         raise OrchError(
             f"--sync could not copy {os.getcwd()} to {', '.join(failed)}; nothing was started",
             "fix the problems above (`orch doctor --hostfile F` checks SSH), then launch again",
+        )
+
+
+def _write_node_private(plan: LaunchPlan) -> None:
+    """The job's environment and the rank's command, on every node, readable by the user
+    only, sent over ssh's own channel (stdin): never on a command line, on the head or a
+    node. The agent checks its hash, takes it in, and removes it."""
+    from orchestrator.remote.agent import PRIVATE_FILE, node_dir
+    from orchestrator.ssh import run_on_nodes
+
+    def command(node: str) -> str:
+        directory = shlex.quote(node_dir(plan.job_id, node))
+        target = f"{directory}/{PRIVATE_FILE}"
+        # The file, not the shared /tmp/orch-runs above it, is private to the user.
+        return (
+            f"mkdir -p {directory} && umask 077 && cat > {target}.part && "
+            f"mv -f {target}.part {target}"
+        )
+
+    results = run_on_nodes(
+        plan.hosts, command, timeout=30.0, connect_timeout=10.0,
+        stdin=plan.node_private.encode(),
+    )  # fmt: skip
+    problems = [
+        r.why if not r.ok else f"{r.node}: writing the job's settings failed (exit "
+        f"{r.value.exit_code}): {r.value.stderr.decode(errors='replace').strip()[-200:]}"
+        for r in results
+        if not r.ok or r.value.exit_code != 0
+    ]
+    if problems:
+        raise OrchError(
+            "the job's settings could not be written on every node; nothing was started:\n  "
+            + "\n  ".join(problems),
+            "check SSH to those nodes with `orch doctor --hostfile F`",
         )
 
 
