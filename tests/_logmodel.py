@@ -52,13 +52,28 @@ def expected_log(raw: bytes) -> list[bytes]:
     return [_SGR.sub(b"", entry) for entry in out]
 
 
+_RANK_TOKEN = re.compile(rb"r\d+/\d+")
+
+
 def read_log(path: Path) -> list[tuple[bytes, bytes]]:
-    """(stream tag, text) per entry; checks the timestamp of each."""
+    """(tag, text) per entry; checks the timestamp of each.
+
+    The tag is what the line says of its source: b"out", b"err+", b"sys", b"orch" for
+    the node's launcher and the node, b"r3/1 out" (b"r3/1 err+"...) for a rank's own
+    output, the rank token kept with its stream."""
     entries = []
     data = path.read_bytes()
     assert b"\r" not in data
     for line in data.split(b"\n")[:-1]:
         stamp, tag, text = line.split(b" ", 2)
         assert len(stamp) == TS_LEN and stamp.endswith(b"Z"), line
+        if _RANK_TOKEN.fullmatch(tag):
+            stream, _, text = text.partition(b" ")
+            tag = tag + b" " + stream
         entries.append((tag, text))
     return entries
+
+
+def rank_tag(rank: int, local_rank: int, stream: bytes) -> bytes:
+    """The tag read_log gives rank `rank`'s own lines on `stream` (b"out", b"err")."""
+    return b"r%d/%d %s" % (rank, local_rank, stream)

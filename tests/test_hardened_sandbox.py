@@ -46,12 +46,22 @@ def test_a_job_succeeds_and_every_raw_log_comes_back(hardened, tmp_path):
     [job_id] = job_ids(tmp_path)
     record = job_json(tmp_path, job_id)
     assert record["node_logs"] == dict.fromkeys(_names(state), "ok")
+    ranks = []
     for node in _names(state):
         raw = tmp_path / job_id / "nodes" / node
-        assert (raw / "stdout.raw").stat().st_size > 0
+        assert (raw / "stdout.raw").is_file() and (raw / "stderr.raw").is_file()  # the launcher's
+        # Each rank's own output, on its own channel, in files of its own.
+        outs = sorted(raw.glob("rank*.stdout.raw"))
+        assert len(outs) == 2, outs
+        for path in outs:
+            rank = int(path.name[len("rank") : -len(".stdout.raw")])
+            ranks.append(rank)
+            assert f"rank {rank} done" in path.read_text()
+            assert (raw / f"rank{rank}.stderr.raw").is_file()
         # NCCL's flight recorder would dump into the node's run directory, which came back.
         stem = f"/tmp/orch-runs/{job_id}/{node}/nccl_trace_rank_"
         assert f"fr={stem}" in log_text(tmp_path, job_id, node)
+    assert sorted(ranks) == list(range(6))
 
 
 def test_a_rank_that_exits_7_makes_the_job_exit_7(hardened, tmp_path):

@@ -42,8 +42,10 @@ def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     [job_id] = job_ids(tmp_path)
     for rank, node in enumerate(n for n in names for _ in range(2)):
-        assert f"rank {rank}/4 on {node}" in log_text(tmp_path, job_id, node)
-    assert "final loss" in log_text(tmp_path, job_id, names[0])
+        # Under the rank's own token: r<global rank>/<local rank>.
+        log = log_text(tmp_path, job_id, node)
+        assert f" r{rank}/{rank % 2} out rank {rank}/4 on {node}" in log
+    assert " r0/0 out final loss" in log_text(tmp_path, job_id, names[0])
     record = job_json(tmp_path, job_id)
     assert record["state"] == "succeeded" and record["launcher"] == "pdsh"
     assert record["node_exit_codes"] == dict.fromkeys(names, 0)
@@ -54,9 +56,12 @@ def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path):
     assert not (run / "deepspeed_env").exists()
     assert not (REPO / ".deepspeed_env").exists()
     assert (home_env.read_text() if home_env.exists() else None) == home_before
-    # The raw node-local logs came back.
+    # The raw node-local logs came back: the launcher's, and each rank's own.
     assert record["node_logs"] == dict.fromkeys(names, "ok")
     assert (run / "nodes" / names[1] / "stdout.raw").read_text()
+    for rank in (2, 3):
+        own = (run / "nodes" / names[1] / f"rank{rank}.stdout.raw").read_text()
+        assert f"rank {rank}/4 on {names[1]}" in own
 
 
 @pytest.mark.slow

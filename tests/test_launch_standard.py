@@ -23,7 +23,7 @@ def test_standard_launcher_runs_every_rank_with_its_machine_rank(pair, tmp_path)
     [job_id] = job_ids(tmp_path)
     for rank in range(4):
         node = names[rank // 2]
-        assert f"rank {rank} done" in log_text(tmp_path, job_id, node)
+        assert f" r{rank}/{rank % 2} out rank {rank} done\n" in log_text(tmp_path, job_id, node)
     run = tmp_path / job_id
     # Each node wrote its own config; it came back with the node's raw logs.
     assert "machine_rank: 1" in (run / "nodes" / names[1] / "accelerate-rank1.yaml").read_text()

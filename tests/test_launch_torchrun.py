@@ -46,8 +46,8 @@ def test_success_leaves_every_ranks_output_and_a_complete_record(sandbox, hostfi
     [job_id] = job_ids(tmp_path)
     for rank, node in enumerate(names):
         log = log_text(tmp_path, job_id, node)
-        assert f"rank {rank} step 2 sum {sum(range(1, len(names) + 1))}" in log
-        assert f"rank {rank} done" in log
+        assert f" r{rank}/0 out rank {rank} step 2 sum {sum(range(1, len(names) + 1))}\n" in log
+        assert f" r{rank}/0 out rank {rank} done\n" in log
         assert "\r" not in log
     record = job_json(tmp_path, job_id)
     assert record["state"] == "succeeded" and record["exit_code"] == 0

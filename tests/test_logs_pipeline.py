@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from _logmodel import expected_log, read_log
+from _logmodel import expected_log, rank_tag, read_log
 
 from orchestrator.logs.sink import LogRouter
 from orchestrator.remote.agent import node_dir
@@ -198,6 +198,13 @@ def raw_logs(job: Path, hosts: list[str]) -> Path:
     return root
 
 
+def ranks_on(entries: list[tuple[bytes, bytes]], node: str) -> list[int]:
+    """The global ranks the node's agent announced (`orch rank ... rank=R`)."""
+    notes = [text for tag, text in entries if tag == b"orch" and text.startswith(b"rank ")]
+    assert all(b'node="%s"' % node.encode() in text for text in notes), notes
+    return sorted(int(re.search(rb"\brank=(\d+)", text).group(1)) for text in notes)
+
+
 def one_node_hostfile(tmp_path: Path, nodes: list[str]) -> Path:
     path = tmp_path / "hostfile"
     path.write_text("".join(f"{n} slots=1\n" for n in nodes))
@@ -222,29 +229,31 @@ def test_orch_launch_keeps_every_line_of_every_rank(sandbox, tmp_path: Path) -> 
     job = only_job(runs)
     raw_root = raw_logs(job, hosts)
     try:
+        seen_ranks = []
         for node in hosts:
-            raw_out = (raw_root / node / "stdout.raw").read_bytes()
-            raw_err = (raw_root / node / "stderr.raw").read_bytes()
-            # What the rank on this node wrote is in the raw logs, byte for byte
-            # (around it: the launcher's own messages).
-            ranks = [
-                r for r in range(len(hosts)) if (copies / f"rank{r}.out").read_bytes() in raw_out
-            ]
-            assert len(ranks) == 1, node
-            assert (copies / f"rank{ranks[0]}.err").read_bytes() in raw_err
             entries = read_log(job / "logs" / f"{node}.log")  # no \r anywhere
-            out = check_stream(entries, b"out", raw_out)
-            err = check_stream(entries, b"err", raw_err)
+            (rank,) = ranks_on(entries, node)  # one slot per node
+            seen_ranks.append(rank)
+            # The node's launcher's own output: its own raw files, its own lines.
+            check_stream(entries, b"out", (raw_root / node / "stdout.raw").read_bytes())
+            check_stream(entries, b"err", (raw_root / node / "stderr.raw").read_bytes())
+            # The rank's own output, on its own channel: byte for byte what it wrote.
+            raw_out = (raw_root / node / f"rank{rank}.stdout.raw").read_bytes()
+            raw_err = (raw_root / node / f"rank{rank}.stderr.raw").read_bytes()
+            assert raw_out == (copies / f"rank{rank}.out").read_bytes(), node
+            assert raw_err == (copies / f"rank{rank}.err").read_bytes(), node
+            out = check_stream(entries, rank_tag(rank, 0, b"out"), raw_out)
+            err = check_stream(entries, rank_tag(rank, 0, b"err"), raw_err)
             for name, texts in ((b"out", out), (b"err", err)):
-                prefix = b"r%d %s line " % (ranks[0], name)
+                prefix = b"r%d %s line " % (rank, name)
                 numbered = [t for t in texts if t.startswith(prefix)]
                 assert numbered == [prefix + b"%d" % i for i in range(LINES)]
             assert b"big:" + b"x" * (1 << 20) in out
             assert b"bad utf8: \xff\xfe\xc3( \x00nul \\x41 red" in err
-            # the launcher's own last message may follow on the same line
-            assert any(t.startswith(b"tail without newline") for t in out)
+            assert out[-1] == b"tail without newline"  # nothing of the launcher's after it
             for i in range(5000, LINES, 20000):
                 assert len([t for t in err if re.match(rb"bar%d: 100%%\|#+\| 40/40" % i, t)]) == 1
+        assert sorted(seen_ranks) == list(range(len(hosts)))
     finally:
         shutil.rmtree(f"/tmp/orch-runs/{job.name}", ignore_errors=True)
 
@@ -281,12 +290,13 @@ def test_orch_launch_interrupted_half_way_keeps_what_was_written(sandbox, tmp_pa
     raw_root = raw_logs(job, hosts)
     try:
         for node in hosts:
-            raw_out = (raw_root / node / "stdout.raw").read_bytes()
-            raw_err = (raw_root / node / "stderr.raw").read_bytes()
-            assert b"tail without newline" not in raw_out  # it really was cut half-way
             entries = read_log(job / "logs" / f"{node}.log")
-            out = check_stream(entries, b"out", raw_out, complete=False)
-            check_stream(entries, b"err", raw_err, complete=False)
+            (rank,) = ranks_on(entries, node)
+            raw_out = (raw_root / node / f"rank{rank}.stdout.raw").read_bytes()
+            raw_err = (raw_root / node / f"rank{rank}.stderr.raw").read_bytes()
+            assert b"tail without newline" not in raw_out  # it really was cut half-way
+            out = check_stream(entries, rank_tag(rank, 0, b"out"), raw_out, complete=False)
+            check_stream(entries, rank_tag(rank, 0, b"err"), raw_err, complete=False)
             assert len(out) > 10_000
     finally:
         shutil.rmtree(f"/tmp/orch-runs/{job.name}", ignore_errors=True)
