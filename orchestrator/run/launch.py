@@ -421,13 +421,16 @@ class JobRunner:
         except (OrchError, OSError) as err:
             self.stacks_problem = f"stacks not taken: {err}"
 
-    def _root_cause(self) -> RankTraceback | None:
+    def _root_cause(self, failure: Failure) -> RankTraceback | None:
         """The failing rank's own traceback, read from each rank's last lines: the earliest
-        that is not a cascade of another rank's failure."""
+        that is not a cascade of another rank's failure, or the failing rank's own. A cascade
+        on another rank is never named as the cause (the failing rank may have printed none)."""
         tracker = self.tracker
         lines = {rank: list(tail) for rank, tail in tracker.rank_tails.items()}
-        found = rank_tracebacks(lines, tracker.traceback_at)
-        return found[0] if found else None
+        for found in rank_tracebacks(lines, tracker.traceback_at):
+            if not found.cascade or found.rank == failure.rank:
+                return found
+        return None
 
     def _last_lines(self, node: str) -> tuple[str, ...]:
         tails = self.tails_at_failure if self.tails_at_failure is not None else self.tracker.tails
@@ -443,7 +446,7 @@ class JobRunner:
         if failure is not None and failure.kind == "hang":
             failure = hang_culprit(failure, self.stacks)
         if failure is not None:
-            root = self._root_cause() if failure.kind not in ("signal", "killed") else None
+            root = self._root_cause(failure) if failure.kind in ("rank", "lost") else None
             first = FirstFailure(
                 node=failure.node or "head",
                 rank=failure.rank,
