@@ -31,13 +31,17 @@ PG_WARNING = (
     "NCCL operations have finished in this process. (function operator())"
 )
 
-RANK0_BLOCK = [
+# Every rank's traceback starts the same way: the training loop calling its step.
+INTO_TRAIN_STEP = [
     "Traceback (most recent call last):",
     '  File "/home/ml/train.py", line 88, in <module>',
     "    main()",
     '  File "/home/ml/train.py", line 81, in main',
     "    loss = train_step(model, batch)",
     "           ^^^^^^^^^^^^^^^^^^^^^^^^",
+]
+RANK0_BLOCK = [
+    *INTO_TRAIN_STEP,
     '  File "/home/ml/train.py", line 52, in train_step',
     '    raise ValueError("bad batch")',
     "ValueError: bad batch",
@@ -47,12 +51,7 @@ RANK0 = ["step 9 loss 2.3012", "step 10 loss 2.2871", *RANK0_BLOCK]
 
 def _gloo_block(exception: str) -> list[str]:
     return [
-        "Traceback (most recent call last):",
-        '  File "/home/ml/train.py", line 88, in <module>',
-        "    main()",
-        '  File "/home/ml/train.py", line 81, in main',
-        "    loss = train_step(model, batch)",
-        "           ^^^^^^^^^^^^^^^^^^^^^^^^",
+        *INTO_TRAIN_STEP,
         '  File "/home/ml/train.py", line 55, in train_step',
         "    dist.all_reduce(loss)",
         f'  File "{SITE}/distributed/c10d_logger.py", line 79, in wrapper',

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import queue
@@ -524,8 +525,6 @@ class Supervisor:
         finally:
             with contextlib.suppress(OSError):
                 path.unlink()
-        import hashlib
-
         if hashlib.sha256(data).hexdigest() != wanted:
             return f"the job's settings on {self.node} ({path}) are not the ones this job wrote"
         private = json.loads(data)
