@@ -13,20 +13,21 @@ def test_plain_view_prefixes_lines_and_throttles_frames() -> None:
     out = io.BytesIO()
     now = [0.0]
     view = PlainView(out, frame_interval=5.0, clock=lambda: now[0])
-    view.control("n1", "started", {"rank": 0})
-    view.line("n1", "out", b"\x1b[32mready\x1b[0m")
+    view.control("n1", "started", {"node_rank": 0})
+    view.line("n1", "out", b"\x1b[32mready\x1b[0m", rank="0/0")
     for step in range(100):
         now[0] = step * 0.1  # 10 s of frames, 10 per second
-        view.frame("n1", "err", b"%d/100" % step)
-        view.frame("n2", "err", b"n2 %d/100" % step)
-    view.line("n2", "err", b"n2 done")
+        view.frame("n1", "err", b"%d/100" % step, rank="0/0")
+        view.frame("n2", "err", b"n2 %d/100" % step, rank="1/0")
+    view.line("n2", "err", b"n2 done")  # the node's launcher: no rank
+    view.line("n2", "err", b"forged", rank="x/y")  # not a label orch writes: no rank shown
     view.close()
     lines = out.getvalue().decode().splitlines()
-    assert lines[0] == "n1[0]: ready"
-    assert [x for x in lines if x.startswith("n1")] == ["n1[0]: ready", "n1[0]: 0/100",
-                                                        "n1[0]: 50/100"]  # fmt: skip
-    assert [x for x in lines if x.startswith("n2")] == ["n2: n2 0/100", "n2: n2 50/100",
-                                                        "n2: n2 done"]  # fmt: skip
+    assert lines[0] == "n1 r0: ready"
+    assert [x for x in lines if x.startswith("n1")] == ["n1 r0: ready", "n1 r0: 0/100",
+                                                        "n1 r0: 50/100"]  # fmt: skip
+    assert [x for x in lines if x.startswith("n2")] == ["n2 r1: n2 0/100", "n2 r1: n2 50/100",
+                                                        "n2: n2 done", "n2: forged"]  # fmt: skip
     assert "\x1b" not in out.getvalue().decode() and "\r" not in out.getvalue().decode()
 
 

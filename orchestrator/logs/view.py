@@ -2,8 +2,8 @@
 
 On a terminal (`LiveView`): a rich Live block with one line per node showing
 its latest progress frame or output line, updated in place, while output lines
-scroll above it, prefixed with the node (and rank when the agent reported
-one). A job that prints faster than anyone can read is not allowed to cost the
+scroll above it, prefixed with the node and the rank that wrote them (none
+for the launcher). A job that prints faster than anyone can read may not cost the
 head: at most `max_lines_per_second` lines reach the screen, the rest are
 counted ("... 12000 lines not shown") and are all in `orch logs`.
 
@@ -31,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.logs.sink import HEAD_NODE, strip_terminal_codes
+from orchestrator.remote.logwire import global_rank
 
 MAX_SHOWN_CHARS = 2000  # a 1 MiB line goes to the log file, not to the screen
 _HEAD = "head"
@@ -46,19 +47,11 @@ def _is_pdsh(node: str) -> bool:
     return node == HEAD_NODE or node.startswith("pdsh@") or not node
 
 
-class _Ranks:
-    """Node -> rank label, from the agent's `started` message when it names one."""
-
-    def __init__(self) -> None:
-        self.labels: dict[str, str] = {}
-
-    def note(self, node: str, kind: str, fields: dict) -> None:
-        if kind == "started" and "rank" in fields:
-            self.labels[node] = f"{node}[{fields['rank']}]"
-
-    def prefix(self, node: str, rank: str = "") -> str:
-        name = self.labels.get(node) or node or _HEAD
-        return f"{name} r{rank.partition('/')[0]}" if rank else name
+def _label(node: str, rank: str = "") -> str:
+    """`node`, or `node rR` for a line of global rank R."""
+    number = global_rank(rank)
+    name = node or _HEAD
+    return name if number is None else f"{name} r{number}"
 
 
 class PlainView:
@@ -76,7 +69,6 @@ class PlainView:
         self._frame_interval = frame_interval
         self._clock = clock
         self._last_frame: dict[str, float] = {}
-        self._ranks = _Ranks()
         self._prefixes: dict[tuple[str, str], bytes] = {}
         self._dirty = False
         self._broken = False
@@ -91,7 +83,7 @@ class PlainView:
     def _prefix(self, node: str, rank: str) -> bytes:
         prefix = self._prefixes.get((node, rank))
         if prefix is None:
-            prefix = self._ranks.prefix(node, rank).encode() + b": "
+            prefix = _label(node, rank).encode() + b": "
             self._prefixes[(node, rank)] = prefix
         return prefix
 
@@ -111,8 +103,7 @@ class PlainView:
         self._write(self._prefix(node, rank) + strip_terminal_codes(data) + b"\n")
 
     def control(self, node: str, kind: str, fields: dict) -> None:
-        self._ranks.note(node, kind, fields)
-        self._prefixes = {key: v for key, v in self._prefixes.items() if key[0] != node}
+        pass
 
     def _write(self, data: bytes) -> None:
         if self._broken:
@@ -170,7 +161,6 @@ class LiveView:
     ) -> None:
         self.console = console if console is not None else Console(highlight=False)
         self._rows: dict[str, _NodeRow] = {node: _NodeRow() for node in nodes}
-        self._ranks = _Ranks()
         self._pending: deque[tuple[str, str, bytes]] = deque()
         self._budget = max(1, int(max_lines_per_second * tick))
         self._hidden = 0
@@ -208,12 +198,12 @@ class LiveView:
         # One row per node: its latest line or frame, whichever rank wrote it.
         row = self._row(node)
         text = data[:400].decode("utf-8", "replace")
-        row.latest = f"r{rank.partition('/')[0]} {text}" if rank else text
+        number = global_rank(rank)
+        row.latest = text if number is None else f"r{number} {text}"
         if row.state == "waiting":
             row.state = "running"
 
     def control(self, node: str, kind: str, fields: dict) -> None:
-        self._ranks.note(node, kind, fields)
         row = self._row(node)
         if kind == "started":
             row.state = "running"
@@ -233,7 +223,7 @@ class LiveView:
         for node, row in rows:
             style = "green" if row.state == "done" else "red" if "exit" in row.state else ""
             latest = Text(strip_terminal_codes(row.latest.encode()).decode(), overflow="ellipsis")
-            table.add_row(self._ranks.prefix(node), Text(row.state, style=style), latest)
+            table.add_row(_label(node), Text(row.state, style=style), latest)
         return table
 
     def _drain(self) -> None:
@@ -244,7 +234,7 @@ class LiveView:
         if not batch and not hidden:
             return
         lines = [
-            Text.assemble((self._ranks.prefix(node, rank) + ": ", "dim"), _display_text(data))
+            Text.assemble((_label(node, rank) + ": ", "dim"), _display_text(data))
             for node, rank, data in batch
         ]
         if hidden:

@@ -279,6 +279,14 @@ class WireRecord:
         return self.text.encode("utf-8", "surrogateescape")
 
 
+def global_rank(label: str) -> int | None:
+    """The global rank of a "<rank>/<local rank>" label; None for the launcher's "" or a
+    label logwire did not write."""
+    if _RANK_LABEL.fullmatch(label) is None:
+        return None
+    return int(label.partition("/")[0])
+
+
 def split_header(payload: bytes) -> tuple[bytes, bytes] | None:
     """(rank label, escaped body) of a wire line that passed the magic check; None if the
     header is not one logwire writes."""

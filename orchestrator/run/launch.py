@@ -36,6 +36,7 @@ from orchestrator.logs.sink import LogRouter, LogView
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
+from orchestrator.remote.logwire import global_rank
 from orchestrator.run.pdsh import (
     StreamingProcess,
     ssh_exit_of,
@@ -167,8 +168,8 @@ class _Tracker:
 
     def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         text = data.decode("utf-8", "replace")
-        if rank:
-            number = int(rank.partition("/")[0])
+        number = global_rank(rank)
+        if number is not None:
             tail = self.rank_tails.get(number)
             if tail is None:
                 tail = self.rank_tails[number] = deque(maxlen=RANK_TAIL_LINES)

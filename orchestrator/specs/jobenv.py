@@ -1,15 +1,15 @@
 """The environment a job gets on every node, built fresh for each job.
 
-Values are shell-quoted so that spaces, quotes, `$(...)` and newlines reach the
-remote process unchanged and run nothing. Secret values are passed to the job
-but redacted from anything saved or printed. Pure.
+Values never pass through a shell: they travel to every node in a user-only file
+(see run/pipeline) and the agent sets them, so spaces, quotes, `$(...)` and newlines
+reach the ranks unchanged and run nothing. Secret values are passed to the job but
+redacted from anything saved or printed. Pure.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections.abc import Iterable, Mapping
 
 from orchestrator.errors import UsageError
@@ -53,16 +53,6 @@ def check_value(name: str, value: str) -> None:
             f"environment variable {name}: value contains a NUL byte",
             hint="environment values cannot contain NUL; remove it",
         )
-
-
-def export_lines(env: Mapping[str, str]) -> str:
-    """`export NAME=<quoted value>` lines, one per variable, safe to source in sh/bash."""
-    lines = []
-    for name, value in env.items():
-        check_name(name)
-        check_value(name, value)
-        lines.append(f"export {name}={shlex.quote(value)}\n")
-    return "".join(lines)
 
 
 def build_job_env(
