@@ -393,7 +393,12 @@ def test_stacks_can_be_taken_as_root_with_ptrace_or_as_a_user_where_yama_allows(
 )
 def test_a_node_where_stacks_cannot_be_taken_says_why_and_the_fix(changes, said):
     [found] = _stacks(**changes)
-    assert found.startswith("stacks cannot be taken: " + said)
+    message, _, fix = said.partition(" | ")
+    problem, _, found_fix = found.partition(" | ")
+    assert problem.startswith("py-spy cannot take stacks: " + message)
+    assert problem.endswith("orch stacks falls back to each rank's faulthandler (no ptrace "
+                            "needed; Python frames only, profiles at 20 samples/s)")  # fmt: skip
+    assert found_fix.startswith(fix)
 
 
 def test_a_probe_that_says_nothing_of_stacks_gives_no_stacks_finding():

@@ -87,6 +87,14 @@ def _folded_ranks(doc: dict) -> list[int]:
     return sorted(rank for block in doc["stacks"]["blocks"] for rank in block["ranks"])
 
 
+def _majority_waits_in_all_reduce(doc: dict) -> None:
+    blocks = doc["stacks"]["blocks"]
+    assert len(blocks) < len(RANKS), "identical stacks were not folded"
+    biggest = max(blocks, key=lambda block: len(block["ranks"]))
+    functions = [f["function"] for t in biggest["threads"] for f in t["frames"]]
+    assert "all_reduce" in functions
+
+
 def _record_copy(runs: Path, job_id: str, elsewhere: Path, **changes: object) -> Path:
     """The job's record with some fields changed, in another runs directory."""
     record = json.loads((runs / job_id / "job.json").read_text())
@@ -111,11 +119,7 @@ def test_stacks_shows_every_rank_folded_and_the_job_ends_normally(running_job, t
     assert doc["job"] == job_id and doc["mode"] == "dump" and doc["ok"]
     assert [node["node"] for node in doc["nodes"]] == nodes
     assert _folded_ranks(doc) == RANKS
-    blocks = doc["stacks"]["blocks"]
-    assert len(blocks) < len(RANKS), "identical stacks were not folded"
-    biggest = max(blocks, key=lambda block: len(block["ranks"]))
-    functions = [f["function"] for t in biggest["threads"] for f in t["frames"]]
-    assert "all_reduce" in functions
+    _majority_waits_in_all_reduce(doc)
     saved = Path(doc["saved_as"])
     assert saved.parent == runs / job_id / "stacks"
     assert json.loads(saved.read_text()) == {k: v for k, v in doc.items() if k != "saved_as"}
@@ -131,11 +135,26 @@ def test_stacks_shows_every_rank_folded_and_the_job_ends_normally(running_job, t
     assert "127.0.0.1:1" in doc["nodes"][3]["error"] and doc["nodes"][3]["hint"]
     assert _folded_ranks(doc) == RANKS
 
-    # No py-spy beside the interpreter the record names, nor on the nodes' PATH.
+    # Without ptrace: every rank dumps its own stack on a signal, and runs on.
+    signalled = run_orch(["stacks", job_id, "--method", "faulthandler", "--json"], runs,
+                         timeout=120)  # fmt: skip
+    assert signalled.returncode == 0, signalled.stdout + signalled.stderr
+    doc = json.loads(signalled.stdout)
+    assert _folded_ranks(doc) == RANKS
+    assert {r["method"] for n in doc["nodes"] for r in n["ranks"]} == {"faulthandler"}
+    _majority_waits_in_all_reduce(doc)
+
+    # No py-spy beside the interpreter the record names, nor on the nodes' PATH: orch falls
+    # back to the ranks' own handler; asked for py-spy alone, it says how to get it.
     if not shutil.which("py-spy", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"):
         missing = _record_copy(runs, job_id, tmp_path / "no-py-spy",
                                python="/nonexistent/venv/bin/python")  # fmt: skip
-        told = run_orch(["stacks", job_id], missing, timeout=120)
+        fallback = run_orch(["stacks", job_id, "--json"], missing, timeout=120)
+        assert fallback.returncode == 0, fallback.stdout + fallback.stderr
+        doc = json.loads(fallback.stdout)
+        assert _folded_ranks(doc) == RANKS
+        assert {r["method"] for n in doc["nodes"] for r in n["ranks"]} == {"faulthandler"}
+        told = run_orch(["stacks", job_id, "--method", "py-spy"], missing, timeout=120)
         assert told.returncode == 1
         assert "py-spy not found beside /nonexistent/venv/bin/python" in told.stdout
         assert "-m pip install py-spy" in told.stdout
@@ -156,7 +175,7 @@ def test_profile_names_the_slow_rank_and_only_it(running_job):
     assert result.returncode == 0, result.stderr
     assert "straggler: rank 3 on" in result.stdout
     [saved] = (runs / job_id / "stacks").glob("*.json")
-    profile = json.loads(saved.read_text())["profile"]
+    profile = json.loads(saved.read_text())["profile"]  # py-spy's
     straggler = profile["straggler"]
     assert straggler["rank"] == 3
     assert "stepping.py" in straggler["hottest_user_frame"]
@@ -165,6 +184,12 @@ def test_profile_names_the_slow_rank_and_only_it(running_job):
     assert len(others) == 5
     for rank in others:  # every other rank waits for it, by more than the margin
         assert rank["comm_share"] - straggler["comm_share"] >= profile["margin"]
+
+    # The same without ptrace: each rank sampled by signal.
+    sampled = run_orch(["stacks", job_id, "--profile", "10", "--method", "faulthandler"], runs,
+                       timeout=180)  # fmt: skip
+    assert sampled.returncode == 0, sampled.stdout + sampled.stderr
+    assert "straggler: rank 3 on" in sampled.stdout
     assert _stopped_cleanly(head, stop) == 0
 
 

@@ -236,15 +236,21 @@ def stacks_problem(f: NodeFacts, python: str) -> tuple[str, str] | None:
     return None
 
 
+FALLBACK_NOTE = (
+    "orch stacks falls back to each rank's faulthandler (no ptrace needed; Python frames "
+    "only, profiles at 20 samples/s)"
+)
+
+
 def check_stacks(probes: Sequence[NodeProbe], python: str) -> list[Finding]:
-    """A warning per node where stacks cannot be taken: the job runs, its hangs are
-    detected, but nobody can see where its ranks stand."""
+    """A warning per node where py-spy cannot take stacks: the job runs, its hangs are
+    detected, and orch reads the ranks' stacks from their own faulthandler instead (no
+    native frames, coarser profiles)."""
     findings = []
     for f in with_facts(probes):
         problem = stacks_problem(f, python) if f.stacks_probed else None
         if problem is not None:
             message, fix = problem
-            findings.append(
-                Finding(f.node, "stacks", f"stacks cannot be taken: {message}", fix, "warning")
-            )
+            said = f"py-spy cannot take stacks: {message}; {FALLBACK_NOTE}"
+            findings.append(Finding(f.node, "stacks", said, fix, "warning"))
     return findings

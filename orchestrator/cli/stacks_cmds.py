@@ -4,6 +4,7 @@ ranks, or a sampling profile that names the straggler."""
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -29,6 +30,21 @@ _RUNS_DIR = typer.Option(
     None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
 )
 _RULE = "-" * 60
+
+
+class StackMethod(str, Enum):
+    auto = "auto"
+    py_spy = "py-spy"
+    faulthandler = "faulthandler"
+
+
+_METHOD = typer.Option(
+    StackMethod.auto,
+    "--method",
+    help="How stacks are taken: py-spy (needs ptrace); faulthandler (no ptrace: the rank "
+    "dumps its own stack on SIGUSR2, from a handler orch-rank registers at its start; "
+    "Python frames only); auto: py-spy, and faulthandler where py-spy is missing or refused.",
+)
 
 
 def _echo(line: str = "") -> None:
@@ -137,17 +153,20 @@ def stacks(
     timeout: float = typer.Option(
         30.0, "--timeout", min=1.0, help="Seconds each node has to answer (beyond --profile)."
     ),
+    method: StackMethod = _METHOD,
     runs_dir: Path = _RUNS_DIR,
 ) -> None:
-    """Every rank's Python stack (all threads) on every node, taken with py-spy while the
-    job runs; identical stacks are folded, and the ranks that stand apart come first.
-    Kept in runs/<job>/stacks/. Exit 1 when a node or a rank could not be read."""
+    """Every rank's Python stack (all threads) on every node, taken while the job runs
+    (py-spy, or the rank's own faulthandler where ptrace is refused); identical stacks are
+    folded, and the ranks that stand apart come first. Kept in runs/<job>/stacks/. Exit 1
+    when a node or a rank could not be read."""
     run = find_job(runs_root(runs_dir), job)
     record = run.load()
     _check_running(record)
     reports = gather_stacks(
         record.hosts, record.id, record.python, timeout,
         profile_seconds=float(profile) if profile else None, rate=DEFAULT_RATE,
+        method=method.value,
     )  # fmt: skip
     result = analyse(record.id, now_iso(), float(profile) if profile else None, reports)
     document = result_json(result)

@@ -42,13 +42,14 @@ def _boot_blob(helpers: tuple[str, ...], program: str) -> str:
 
 
 def _blob() -> str:
-    # The agent with the wire format and the per-rank program it writes for the launcher.
-    return _boot_blob(("logwire", "rank"), "agent")
+    # The agent with the wire format, and the per-rank program and sitecustomize it writes.
+    return _boot_blob(("logwire", "rank", "rank_site"), "agent")
 
 
 def _stacks_blob() -> str:
-    # `orch stacks`: the agent is loaded, not run, for its job_pids and _rank_of.
-    return _boot_blob(("agent",), "stacks")
+    # `orch stacks`: the agent is loaded, not run, for its job_pids and _rank_of; rank_site
+    # for where a rank's faulthandler writes.
+    return _boot_blob(("agent", "rank_site"), "stacks")
 
 
 def _python_c(python: str, blob: str) -> str:
@@ -79,12 +80,14 @@ def kill_command(python: str, job_id: str, grace: float) -> str:
     return _with_any_python3(python, _blob(), ("kill", job_id, f"{grace:g}"))
 
 
-def stacks_command(python: str, job_id: str, node: str, *, seconds: float, rate: int) -> str:
+def stacks_command(
+    python: str, job_id: str, node: str, *, seconds: float, rate: int, method: str = "auto"
+) -> str:
     """The remote shell command that prints the stacks (seconds 0) or a sampling profile of
     the job's ranks on `node` as one JSON document. Like the kill program it needs only the
     standard library, so any python3 runs it when the job's interpreter is missing; py-spy
-    is looked for beside the job's interpreter first."""
-    words = (job_id, node, python, f"{seconds:g}", str(rate))
+    is looked for beside the job's interpreter first (method: auto, py-spy, faulthandler)."""
+    words = (job_id, node, python, f"{seconds:g}", str(rate), method)
     return _with_any_python3(python, _stacks_blob(), words)
 
 

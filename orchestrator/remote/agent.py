@@ -547,7 +547,8 @@ class Supervisor:
         env[NODE_DIR_VAR] = str(self.dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.rank_channels is not None:  # the launchers find orch-rank on PATH
-            env["PATH"] = os.pathsep.join([str(self.dir / "bin"), env.get("PATH", "")])
+            start_dir = self.dir / _shipped("rank").START_DIR
+            env["PATH"] = os.pathsep.join([str(start_dir), env.get("PATH", "")])
         for name, value in flight_recorder_env(str(self.dir)).items():
             env.setdefault(name, value)  # the user's own settings win
         return env
@@ -564,7 +565,9 @@ class Supervisor:
         if not rank_argv:
             return
         rank_module = _shipped("rank")
-        program = self.dir / "orch_rank.py"
+        bin_dir = self.dir / rank_module.START_DIR
+        bin_dir.mkdir(exist_ok=True)
+        program = bin_dir / "orch_rank.py"
         program.write_text(_shipped_source("rank"))
         path = socket_path(self.dir)
         command = {"argv": [str(word) for word in rank_argv], "socket": path}
@@ -572,8 +575,9 @@ class Supervisor:
                      0o600)  # fmt: skip
         with os.fdopen(fd, "w") as handle:
             json.dump(command, handle)
-        bin_dir = self.dir / "bin"
-        bin_dir.mkdir(exist_ok=True)
+        site_dir = self.dir / rank_module.SITE_DIR
+        site_dir.mkdir(exist_ok=True)
+        (site_dir / "sitecustomize.py").write_text(_shipped_source("rank_site"))
         launcher = bin_dir / RANK_PROGRAM
         # -I -S: the wrapper needs nothing but the standard library, and starts fastest so.
         launcher.write_text(

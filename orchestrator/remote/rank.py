@@ -12,7 +12,9 @@ torchrun `--no-python orch-rank`. For one rank it
    names the rank (RANK, LOCAL_RANK, set by the launcher), so no other rank's bytes can
    land inside its lines;
 3. gives the rank its own TORCHELASTIC_ERROR_FILE where the launcher set none;
-4. replaces itself with the rank's command (exec): same pid, so the launcher's signals
+4. puts the agent's sitecustomize (remote/rank_site.py) first on the rank's PYTHONPATH,
+   so its stack can be taken on a signal where py-spy cannot;
+5. replaces itself with the rank's command (exec): same pid, so the launcher's signals
    and exit codes are the rank's own.
 
 When the agent cannot be reached, the rank still starts, with the launcher's pipes.
@@ -24,8 +26,12 @@ import json
 import os
 import socket
 import sys
+from collections.abc import MutableMapping
 
-COMMAND_FILE = "rank.json"
+START_DIR = "bin"  # under the node directory: start-up files, not logs, so never pulled back
+COMMAND_FILE = os.path.join(START_DIR, "rank.json")
+SITE_DIR = os.path.join(START_DIR, "site")  # sitecustomize.py: stacks without ptrace
+SITE_DIR_VAR = "ORCH_RANK_SITE"
 NODE_DIR_VAR = "ORCH_NODE_DIR"
 CONNECT_TIMEOUT_S = 10.0
 
@@ -68,6 +74,15 @@ def own_streams(path: str, rank: int, local_rank: int) -> bool:
     return True
 
 
+def use_site(site_dir: str, environ: MutableMapping[str, str]) -> None:
+    """Put `site_dir` first on PYTHONPATH (its sitecustomize takes itself back out)."""
+    if not os.path.isfile(os.path.join(site_dir, "sitecustomize.py")):
+        return
+    environ[SITE_DIR_VAR] = site_dir
+    rest = environ.get("PYTHONPATH", "")
+    environ["PYTHONPATH"] = site_dir + (os.pathsep + rest if rest else "")
+
+
 def main(argv: list[str]) -> int:
     directory = os.environ.get(NODE_DIR_VAR, "")
     try:
@@ -84,6 +99,7 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault(
             "TORCHELASTIC_ERROR_FILE", os.path.join(directory, f"rank{rank}.error.json")
         )
+        use_site(os.path.join(directory, SITE_DIR), os.environ)
     try:
         os.execvp(command[0], command)
     except OSError as err:

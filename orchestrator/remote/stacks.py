@@ -10,7 +10,11 @@ A rank is a process of the job (ORCH_JOB_ID) started on this node (ORCH_NODE) wi
 RANK in its environment whose parent does not carry the same RANK: a rank's own
 children (data loader workers, a forkserver) inherit its RANK and are left out.
 py-spy is looked for beside the job's interpreter, beside this interpreter, then on
-PATH.
+PATH. Where it is missing, or ptrace is refused, a rank's stack is taken without
+ptrace: the rank's sitecustomize (remote/rank_site.py) registered faulthandler on
+SIGUSR2, so the rank is signalled and what faulthandler appends to its stack file is
+read back (a profile signals it at the sampling rate). A rank is signalled only when
+/proc says it catches SIGUSR2: an uncaught SIGUSR2 would end it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,9 +34,14 @@ NODE_VAR = "ORCH_NODE"
 DUMP_TIMEOUT_S = 20.0
 STARTUP_SLACK_S = 15.0
 # Kinds of failure the head knows a fix for (orchestrator/stacks/model.py).
-NO_PY_SPY, PTRACE, GONE, NO_RANKS, TIMEOUT, OTHER = (
-    "no-py-spy", "ptrace", "gone", "no-ranks", "timeout", "other",
+NO_PY_SPY, PTRACE, GONE, NO_RANKS, TIMEOUT, OTHER, NO_HANDLER = (
+    "no-py-spy", "ptrace", "gone", "no-ranks", "timeout", "other", "no-handler",
 )  # fmt: skip
+METHODS = ("auto", "py-spy", "faulthandler")
+SIGNAL_WAIT_S = 5.0  # a rank's faulthandler answers from its signal handler, at once
+SIGNAL_MAX_RATE = 20  # samples per second and rank when sampling by signal
+_FH_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 
 
 def _agent():
@@ -40,6 +50,14 @@ def _agent():
     from orchestrator.remote import agent
 
     return agent
+
+
+def _rank_site():
+    if "orch_rank_site" in sys.modules:
+        return sys.modules["orch_rank_site"]
+    from orchestrator.remote import rank_site
+
+    return rank_site
 
 
 def _environ_value(pid: int, name: str) -> str | None:
@@ -188,33 +206,242 @@ def record_ranks(
         return results
 
 
-def report(job_id: str, node: str, job_python: str, seconds: float, rate: int) -> dict:
+# ----- without ptrace: faulthandler in the rank, on a signal ---------------------------------
+def catches(pid: int, signum: int) -> bool | None:
+    """Whether the process has a handler for `signum` (SigCgt in /proc); None: it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return False
+
+
+def parse_faulthandler(text: str, pid: int) -> list[dict]:
+    """faulthandler's dump of every thread, as py-spy dump's thread objects (innermost frame
+    first). Its thread ids are not the OS's: the main thread (the one running the script's
+    top level, else the one that took the signal) gets the pid, as py-spy reports it."""
+    threads: list[dict] = []
+    for line in text.splitlines():
+        head = _FH_THREAD.match(line)
+        if head:
+            current = line.startswith("Current")
+            threads.append({"thread_id": head[1], "current": current, "frames": []})
+            continue
+        frame = _FH_FRAME.match(line)
+        if frame and threads:
+            threads[-1]["frames"].append(
+                {"name": frame["name"], "filename": frame["file"], "line": int(frame["line"])}
+            )
+    main = next((t for t in threads if t["frames"] and t["frames"][-1]["name"] == "<module>"),
+                next((t for t in threads if t["current"]), None))  # fmt: skip
+    return [
+        {
+            "thread_name": "MainThread" if thread is main else f"Thread {thread['thread_id']}",
+            "os_thread_id": pid if thread is main else None,
+            "thread_id": thread["thread_id"],
+            "active": True,
+            "frames": thread["frames"],
+        }
+        for thread in threads
+    ]
+
+
+class _Signalled:
+    """One rank asked for its stack: where its answer will be appended."""
+
+    def __init__(self, rank: int, pid: int, path: str) -> None:
+        self.rank, self.pid, self.path = rank, pid, path
+        self.start = _size(path)
+
+    def answer(self) -> str:
+        with open(self.path, "rb") as handle:
+            handle.seek(self.start)
+            return handle.read().decode("utf-8", "replace")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
+
+
+def _refusal(rank: int, pid: int, node_dir: str, signum: int) -> dict | None:
+    """Why this rank cannot be signalled for its stack, or None when it can."""
+    path = _rank_site().stack_file(node_dir, pid)
+    handled = catches(pid, signum)
+    if handled is None:
+        return {"rank": rank, "pid": pid, "error": "the rank has exited", "kind": GONE}
+    if not os.path.exists(path):
+        return {"rank": rank, "pid": pid, "kind": NO_HANDLER, "error": (
+            "the rank did not load orch's stack handler (started with python -E, -I or -S, "
+            "or not a Python program)")}  # fmt: skip
+    if not handled:
+        return {"rank": rank, "pid": pid, "kind": NO_HANDLER,
+                "error": "the rank no longer handles SIGUSR2 (it reset its signals)"}  # fmt: skip
+    return None
+
+
+def _signal_all(ranks: list[tuple[int, int]], node_dir: str) -> tuple[list[_Signalled], list[dict]]:
+    signum = int(_rank_site().STACK_SIGNAL)
+    asked, refused = [], []
+    for rank, pid in ranks:
+        refusal = _refusal(rank, pid, node_dir, signum)
+        if refusal is not None:
+            refused.append(refusal)
+            continue
+        target = _Signalled(rank, pid, _rank_site().stack_file(node_dir, pid))
+        try:
+            os.kill(pid, signum)
+        except OSError as err:
+            refused.append({"rank": rank, "pid": pid, "error": str(err), "kind": GONE})
+            continue
+        asked.append(target)
+    return asked, refused
+
+
+def _wait_answers(asked: list[_Signalled], deadline: float) -> dict[int, str]:
+    """Each rank's appended dump, once its file has stopped growing (faulthandler writes
+    a dump in a burst of small writes)."""
+    answers: dict[int, str] = {}
+    sizes = {target.pid: target.start for target in asked}
+    while len(answers) < len(asked) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for target in asked:
+            if target.pid in answers:
+                continue
+            size = _size(target.path)
+            if size > target.start and size == sizes[target.pid]:
+                answers[target.pid] = target.answer()
+            sizes[target.pid] = size
+    return answers
+
+
+def signal_dump(ranks: list[tuple[int, int]], node_dir: str) -> list[dict]:
+    """Every rank's stack from its own faulthandler, all signalled at once."""
+    asked, results = _signal_all(ranks, node_dir)
+    answers = _wait_answers(asked, time.monotonic() + SIGNAL_WAIT_S)
+    for target in asked:
+        text = answers.get(target.pid)
+        if text is None:
+            results.append({"rank": target.rank, "pid": target.pid, "kind": TIMEOUT,
+                            "error": f"no stack within {SIGNAL_WAIT_S:g}s of SIGUSR2"})  # fmt: skip
+        else:
+            results.append({"rank": target.rank, "pid": target.pid,
+                            "threads": parse_faulthandler(text, target.pid)})  # fmt: skip
+    return sorted(results, key=lambda item: item["rank"])
+
+
+def raw_sample(thread: dict) -> str:
+    """One thread's stack in py-spy's raw form: `thread (TID): NAME;outer (file:line);...`."""
+    tid = thread["os_thread_id"]
+    if tid is None:
+        tid = int(thread["thread_id"], 16)
+    frames = [f"{f['name']} ({f['filename']}:{f['line']})" for f in reversed(thread["frames"])]
+    return ";".join([f"thread ({tid}): {thread['thread_name']}", *frames])
+
+
+def signal_profile(
+    ranks: list[tuple[int, int]], node_dir: str, seconds: float, rate: int
+) -> list[dict]:
+    """Sample every rank `rate` times a second for `seconds` by signalling it; each rank's
+    samples counted in py-spy's raw form."""
+    rate = max(1, min(rate, SIGNAL_MAX_RATE))
+    counts: dict[int, dict[str, int]] = {pid: {} for _rank, pid in ranks}
+    refused: dict[int, dict] = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        tick = time.monotonic()
+        live = [(rank, pid) for rank, pid in ranks if pid not in refused]
+        asked, now_refused = _signal_all(live, node_dir)
+        refused.update({item["pid"]: item for item in now_refused})
+        answers = _wait_answers(asked, tick + SIGNAL_WAIT_S)
+        for pid, text in answers.items():
+            for thread in parse_faulthandler(text, pid):
+                line = raw_sample(thread)
+                counts[pid][line] = counts[pid].get(line, 0) + 1
+        time.sleep(max(0.0, 1.0 / rate - (time.monotonic() - tick)))
+    results = []
+    for rank, pid in ranks:
+        if counts[pid]:
+            samples = [f"{line} {count}" for line, count in counts[pid].items()]
+            results.append({"rank": rank, "pid": pid, "samples": samples})
+        else:
+            results.append(refused.get(pid) or {"rank": rank, "pid": pid, "kind": TIMEOUT,
+                                                "error": "no sample answered SIGUSR2"})  # fmt: skip
+    return results
+
+
+Ranks = list[tuple[int, int]]  # (rank, pid)
+
+
+def _with_py_spy(py_spy: str, ranks: Ranks, seconds: float, rate: int) -> list[dict]:
+    return record_ranks(py_spy, ranks, seconds, rate) if seconds else dump_ranks(py_spy, ranks)
+
+
+def _with_signal(ranks: Ranks, node_dir: str, seconds: float, rate: int) -> list[dict]:
+    if seconds:
+        return signal_profile(ranks, node_dir, seconds, rate)
+    return signal_dump(ranks, node_dir)
+
+
+def _auto(py_spy: str | None, ranks: Ranks, node_dir: str, seconds: float, rate: int) -> list[dict]:
+    """py-spy where it can; faulthandler for the ranks it cannot trace, or everywhere when
+    the node has no py-spy."""
+    if py_spy is None:
+        signalled = _with_signal(ranks, node_dir, seconds, rate)
+        return [{**item, "method": "faulthandler"} for item in signalled]
+    results = [{**item, "method": "py-spy"} for item in _with_py_spy(py_spy, ranks, seconds, rate)]
+    refused = [(item["rank"], item["pid"]) for item in results if item.get("kind") == PTRACE]
+    if not refused:
+        return results
+    signalled = _with_signal(refused, node_dir, seconds, rate)
+    retried = {item["rank"]: {**item, "method": "faulthandler"} for item in signalled}
+    return [retried.get(item["rank"], item) for item in results]
+
+
+def report(
+    job_id: str, node: str, job_python: str, seconds: float, rate: int, method: str = "auto"
+) -> dict:
     doc: dict = {"node": node, "job_id": job_id, "mode": "profile" if seconds else "dump"}
     ranks = rank_processes(job_id, node)
     py_spy = find_py_spy(job_python)
     doc["py_spy"] = py_spy
+    doc["method"] = method
+    if seconds:
+        doc["seconds"] = seconds
     if not ranks:
         doc.update(error=f"no rank of job {job_id} runs on this node", kind=NO_RANKS)
         return doc
-    if py_spy is None:
+    node_dir = _agent().node_dir(job_id, node)
+    if method == "faulthandler":
+        doc["ranks"] = [
+            {**item, "method": method} for item in _with_signal(ranks, node_dir, seconds, rate)
+        ]
+    elif method == "py-spy" and py_spy is None:
         doc.update(error=f"py-spy not found beside {job_python} or on PATH", kind=NO_PY_SPY)
         doc["ranks"] = [{"rank": rank, "pid": pid} for rank, pid in ranks]
-        return doc
-    if seconds:
-        doc["seconds"] = seconds
-        doc["ranks"] = record_ranks(py_spy, ranks, seconds, rate)
+    elif method == "py-spy":
+        doc["ranks"] = [
+            {**item, "method": method} for item in _with_py_spy(py_spy, ranks, seconds, rate)
+        ]
     else:
-        doc["ranks"] = dump_ranks(py_spy, ranks)
+        doc["ranks"] = _auto(py_spy, ranks, node_dir, seconds, rate)
     return doc
 
 
 def main(argv: list[str]) -> int:
-    """stacks JOB_ID NODE JOB_PYTHON SECONDS RATE (SECONDS 0: one dump of every rank)."""
-    if len(argv) != 5:
-        print("usage: stacks JOB_ID NODE JOB_PYTHON SECONDS RATE", file=sys.stderr)
+    """stacks JOB_ID NODE JOB_PYTHON SECONDS RATE METHOD (SECONDS 0: one dump of every rank;
+    METHOD auto, py-spy or faulthandler)."""
+    if len(argv) != 6 or argv[5] not in METHODS:
+        print("usage: stacks JOB_ID NODE JOB_PYTHON SECONDS RATE auto|py-spy|faulthandler",
+              file=sys.stderr)  # fmt: skip
         return 2
     job_id, node, job_python = argv[0], argv[1], argv[2]
-    doc = report(job_id, node, job_python, float(argv[3]), int(argv[4]))
+    doc = report(job_id, node, job_python, float(argv[3]), int(argv[4]), argv[5])
     with contextlib.suppress(BrokenPipeError):
         print(json.dumps(doc), flush=True)
     return 0

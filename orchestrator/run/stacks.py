@@ -39,15 +39,17 @@ def gather_stacks(
     *,
     profile_seconds: float | None = None,
     rate: int = DEFAULT_RATE,
+    method: str = "auto",
 ) -> list[NodeReport]:
     """Every rank's stack on every host (a profile of `profile_seconds` when given), one
     report per host in order. Bounded: a host's answer takes at most `timeout` seconds
-    (plus the profile's length), whatever the others do."""
+    (plus the profile's length), whatever the others do. method: "auto" (py-spy, and
+    faulthandler where py-spy is missing or refused), "py-spy" or "faulthandler"."""
     seconds = profile_seconds or 0.0
     budget = timeout + (seconds + STARTUP_SLACK_S if seconds else 0.0)
 
     def command(node: str) -> str:
-        return stacks_command(python, job_id, node, seconds=seconds, rate=rate)
+        return stacks_command(python, job_id, node, seconds=seconds, rate=rate, method=method)
 
     answers = run_on_nodes(
         list(hosts), command, timeout=budget, connect_timeout=min(timeout, _CONNECT_TIMEOUT_S)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # The kinds of failure the node program reports (remote/stacks.py), and the head's own.
-NO_PY_SPY, PTRACE, GONE, NO_RANKS, TIMEOUT, OTHER = (
-    "no-py-spy", "ptrace", "gone", "no-ranks", "timeout", "other",
+NO_PY_SPY, PTRACE, GONE, NO_RANKS, TIMEOUT, OTHER, NO_HANDLER = (
+    "no-py-spy", "ptrace", "gone", "no-ranks", "timeout", "other", "no-handler",
 )  # fmt: skip
 UNREACHABLE, BAD_OUTPUT = "unreachable", "bad-output"
 
@@ -104,6 +104,7 @@ class RankStacks:
     error: str | None = None
     kind: str | None = None
     hint: str | None = None
+    method: str | None = None  # "py-spy" or "faulthandler": how they were taken
 
     @property
     def ok(self) -> bool:
@@ -136,6 +137,9 @@ def failure_hint(kind: str | None, python: str, job_id: str, pid: int | None = N
         "(at 1 a process may only be traced by its ancestors); in a container also add "
         "CAP_SYS_PTRACE (`docker run --cap-add SYS_PTRACE`)",
         GONE: f"the rank ended while it was looked at; see `orch status {job_id}`",
+        NO_HANDLER: "without py-spy, orch reads a rank's stack from a faulthandler that "
+        "orch-rank registers on SIGUSR2 at start-up: start the script with a plain "
+        f"`python` (no -E, -I, -S), or install py-spy: `{python} -m pip install py-spy`",
         NO_RANKS: "the job has no rank running there (it ended, or its ranks have not "
         f"started yet); see `orch status {job_id}`",
         TIMEOUT: "the node or the rank is too busy to answer; try again, or raise --timeout",
@@ -198,11 +202,12 @@ def sample_from_raw(line: str, pid: int | None) -> SampledStack | None:
 def _rank_from_doc(node: str, item: Mapping[str, Any], python: str, job_id: str) -> RankStacks:
     rank = int(item["rank"])
     pid = int(item["pid"]) if item.get("pid") is not None else None
+    method = str(item["method"]) if item.get("method") else None
     if item.get("error"):
         kind = str(item.get("kind") or OTHER)
         return RankStacks(
             rank, node, pid, error=str(item["error"]), kind=kind,
-            hint=failure_hint(kind, python, job_id, pid),
+            hint=failure_hint(kind, python, job_id, pid), method=method,
         )  # fmt: skip
     threads = tuple(thread_from_dump(thread, pid) for thread in item.get("threads") or ())
     samples = tuple(
@@ -210,7 +215,7 @@ def _rank_from_doc(node: str, item: Mapping[str, Any], python: str, job_id: str)
         for line in item.get("samples") or ()
         if (sample := sample_from_raw(str(line), pid)) is not None
     )
-    return RankStacks(rank, node, pid, threads=threads, samples=samples)
+    return RankStacks(rank, node, pid, threads=threads, samples=samples, method=method)
 
 
 def node_failure(node: str, kind: str, error: str, hint: str) -> NodeReport:

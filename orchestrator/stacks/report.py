@@ -50,6 +50,8 @@ def analyse(
 
 def _rank_json(rank: RankStacks) -> dict[str, Any]:
     doc: dict[str, Any] = {"rank": rank.rank, "pid": rank.pid, "ok": rank.ok}
+    if rank.method:
+        doc["method"] = rank.method
     if not rank.ok:
         doc.update(error=rank.error, kind=rank.kind, hint=rank.hint)
     return doc
