@@ -82,11 +82,20 @@ def for_each_node(
     work: Callable[[str], NodeResult[T]],
     *,
     max_parallel: int = DEFAULT_PARALLEL,
+    on_result: Callable[[NodeResult[T]], None] | None = None,
 ) -> GroupResult[T]:
     """`work(node)` for every node at once (at most `max_parallel` at a time). `work` must
     turn a node's own problems into a failed NodeResult; anything it raises is orch's bug
-    and propagates."""
+    and propagates. `on_result` hears of each node as it ends (from a worker thread): for
+    progress on long runs."""
     if not nodes:
         return GroupResult(())
+
+    def reported(node: str) -> NodeResult[T]:
+        result = work(node)
+        if on_result is not None:
+            on_result(result)
+        return result
+
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(nodes)))) as pool:
-        return GroupResult(tuple(pool.map(work, nodes)))
+        return GroupResult(tuple(pool.map(reported, nodes)))

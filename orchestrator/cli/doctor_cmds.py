@@ -16,6 +16,7 @@ from orchestrator.checks.model import DoctorReport, Finding
 from orchestrator.checks.node import check_accelerate_config
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE
+from orchestrator.cli.progress import node_progress
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
@@ -176,19 +177,21 @@ def doctor(
         main_port = free_port_on(hosts.names[0], python)
     port = main_port if main_port is not None else DEFAULT_MAIN_PORT
     extra = _accelerate_findings(accelerate_config)
-    report = run_preflight(
-        hosts,
-        python=python,
-        workdir=workdir or os.getcwd(),
-        script=script,
-        main_port=port,
-        timeout=timeout,
-        probe_timeout=probe_timeout,
-        full=deep,
-        main_address=main_address,
-        accept_new_host_keys=accept_new_host_keys,
-        extra_findings=extra,
-    )
+    with node_progress(len(hosts.names), "checking nodes") as on_node:
+        report = run_preflight(
+            hosts,
+            python=python,
+            workdir=workdir or os.getcwd(),
+            script=script,
+            main_port=port,
+            timeout=timeout,
+            probe_timeout=probe_timeout,
+            full=deep,
+            main_address=main_address,
+            accept_new_host_keys=accept_new_host_keys,
+            extra_findings=extra,
+            on_node=on_node,
+        )
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

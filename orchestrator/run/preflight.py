@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,6 +54,7 @@ from orchestrator.ssh import (
 )
 
 PROBE_TIMEOUT_S = 120.0  # the probe's own time on a node that answered
+NodeDone = Callable[[str, bool], None]  # (node, probe answered) as each node ends
 
 
 def _to_probe(outcome: NodeResult[CommandResult]) -> NodeProbe:
@@ -88,12 +89,14 @@ def probe_nodes(
     timeout: float,
     probe_timeout: float = 0.0,
     accept_new_host_keys: bool = False,
+    on_node: NodeDone | None = None,
 ) -> list[NodeProbe]:
     """Facts from every node, in parallel; meanwhile node 0 holds the main port
     open and every other node connects to it (the network pre-flight).
 
     Node 0 starts first and says when it is listening; then the others run.
-    When they are done, node 0 is told so and reports who reached it.
+    When they are done, node 0 is told so and reports who reached it. `on_node(node, ok)`
+    hears of each node as its probe ends.
     """
     main, others = names[0], list(names[1:])
     config = load_ssh_config()
@@ -137,6 +140,7 @@ def probe_nodes(
             timeout=probe_timeout,
             connect_timeout=timeout,
             accept_new_host_keys=accept_new_host_keys,
+            on_result=None if on_node is None else lambda r: on_node(r.node, r.ok),
         )
         if process is not None:
             with contextlib.suppress(OSError, EOFError):
@@ -152,6 +156,8 @@ def probe_nodes(
             process.close()
             session.close()
     assert main_outcome is not None
+    if on_node is not None:
+        on_node(main, main_outcome.ok)
     return [_to_probe(o) for o in [main_outcome, *outcomes]]
 
 
@@ -228,6 +234,7 @@ def run_preflight(
     env: Mapping[str, str] | None = None,
     accept_new_host_keys: bool = False,
     extra_findings: Sequence[Finding] = (),
+    on_node: NodeDone | None = None,
 ) -> DoctorReport:
     """Every check doctor makes, over every node of the hostfile.
 
@@ -253,6 +260,7 @@ def run_preflight(
         timeout=timeout,
         probe_timeout=probe_timeout,
         accept_new_host_keys=accept_new_host_keys,
+        on_node=on_node,
     )
     deep: list[CollectiveResult] = []
     if full:

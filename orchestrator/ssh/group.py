@@ -27,6 +27,7 @@ def run_on_nodes(
     connect_timeout: float = 10.0,
     accept_new_host_keys: bool = False,
     stdin: bytes | None = None,
+    on_result: Callable[[NodeResult[CommandResult]], None] | None = None,
 ) -> GroupResult[CommandResult]:
     """Run a command on every node in parallel; one result per node, in order (a node
     succeeded when the command ran, whatever its exit code).
@@ -56,4 +57,4 @@ def run_on_nodes(
                 "other",
             )
 
-    return for_each_node(nodes, one, max_parallel=max_parallel)
+    return for_each_node(nodes, one, max_parallel=max_parallel, on_result=on_result)
