@@ -7,6 +7,9 @@ Methods, alternating, several repetitions each, on a private sandbox:
                as they do under orch's agent and DeepSpeed's runner); not run by default
 - orch-wire:   the same command under orch's node agent through pdsh, pdsh's output
                through orch's LogRouter into per-node logs (orch's log path alone)
+- orch-wire-ranks: the same, with the rank started through orch-rank as every launcher
+               starts it under orch launch: the rank's output on its own connections
+               to the agent, its lines tagged with its rank (the per-rank path)
 - accelerate:  `accelerate launch --config_file <pdsh config> print_fast.py N` (the seed
                recipe: DeepSpeed's pdsh runner), output to a file
 - orch:        `orch launch --hostfile H -- print_fast.py N` (the same accelerate path,
@@ -57,7 +60,8 @@ from common import (
 )
 
 JOB = ROOT / "bench" / "jobs" / "print_fast.py"
-METHODS = ("pdsh", "orch-wire", "accelerate", "orch")
+METHODS = ("pdsh", "orch-wire", "orch-wire-ranks", "accelerate", "orch")
+WIRE_METHODS = ("orch-wire", "orch-wire-ranks")
 RUN_TIMEOUT_S = 900.0
 _NUMBERED = re.compile(rb"r\d+ step \d+ ")
 
@@ -102,8 +106,10 @@ class LogRuns:
             unbuffered = ["PYTHONUNBUFFERED=1"] if method == "pdsh-unbuffered" else []
             remote = " ".join([*unbuffered, PYTHON, *job])
             return ["pdsh", "-R", "ssh", "-f", "64", "-w", ",".join(self.hosts), remote]
-        if method == "orch-wire":
-            return [PYTHON, __file__, "--wire-child", ",".join(self.hosts), str(workdir), *job]
+        if method in WIRE_METHODS:
+            ranks = "ranks" if method == "orch-wire-ranks" else "node"
+            return [PYTHON, __file__, "--wire-child", ranks, ",".join(self.hosts), str(workdir),
+                    *job]  # fmt: skip
         if method in ("accelerate", "orch"):
             return launcher_argv(
                 method, self.state, job=job, workdir=workdir, port=self.port + self.count,
@@ -113,7 +119,7 @@ class LogRuns:
         raise ValueError(f"unknown method {method}")
 
     def kept(self, method: str, workdir: Path, log: Path) -> list[Path]:
-        if method == "orch-wire":
+        if method in WIRE_METHODS:
             return sorted((workdir / "logs").glob("*.log"))
         if method == "orch":
             return sorted((workdir / "runs").glob("*/logs/*.log"))
@@ -142,12 +148,13 @@ class LogRuns:
         )  # fmt: skip
 
 
-def wire_child(hosts: str, workdir: str, job: list[str]) -> int:
-    """orch's log path alone: the node agent under pdsh, the head's LogRouter."""
+def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
+    """orch's log path alone: the node agent under pdsh, the head's LogRouter; with
+    ranks == "ranks", the node's one rank started through orch-rank (rank = node rank)."""
     from orchestrator.logs.sink import LogRouter
     from orchestrator.plan import agent_command
 
-    spec = {
+    spec: dict[str, object] = {
         "job_id": f"benchlogs-{uuid.uuid4().hex[:8]}",
         "workdir": workdir,
         "env": {},
@@ -155,6 +162,9 @@ def wire_child(hosts: str, workdir: str, job: list[str]) -> int:
         "files": {},
         "command": [PYTHON, *job],
     }
+    if ranks == "ranks":
+        spec["rank_argv"] = [PYTHON, *job]
+        spec["shell"] = 'RANK="$ORCH_NODE_RANK" LOCAL_RANK=0 exec orch-rank'
     remote = agent_command.agent_command(PYTHON, spec)
     argv = ["pdsh", "-R", "ssh", "-f", "64", "-w", hosts, remote]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -185,7 +195,7 @@ def table_rows(samples: dict[str, list[Sample]]) -> list[list[object]]:
     wall = {m: summarize([s.wall for s in runs]) for m, runs in good.items()}
     cpu = {m: summarize([s.cpu for s in runs]) for m, runs in good.items()}
     base = {
-        "pdsh": "pdsh", "pdsh-unbuffered": "pdsh", "orch-wire": "pdsh",
+        "pdsh": "pdsh", "pdsh-unbuffered": "pdsh", "orch-wire": "pdsh", "orch-wire-ranks": "pdsh",
         "accelerate": "accelerate", "orch": "accelerate",
     }  # fmt: skip
     rows = []
@@ -222,8 +232,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.wire_child:
-        hosts, workdir, *job = args.wire_child
-        sys.exit(wire_child(hosts, workdir, job))
+        ranks, hosts, workdir, *job = args.wire_child
+        sys.exit(wire_child(ranks, hosts, workdir, job))
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     info = machine()
     print_header("log path: ranks printing as fast as Python can", info)

@@ -27,6 +27,7 @@ import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -148,16 +149,34 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
 
 
 # ----- watching --------------------------------------------------------------------
+_TRACEBACK_BYTES = TRACEBACK_HEADER.encode()
+_NOT_A_RANK: tuple[int, deque[bytes]] = (-1, deque())  # a label logwire did not write
+
+
+def _decoded(tail: Iterable[tuple[int | None, bytes]]) -> tuple[str, ...]:
+    return tuple(
+        text if rank is None else f"[r{rank}] {text}"
+        for rank, data in tail
+        for text in (data.decode("utf-8", "replace"),)
+    )
+
+
 class _Tracker:
     """A LogView that notes which nodes were heard from since it was last asked, pdsh's
-    reports of ended ssh connections, each node's exit message and its last lines."""
+    reports of ended ssh connections, each node's exit message and its last lines.
+
+    It sees every line of the job, so it keeps them as they came (bytes) and decodes
+    only what is read: a few lines when a job fails."""
 
     def __init__(self, hosts: tuple[str, ...], forward: LogView | None) -> None:
         self.hosts = set(hosts)
         self.forward = forward
-        self.tails: dict[str, deque[str]] = {h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")}
+        self.tails: dict[str, deque[tuple[int | None, bytes]]] = {
+            h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")
+        }
         # Each rank's own last lines: its traceback is read from them when it fails.
-        self.rank_tails: dict[int, deque[str]] = {}
+        self.rank_tails: dict[int, deque[bytes]] = {}
+        self._labels: dict[str, tuple[int, deque[bytes]]] = {}  # "<rank>/<local>" -> its tail
         self.rank_nodes: dict[int, str] = {}
         self.traceback_at: dict[int, int] = {}  # rank -> when its last traceback began
         self._seen = 0
@@ -166,29 +185,51 @@ class _Tracker:
         self.ssh_ended: list[tuple[str, int]] = []
         self.exited: list[tuple[str, dict]] = []
 
+    def _rank(self, label: str, node: str) -> tuple[int, deque[bytes]]:
+        found = self._labels.get(label)
+        if found is None:
+            number = global_rank(label)
+            if number is None:
+                found = _NOT_A_RANK
+            else:
+                tail = self.rank_tails.setdefault(number, deque(maxlen=RANK_TAIL_LINES))
+                found = (number, tail)
+                self.rank_nodes[number] = node
+            self._labels[label] = found
+        return found
+
     def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
-        text = data.decode("utf-8", "replace")
-        number = global_rank(rank)
-        if number is not None:
-            tail = self.rank_tails.get(number)
-            if tail is None:
-                tail = self.rank_tails[number] = deque(maxlen=RANK_TAIL_LINES)
-            tail.append(text)
-            self.rank_nodes[number] = node
-            if TRACEBACK_HEADER in text:
-                self._seen += 1
-                self.traceback_at[number] = self._seen
-            text = f"[r{number}] {text}"
+        number: int | None = None
+        if rank:
+            number, tail = self._rank(rank, node)
+            if number < 0:
+                number = None
+            else:
+                tail.append(data)
+                if _TRACEBACK_BYTES in data:
+                    self._seen += 1
+                    self.traceback_at[number] = self._seen
         if node.startswith("pdsh@"):
-            lost = ssh_exit_of(text)
+            lost = ssh_exit_of(data.decode("utf-8", "replace"))
             if lost is not None and lost[0] in self.hosts:
                 self.ssh_ended.append(lost)
             node = ""
         self.heard.add(node)
         self.ranks_wrote = self.ranks_wrote or node in self.hosts
-        self.tails.setdefault(node, deque(maxlen=TAIL_LINES)).append(text)
+        self.tails.setdefault(node, deque(maxlen=TAIL_LINES)).append((number, data))
         if self.forward is not None:
             self.forward.line(node, stream, data, rank)
+
+    def node_tails(self) -> dict[str, tuple[str, ...]]:
+        """Each node's last lines, decoded, each rank's marked [r<rank>]."""
+        return {node: _decoded(tail) for node, tail in self.tails.items()}
+
+    def rank_lines(self) -> dict[int, list[str]]:
+        """Each rank's last lines, decoded."""
+        return {
+            rank: [data.decode("utf-8", "replace") for data in tail]
+            for rank, tail in self.rank_tails.items()
+        }
 
     def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         self.heard.add(node)
@@ -384,7 +425,7 @@ class JobRunner:
     # -- teardown ------------------------------------------------------------------
     def _begin_teardown(self, failure: Failure) -> None:
         # The lines before the failure, not the teardown's own noise that follows it.
-        self.tails_at_failure = {node: tuple(tail) for node, tail in self.tracker.tails.items()}
+        self.tails_at_failure = self.tracker.node_tails()
         self.record = replace(self.record, state="stopping")
         self.run_dir.save(self.record)
 
@@ -427,15 +468,15 @@ class JobRunner:
         that is not a cascade of another rank's failure, or the failing rank's own. A cascade
         on another rank is never named as the cause (the failing rank may have printed none)."""
         tracker = self.tracker
-        lines = {rank: list(tail) for rank, tail in tracker.rank_tails.items()}
-        for found in rank_tracebacks(lines, tracker.traceback_at):
+        for found in rank_tracebacks(tracker.rank_lines(), tracker.traceback_at):
             if not found.cascade or found.rank == failure.rank:
                 return found
         return None
 
     def _last_lines(self, node: str) -> tuple[str, ...]:
-        tails = self.tails_at_failure if self.tails_at_failure is not None else self.tracker.tails
-        return tuple(tails.get(node, ()))
+        if self.tails_at_failure is not None:
+            return self.tails_at_failure.get(node, ())
+        return _decoded(self.tracker.tails.get(node, ()))
 
     def _cleanup_private(self) -> None:
         shutil.rmtree(self.plan.private_dir, ignore_errors=True)

@@ -1,0 +1,52 @@
+"""What the head keeps of every line while a job runs (run/launch.py's _Tracker): each
+node's last lines with their rank, each rank's own last lines for its traceback, pdsh's
+reports of ended ssh connections. Fed values, as the log router feeds it."""
+
+from __future__ import annotations
+
+from orchestrator.run.launch import RANK_TAIL_LINES, TAIL_LINES, _Tracker
+
+HOSTS = ("n1", "n2")
+
+
+def test_each_node_keeps_its_last_lines_marked_with_their_rank() -> None:
+    tracker = _Tracker(HOSTS, None)
+    tracker.line("n1", "err", b"launcher says hello")
+    tracker.line("n1", "out", "step 1 \N{CHECK MARK}".encode(), rank="0/0")
+    tracker.line("n1", "out", b"bad \xff byte", rank="1/1")
+    tracker.line("n2", "out", b"forged", rank="x/y")  # not a label orch writes
+    assert tracker.node_tails()["n1"] == (
+        "launcher says hello", "[r0] step 1 \N{CHECK MARK}",
+        "[r1] bad \N{REPLACEMENT CHARACTER} byte",
+    )  # fmt: skip
+    assert tracker.node_tails()["n2"] == ("forged",)
+    assert tracker.rank_nodes == {0: "n1", 1: "n1"}
+    for i in range(TAIL_LINES + 5):
+        tracker.line("n2", "out", b"line %d" % i, rank="2/0")
+    assert tracker.node_tails()["n2"][0] == "[r2] line 5"
+    assert len(tracker.node_tails()["n2"]) == TAIL_LINES
+
+
+def test_each_rank_keeps_its_own_lines_and_where_its_last_traceback_began() -> None:
+    tracker = _Tracker(HOSTS, None)
+    tracker.line("n1", "err", b"Traceback (most recent call last):", rank="1/1")
+    tracker.line("n2", "err", b"Traceback (most recent call last):", rank="2/0")
+    tracker.line("n1", "err", b"ValueError: boom", rank="1/1")
+    tracker.line("n1", "err", b"Traceback (most recent call last):", rank="1/1")
+    assert tracker.rank_lines()[1] == [
+        "Traceback (most recent call last):", "ValueError: boom",
+        "Traceback (most recent call last):",
+    ]  # fmt: skip
+    assert tracker.traceback_at == {2: 2, 1: 3}
+    for i in range(RANK_TAIL_LINES + 1):
+        tracker.line("n2", "out", b"x%d" % i, rank="2/0")
+    assert len(tracker.rank_lines()[2]) == RANK_TAIL_LINES
+
+
+def test_pdsh_reports_of_ended_ssh_are_noted_for_known_nodes_only() -> None:
+    tracker = _Tracker(HOSTS, None)
+    tracker.line("pdsh@head", "err", b"n2: ssh exited with exit code 255")
+    tracker.line("pdsh@head", "err", b"elsewhere: ssh exited with exit code 255")
+    assert tracker.ssh_ended == [("n2", 255)]
+    assert tracker.node_tails()[""][-1] == "elsewhere: ssh exited with exit code 255"
+    assert tracker.heard == {""} and not tracker.ranks_wrote
