@@ -16,6 +16,8 @@ import hashlib
 import os
 import re
 import shlex
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,3 +227,58 @@ def collect_logs(
         )  # fmt: skip
 
     return for_each_node(nodes, one, max_parallel=max_parallel)
+
+
+class EarlyCollector:
+    """Pulls a node's raw logs as soon as they are complete (its agent has exited), while
+    the rest of the job ends: at most `max_parallel` nodes at a time, each in a thread of
+    its own. Nothing raises: every node ends with a result."""
+
+    def __init__(self, job_id: str, dest_root: str | os.PathLike[str], *,
+                 keep_remote: bool, connect_timeout: float, timeout: float,
+                 max_parallel: int = 16) -> None:  # fmt: skip
+        self.job_id, self.dest_root = job_id, dest_root
+        self.keep_remote, self.connect_timeout, self.timeout = keep_remote, connect_timeout, timeout
+        self._slots = threading.Semaphore(max_parallel)
+        self._threads: dict[str, threading.Thread] = {}
+        self._results: dict[str, NodeResult[PulledLogs]] = {}
+
+    def start(self, node: str) -> None:
+        if node not in self._threads:
+            thread = threading.Thread(target=self._one, args=(node,), daemon=True)
+            self._threads[node] = thread
+            thread.start()
+
+    @property
+    def nodes(self) -> set[str]:
+        return set(self._threads)
+
+    def _one(self, node: str) -> None:
+        with self._slots:
+            try:
+                result = collect_node(
+                    node, self.job_id, self.dest_root, keep_remote=self.keep_remote,
+                    connect_timeout=self.connect_timeout, timeout=self.timeout,
+                )  # fmt: skip
+            except Exception as err:  # the job is over: a fetch problem is only reported
+                where = node_dir(self.job_id, node)
+                result = failed(
+                    node, f"{node}: pulling the raw logs failed ({type(err).__name__}: {err})",
+                    f"fetch them by hand: {fetch_command(node, where)}",
+                )  # fmt: skip
+        self._results[node] = result
+
+    def results(self, wait: float) -> dict[str, NodeResult[PulledLogs]]:
+        """Every started node's result, waiting at most `wait` seconds in all."""
+        deadline = time.monotonic() + wait
+        for thread in self._threads.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        done = dict(self._results)
+        for node in self._threads:
+            if node not in done:
+                where = node_dir(self.job_id, node)
+                done[node] = failed(
+                    node, f"{node}: its raw logs were still coming back after {wait:g}s",
+                    f"they stay on the node; fetch them by hand: {fetch_command(node, where)}",
+                )  # fmt: skip
+        return done

@@ -38,6 +38,7 @@ from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
 from orchestrator.remote.logwire import global_rank
+from orchestrator.run.collect import EarlyCollector, collect_logs, fetch_command
 from orchestrator.run.pdsh import (
     StreamingProcess,
     ssh_exit_of,
@@ -80,6 +81,7 @@ from orchestrator.specs.jobenv import is_secret
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
 TAIL_LINES = 15
+_PULL_CONNECT_S, _PULL_TIMEOUT_S = 5.0, 60.0  # pulling one node's raw logs back
 RANK_TAIL_LINES = 300
 
 
@@ -297,6 +299,12 @@ class JobRunner:
         self.tails_at_failure: dict[str, tuple[str, ...]] | None = None
         self._teardown_thread: threading.Thread | None = None
         self._teardown_done = threading.Event()
+        # A node whose agent has exited has written its last byte: its logs come back
+        # while the rest of the job ends (the launcher's own exit takes seconds).
+        self._early_logs = EarlyCollector(
+            plan.job_id, run.node_logs, keep_remote=keep_remote_logs,
+            connect_timeout=_PULL_CONNECT_S, timeout=_PULL_TIMEOUT_S,
+        )  # fmt: skip
 
     def interrupt(self, signum: int) -> None:
         self.signal = signum
@@ -383,6 +391,8 @@ class JobRunner:
             events.append(Tick(now))
             stop = False
             for event in events:
+                if isinstance(event, NodeExited):
+                    self._early_logs.start(event.node)
                 decision = self.verdict.feed(event)
                 if decision.tear_down is not None:
                     self._begin_teardown(decision.tear_down)
@@ -392,17 +402,17 @@ class JobRunner:
 
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
-        from orchestrator.run.collect import collect_logs, fetch_command
-
         # A node the teardown could not reach just now would only cost another timeout.
         unreachable = {
             r.node for r in (self.teardown or ()) if r.kind in (UNREACHABLE, NO_ANSWER)
-        }
-        reachable = [h for h in self.plan.hosts if h not in unreachable]
+        } - self._early_logs.nodes
+        early = self._early_logs.nodes
+        reachable = [h for h in self.plan.hosts if h not in unreachable and h not in early]
         try:
             report = collect_logs(
                 reachable, self.plan.job_id, self.run_dir.node_logs,
-                keep_remote=self.keep_remote_logs, connect_timeout=5.0, timeout=60.0,
+                keep_remote=self.keep_remote_logs, connect_timeout=_PULL_CONNECT_S,
+                timeout=_PULL_TIMEOUT_S,
             )  # fmt: skip
             outcome = {r.node: r.why for r in report}
         except Exception as err:  # the job is over: nothing here may change its exit code
@@ -411,6 +421,8 @@ class JobRunner:
                 f"fetch them by hand: {fetch_command(node, self._node_dir(node))}"
                 for node in reachable
             }
+        waited = _PULL_CONNECT_S + _PULL_TIMEOUT_S
+        outcome.update({n: r.why for n, r in self._early_logs.results(waited).items()})
         for node in unreachable:
             where = self._node_dir(node)
             outcome[node] = (
