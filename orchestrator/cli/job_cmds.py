@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -225,15 +226,25 @@ def _options(*, no_doctor: bool, sync: bool, keep_remote_logs: bool,
     )
 
 
-def _execute(plan: LaunchPlan, root: Path, options: PipelineOptions, *, dry_run: bool,
-             as_json: bool, quiet: bool) -> None:  # fmt: skip
+def _execute(build: Callable[[int, bool], LaunchPlan], main_port: int | None, job_id: str,
+             root: Path, options: PipelineOptions, *, dry_run: bool, as_json: bool,
+             quiet: bool) -> None:  # fmt: skip
+    # Built first with the port orch would try first: a bad input is refused, and a dry
+    # run shown, before any node is asked.
+    plan = plan_with_main_port(build, main_port, job_id, dry_run=True, preflight=False)
     if dry_run:
         text = json.dumps(plan_summary(plan), indent=2) if as_json else plan_text(plan)
         typer.echo(text, nl=as_json)
         return
+
+    def with_port() -> LaunchPlan:
+        return plan_with_main_port(build, main_port, job_id, dry_run=False,
+                                   preflight=options.preflight)  # fmt: skip
+
     view = _view(plan, quiet)
     try:
-        result = execute_plan(plan, root, options, view=view, reporter=_PipelinePrinter())
+        result = execute_plan(plan, root, options, view=view, reporter=_PipelinePrinter(),
+                              with_port=with_port)  # fmt: skip
     finally:
         if view is not None:
             view.close()
@@ -305,10 +316,10 @@ def launch(
             head=head,
         )
 
-    plan = plan_with_main_port(build, main_port, job_id, dry_run=dry_run, preflight=not no_doctor)
     options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
                        heartbeat_timeout=heartbeat_timeout, hang_timeout=hang_timeout)  # fmt: skip
-    _execute(plan, root, options, dry_run=dry_run, as_json=as_json, quiet=quiet)
+    _execute(build, main_port, job_id, root, options, dry_run=dry_run, as_json=as_json,
+             quiet=quiet)  # fmt: skip
 
 
 @app.command()
@@ -358,12 +369,11 @@ def submit(
             chosen_port=port,
         )
 
-    plan = plan_with_main_port(build, loaded.main_port, job_id, dry_run=dry_run,
-                               preflight=not no_doctor)  # fmt: skip
     options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
                        heartbeat_timeout=heartbeat_timeout,
                        hang_timeout=hang_timeout or loaded.hang_timeout)  # fmt: skip
-    _execute(plan, root, options, dry_run=dry_run, as_json=as_json, quiet=quiet)
+    _execute(build, loaded.main_port, job_id, root, options, dry_run=dry_run, as_json=as_json,
+             quiet=quiet)  # fmt: skip
 
 
 def _record_doc(record: JobRecord) -> dict:

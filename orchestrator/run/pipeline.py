@@ -1,8 +1,9 @@
-"""From a plan to a finished job: sync -> pre-flight -> the job's private settings on every
-node -> prepare the record -> run.
+"""From a plan to a finished job: sync -> the job's private settings on every node, while
+node 0 picks the main port -> pre-flight -> prepare the record -> run.
 
-Each step either passes or raises OrchError before anything of the job has started;
-what a step found goes to the caller's `PipelineReporter` (the CLI prints it).
+Each step either passes or raises OrchError before anything of the job has started (and
+then the private settings written so far are removed again); what a step found goes to
+the caller's `PipelineReporter` (the CLI prints it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -59,13 +62,19 @@ def execute_plan(
     *,
     view: LogView | None,
     reporter: PipelineReporter,
+    with_port: Callable[[], LaunchPlan] | None = None,
 ) -> LaunchResult:
-    """Run the plan to its end; SIGINT and SIGTERM tear the job down on every node."""
+    """Run the plan to its end; SIGINT and SIGTERM tear the job down on every node.
+    `with_port`, when given, returns the plan with the main port node 0 picked for it."""
     if options.sync:
         _sync(plan, reporter)
-    if options.preflight:
-        _preflight(plan, reporter)
-    _write_node_private(plan)
+    plan = _settings_and_port(plan, with_port)
+    try:
+        if options.preflight:
+            _preflight(plan, reporter)
+    except BaseException:
+        _remove_node_private(plan)
+        raise
     run = run_dir(root, plan.job_id)
     record = prepare_run(plan, run)
     runner = JobRunner(
@@ -95,6 +104,49 @@ def _sync(plan: LaunchPlan, reporter: PipelineReporter) -> None:
             f"--sync could not copy {os.getcwd()} to {', '.join(failed)}; nothing was started",
             "fix the problems above (`orch doctor --hostfile F` checks SSH), then launch again",
         )
+
+
+def _settings_and_port(plan: LaunchPlan, with_port: Callable[[], LaunchPlan] | None) -> LaunchPlan:
+    """The job's private settings written on every node while node 0 picks the port: they
+    do not depend on it, and each is a round trip over SSH before anything starts."""
+    if with_port is None:
+        _write_node_private(plan)
+        return plan
+    failure: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            _write_node_private(plan)
+        except BaseException as err:  # raised again below, in the caller's thread
+            failure.append(err)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        ported = with_port()
+    except BaseException:
+        writer.join()
+        _remove_node_private(plan)
+        raise
+    writer.join()
+    if failure:
+        _remove_node_private(plan)
+        raise failure[0]
+    if ported.node_private != plan.node_private:  # never expected: the port is not in them
+        _write_node_private(ported)
+    return ported
+
+
+def _remove_node_private(plan: LaunchPlan) -> None:
+    """Nothing started: the settings written on the nodes (secrets among them) go again.
+    Best effort: a node that cannot be reached keeps a file only this user can read."""
+    from orchestrator.remote.agent import node_dir
+    from orchestrator.ssh import run_on_nodes
+
+    def command(node: str) -> str:
+        return f"rm -rf -- {shlex.quote(node_dir(plan.job_id, node))}"
+
+    run_on_nodes(plan.hosts, command, timeout=10.0, connect_timeout=5.0)
 
 
 def _write_node_private(plan: LaunchPlan) -> None:
