@@ -193,6 +193,42 @@ def frozen_node_check(cap: float) -> dict[str, Sample]:
     return outcome
 
 
+def doctor_with_defaults(nodes: int, reps: int) -> dict[str, list[Sample]]:
+    """`orch doctor` as a user runs it, no timeout given (connect 10 s, probe 120 s), on a
+    sandbox of `nodes`; then the same with its last node frozen."""
+    outcome: dict[str, list[Sample]] = {"all answer": [], "last node frozen": []}
+    argv_of = lambda state: [  # noqa: E731
+        ORCH, "doctor", "--hostfile", state.hostfile, "--json", "--python", PYTHON,
+        "--workdir", str(ROOT),
+    ]  # fmt: skip
+    with private_sandbox(nodes, 1, tag="pz") as state:
+        run_timed(argv_of(state), cwd=ROOT, env=head_env(), timeout=900)  # page cache
+        for case in outcome:
+            if case == "last node frozen":
+                sandbox_of(state).freeze(state.nodes[-1].name)
+            for rep in range(reps if case == "all answer" else 1):
+                done = run_timed(argv_of(state), cwd=ROOT, env=head_env(), timeout=900)
+                failing = sorted(_nodes_named(done.output))
+                sample = Sample(
+                    wall=done.wall, cpu=done.cpu, ok=done.code is not None,
+                    note=f"exit {done.code}", extra={"failing": failing},
+                )  # fmt: skip
+                outcome[case].append(sample)
+                print(f"  {nodes} nodes, {case}, rep {rep + 1}: {done.wall:6.2f} s, exit "
+                      f"{done.code}, failing: {', '.join(failing) or '-'}", flush=True)  # fmt: skip
+        sandbox_of(state).thaw(state.nodes[-1].name)
+    return outcome
+
+
+def defaults_rows(nodes: int, outcome: dict[str, list[Sample]]) -> list[list[object]]:
+    return [
+        [nodes, case, summarize([s.wall for s in samples]).text(),
+         ", ".join(sorted({s.note for s in samples})),
+         "; ".join(sorted({", ".join(s.extra["failing"]) or "-" for s in samples}))]
+        for case, samples in outcome.items()
+    ]  # fmt: skip
+
+
 def size_rows(results: dict[int, dict[str, list[Sample]]]) -> list[list[object]]:
     rows: list[list[object]] = []
     for nodes, by_method in results.items():
@@ -230,6 +266,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cap", type=float, default=1800.0, help="total time cap, s")
     parser.add_argument("--quick", action="store_true", help="sizes 1,4; 1 repetition")
     parser.add_argument("--no-frozen", action="store_true", help="skip the frozen-node check")
+    parser.add_argument(
+        "--defaults", type=int, metavar="NODES",
+        help="only `orch doctor` with its default timeouts on NODES nodes, then with the last "
+        "node frozen",
+    )  # fmt: skip
     return parser.parse_args()
 
 
@@ -241,6 +282,18 @@ def main() -> None:
     info = machine()
     print_header("pre-flight: orch doctor vs a serial ssh loop and DeepSpeed's check", info)
     budget = Budget(args.cap)
+    if args.defaults:
+        outcome = doctor_with_defaults(args.defaults, reps)
+        table = render_table(["nodes", "case", "wall s, median (min-max)", "exit",
+                              "nodes failing"], defaults_rows(args.defaults, outcome))  # fmt: skip
+        print(table)
+        path = write_results("preflight-defaults", {
+            "benchmark": "preflight-defaults", "date": now_utc(), "command": command_line(),
+            "machine": info, "machine_line": machine_line(info), "nodes": args.defaults,
+            "reps": reps, "results": outcome, "table": table,
+        })  # fmt: skip
+        print(f"results: {path}")
+        return
     results = bench_sizes(sizes, reps, budget)
     frozen = {} if args.no_frozen else frozen_node_check(cap=120.0)
     headers = ["nodes", "method", "nodes checked", "wall s, median (min-max)",
