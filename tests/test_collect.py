@@ -56,6 +56,7 @@ def test_raw_logs_come_back_byte_for_byte_and_remote_copy_is_removed(
         files = {
             "stdout.raw": os.urandom(200_000 + index) + b"\r\x00\xff no newline",
             "stderr.raw": b"".join(b"\rstep %d" % i for i in range(5000)) + b"\n",
+            "rank3.stderr.raw": b"",  # a rank that wrote nothing there: made, not fetched
         }
         write_on_node(node, job, files)
         expected[node] = files
@@ -66,7 +67,9 @@ def test_raw_logs_come_back_byte_for_byte_and_remote_copy_is_removed(
     for result, node in zip(report, nodes, strict=True):
         pulled = result.value
         assert result.node == node and pulled is not None and pulled.remote_removed
-        assert sorted(f.name for f in pulled.files) == ["stderr.raw", "stdout.raw"]
+        assert sorted(f.name for f in pulled.files) == [
+            "rank3.stderr.raw", "stderr.raw", "stdout.raw",
+        ]  # fmt: skip
         for name, data in expected[node].items():
             assert (tmp_path / "nodes" / node / name).read_bytes() == data
         assert not list((tmp_path / "nodes" / node).glob("*.partial"))

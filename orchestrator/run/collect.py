@@ -106,14 +106,19 @@ def _remote_hashes(
 
 
 def _pull_files(
-    session: NodeSession, remote_dir: str, local_dir: Path, names: Sequence[str],
-    timeout: float,
+    session: NodeSession, remote_dir: str, local_dir: Path,
+    hashes: dict[str, tuple[int, str]], timeout: float,
 ) -> None:  # fmt: skip
     """The regular files the hash listing named (over SFTP, or `cat` where the node's sshd
-    has no SFTP subsystem)."""
+    has no SFTP subsystem). An empty one is made here, not fetched: a rank that wrote
+    nothing on a stream costs no round trip (its hash is still checked)."""
     local_dir.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        session.download(f"{remote_dir}/{name}", local_dir / (name + _PARTIAL_SUFFIX), timeout)
+    for name, (size, _digest) in sorted(hashes.items()):
+        target = local_dir / (name + _PARTIAL_SUFFIX)
+        if size == 0:
+            target.write_bytes(b"")
+            continue
+        session.download(f"{remote_dir}/{name}", target, timeout)
 
 
 def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledFile]:
@@ -146,7 +151,7 @@ def _collect_over(
                 f"{node}: no raw logs at {remote_dir}",
                 "the job never started on this node, or its logs were already removed",
             )
-        _pull_files(session, remote_dir, local_dir, sorted(before), timeout)
+        _pull_files(session, remote_dir, local_dir, before, timeout)
         after = _remote_hashes(session, remote_dir, timeout) or {}
         try:
             if after != before:
