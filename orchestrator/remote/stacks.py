@@ -40,6 +40,7 @@ NO_PY_SPY, PTRACE, GONE, NO_RANKS, TIMEOUT, OTHER, NO_HANDLER = (
 METHODS = ("auto", "py-spy", "faulthandler")
 SIGNAL_WAIT_S = 5.0  # a rank's faulthandler answers from its signal handler, at once
 SIGNAL_MAX_RATE = 20  # samples per second and rank when sampling by signal
+POLL_S, SETTLE_POLLS = 0.015, 2  # a dump is whole once its file stood still this long
 _FH_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 
@@ -304,17 +305,21 @@ def _signal_all(ranks: list[tuple[int, int]], node_dir: str) -> tuple[list[_Sign
 
 
 def _wait_answers(asked: list[_Signalled], deadline: float) -> dict[int, str]:
-    """Each rank's appended dump, once its file has stopped growing (faulthandler writes
-    a dump in a burst of small writes)."""
+    """Each rank's appended dump, once its file has stopped growing for SETTLE_POLLS polls
+    (faulthandler writes a dump as a burst of small writes, which a busy machine may
+    pause between)."""
     answers: dict[int, str] = {}
     sizes = {target.pid: target.start for target in asked}
+    still = dict.fromkeys(sizes, 0)
     while len(answers) < len(asked) and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(POLL_S)
         for target in asked:
             if target.pid in answers:
                 continue
             size = _size(target.path)
-            if size > target.start and size == sizes[target.pid]:
+            grown = size > target.start
+            still[target.pid] = still[target.pid] + 1 if grown and size == sizes[target.pid] else 0
+            if still[target.pid] >= SETTLE_POLLS:
                 answers[target.pid] = target.answer()
             sizes[target.pid] = size
     return answers
