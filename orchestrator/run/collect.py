@@ -234,16 +234,18 @@ def collect_logs(
     return for_each_node(nodes, one, max_parallel=max_parallel)
 
 
-class EarlyCollector:
-    """Pulls a node's raw logs as soon as they are complete (its agent has exited), while
-    the rest of the job ends: at most `max_parallel` nodes at a time, each in a thread of
-    its own. Nothing raises: every node ends with a result."""
+class LogCollector:
+    """Pulls nodes' raw logs in the background, each as soon as it is started: the job's
+    runner starts a node the moment its agent has exited (its logs are complete), while
+    the rest of the job ends, and the others at the end. At most `max_parallel` nodes at a
+    time, each in a thread of its own. Nothing raises: every node ends with a result."""
 
     def __init__(self, job_id: str, dest_root: str | os.PathLike[str], *,
                  keep_remote: bool, connect_timeout: float, timeout: float,
                  max_parallel: int = 16) -> None:  # fmt: skip
         self.job_id, self.dest_root = job_id, dest_root
         self.keep_remote, self.connect_timeout, self.timeout = keep_remote, connect_timeout, timeout
+        self.max_parallel = max_parallel
         self._slots = threading.Semaphore(max_parallel)
         self._threads: dict[str, threading.Thread] = {}
         self._results: dict[str, NodeResult[PulledLogs]] = {}
@@ -273,8 +275,12 @@ class EarlyCollector:
                 )  # fmt: skip
         self._results[node] = result
 
-    def results(self, wait: float) -> dict[str, NodeResult[PulledLogs]]:
-        """Every started node's result, waiting at most `wait` seconds in all."""
+    def results(self) -> dict[str, NodeResult[PulledLogs]]:
+        """Every started node's result. Bounded: each wave of `max_parallel` nodes still
+        running gets a node's connect timeout plus its step timeout."""
+        waiting = sum(1 for node in self._threads if node not in self._results)
+        waves = max(1, -(-waiting // self.max_parallel))
+        wait = (self.connect_timeout + self.timeout) * waves
         deadline = time.monotonic() + wait
         for thread in self._threads.values():
             thread.join(max(0.0, deadline - time.monotonic()))

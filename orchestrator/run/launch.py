@@ -38,7 +38,7 @@ from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
 from orchestrator.remote.logwire import global_rank
-from orchestrator.run.collect import EarlyCollector, collect_logs, fetch_command
+from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.pdsh import (
     StreamingProcess,
     ssh_exit_of,
@@ -301,7 +301,7 @@ class JobRunner:
         self._teardown_done = threading.Event()
         # A node whose agent has exited has written its last byte: its logs come back
         # while the rest of the job ends (the launcher's own exit takes seconds).
-        self._early_logs = EarlyCollector(
+        self._node_logs = LogCollector(
             plan.job_id, run.node_logs, keep_remote=keep_remote_logs,
             connect_timeout=_PULL_CONNECT_S, timeout=_PULL_TIMEOUT_S,
         )  # fmt: skip
@@ -392,7 +392,7 @@ class JobRunner:
             stop = False
             for event in events:
                 if isinstance(event, NodeExited):
-                    self._early_logs.start(event.node)
+                    self._node_logs.start(event.node)
                 decision = self.verdict.feed(event)
                 if decision.tear_down is not None:
                     self._begin_teardown(decision.tear_down)
@@ -405,24 +405,11 @@ class JobRunner:
         # A node the teardown could not reach just now would only cost another timeout.
         unreachable = {
             r.node for r in (self.teardown or ()) if r.kind in (UNREACHABLE, NO_ANSWER)
-        } - self._early_logs.nodes
-        early = self._early_logs.nodes
-        reachable = [h for h in self.plan.hosts if h not in unreachable and h not in early]
-        try:
-            report = collect_logs(
-                reachable, self.plan.job_id, self.run_dir.node_logs,
-                keep_remote=self.keep_remote_logs, connect_timeout=_PULL_CONNECT_S,
-                timeout=_PULL_TIMEOUT_S,
-            )  # fmt: skip
-            outcome = {r.node: r.why for r in report}
-        except Exception as err:  # the job is over: nothing here may change its exit code
-            outcome = {
-                node: f"{node}: pulling the raw logs failed ({type(err).__name__}: {err}); "
-                f"fetch them by hand: {fetch_command(node, self._node_dir(node))}"
-                for node in reachable
-            }
-        waited = _PULL_CONNECT_S + _PULL_TIMEOUT_S
-        outcome.update({n: r.why for n, r in self._early_logs.results(waited).items()})
+        } - self._node_logs.nodes
+        for node in self.plan.hosts:
+            if node not in unreachable:
+                self._node_logs.start(node)  # a node already started is not started again
+        outcome = {n: r.why for n, r in self._node_logs.results().items()}
         for node in unreachable:
             where = self._node_dir(node)
             outcome[node] = (
