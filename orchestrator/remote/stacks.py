@@ -208,6 +208,9 @@ def record_ranks(
 
 
 # ----- without ptrace: faulthandler in the rank, on a signal ---------------------------------
+Ranks = list[tuple[int, int]]  # (rank, pid)
+
+
 def catches(pid: int, signum: int) -> bool | None:
     """Whether the process has a handler for `signum` (SigCgt in /proc); None: it is gone."""
     try:
@@ -270,9 +273,9 @@ def _size(path: str) -> int:
         return -1
 
 
-def _refusal(rank: int, pid: int, node_dir: str, signum: int) -> dict | None:
-    """Why this rank cannot be signalled for its stack, or None when it can."""
-    path = _rank_site().stack_file(node_dir, pid)
+def _refusal(rank: int, pid: int, path: str, signum: int) -> dict | None:
+    """Why this rank cannot be signalled for its stack (its answer going to `path`), or
+    None when it can."""
     handled = catches(pid, signum)
     if handled is None:
         return {"rank": rank, "pid": pid, "error": "the rank has exited", "kind": GONE}
@@ -286,15 +289,16 @@ def _refusal(rank: int, pid: int, node_dir: str, signum: int) -> dict | None:
     return None
 
 
-def _signal_all(ranks: list[tuple[int, int]], node_dir: str) -> tuple[list[_Signalled], list[dict]]:
+def _signal_all(ranks: Ranks, node_dir: str) -> tuple[list[_Signalled], list[dict]]:
     signum = int(_rank_site().STACK_SIGNAL)
     asked, refused = [], []
     for rank, pid in ranks:
-        refusal = _refusal(rank, pid, node_dir, signum)
+        path = _rank_site().stack_file(node_dir, pid)
+        refusal = _refusal(rank, pid, path, signum)
         if refusal is not None:
             refused.append(refusal)
             continue
-        target = _Signalled(rank, pid, _rank_site().stack_file(node_dir, pid))
+        target = _Signalled(rank, pid, path)
         try:
             os.kill(pid, signum)
         except OSError as err:
@@ -325,7 +329,7 @@ def _wait_answers(asked: list[_Signalled], deadline: float) -> dict[int, str]:
     return answers
 
 
-def signal_dump(ranks: list[tuple[int, int]], node_dir: str) -> list[dict]:
+def signal_dump(ranks: Ranks, node_dir: str) -> list[dict]:
     """Every rank's stack from its own faulthandler, all signalled at once."""
     asked, results = _signal_all(ranks, node_dir)
     answers = _wait_answers(asked, time.monotonic() + SIGNAL_WAIT_S)
@@ -349,9 +353,7 @@ def raw_sample(thread: dict) -> str:
     return ";".join([f"thread ({tid}): {thread['thread_name']}", *frames])
 
 
-def signal_profile(
-    ranks: list[tuple[int, int]], node_dir: str, seconds: float, rate: int
-) -> list[dict]:
+def signal_profile(ranks: Ranks, node_dir: str, seconds: float, rate: int) -> list[dict]:
     """Sample every rank `rate` times a second for `seconds` by signalling it; each rank's
     samples counted in py-spy's raw form."""
     rate = max(1, min(rate, SIGNAL_MAX_RATE))
@@ -378,9 +380,6 @@ def signal_profile(
             results.append(refused.get(pid) or {"rank": rank, "pid": pid, "kind": TIMEOUT,
                                                 "error": "no sample answered SIGUSR2"})  # fmt: skip
     return results
-
-
-Ranks = list[tuple[int, int]]  # (rank, pid)
 
 
 def _with_py_spy(py_spy: str, ranks: Ranks, seconds: float, rate: int) -> list[dict]:
