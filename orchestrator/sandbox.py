@@ -27,9 +27,10 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from orchestrator import sandbox_slurm
 from orchestrator.errors import SandboxError
 
 DEFAULT_PREFIX = "node"
@@ -56,6 +57,8 @@ class SandboxState:
     user: str
     nodes: tuple[SandboxNode, ...]
     sshd_profile: str = "default"  # default | hardened (see SSHD_PROFILES)
+    slurm_conf: str = ""  # with --slurm: the config clients need (SLURM_CONF)
+    slurm_pids: tuple[int, ...] = ()  # munged, slurmctld, each node's slurmd (nsenter)
 
     @property
     def hostfile(self) -> str:
@@ -239,6 +242,7 @@ class Sandbox:
                 f"remove {self.directory} after stopping its sshd processes",
             ) from err
         nodes = tuple(SandboxNode(**node) for node in raw.pop("nodes"))
+        raw["slurm_pids"] = tuple(raw.get("slurm_pids", ()))
         return SandboxState(nodes=nodes, **raw)
 
     def _save(self, state: SandboxState) -> None:
@@ -249,7 +253,7 @@ class Sandbox:
 
     # ----- up ----------------------------------------------------------------
     def up(self, nodes: int = 4, slots: int = 2, prefix: str = DEFAULT_PREFIX,
-           sshd_profile: str = "default") -> SandboxState:  # fmt: skip
+           sshd_profile: str = "default", slurm: bool = False) -> SandboxState:  # fmt: skip
         if sshd_profile not in SSHD_PROFILES:
             raise SandboxError(
                 f"no sshd profile {sshd_profile!r}", f"choose one of: {', '.join(SSHD_PROFILES)}"
@@ -260,8 +264,9 @@ class Sandbox:
             raise SandboxError(f"--slots must be at least 1, got {slots}")
         current = self.load()
         if current is not None:
-            wanted = (nodes, slots, prefix, sshd_profile)
-            have = (len(current.nodes), current.slots, current.prefix, current.sshd_profile)
+            wanted = (nodes, slots, prefix, sshd_profile, slurm)
+            have = (len(current.nodes), current.slots, current.prefix, current.sshd_profile,
+                    bool(current.slurm_conf))  # fmt: skip
             if have == wanted and all(
                 s.process_alive and s.port_open for s in self.status(current)
             ):
@@ -272,6 +277,14 @@ class Sandbox:
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         use_ns = namespaces_available()
+        if slurm:
+            sandbox_slurm.require_tools()
+            if not use_ns:
+                raise SandboxError(
+                    "a Slurm sandbox needs each node in its own namespaces (root and unshare), "
+                    "so that every slurmd answers under its node's hostname",
+                    "run `orch sandbox up --slurm` as root on a machine where unshare works",
+                )
         subnet = subnet_for(self.directory)
         addresses = [f"{subnet}.{k}" for k in range(1, nodes + 1)]
         port = _pick_port(addresses)
@@ -284,9 +297,7 @@ class Sandbox:
         started: list[SandboxNode] = []
         try:
             for name, address in zip(names, addresses, strict=True):
-                pid = self._start_node(
-                    sshd, name, address, port, sandbox_id, use_ns, sshd_profile
-                )
+                pid = self._start_node(sshd, name, address, port, sandbox_id, use_ns, sshd_profile)
                 started.append(SandboxNode(name=name, address=address, port=port, pid=pid))
             state = SandboxState(
                 directory=str(self.directory),
@@ -300,12 +311,25 @@ class Sandbox:
             )
             self._save(state)
             self._wait_ready(state)
+            if slurm:
+                state = self._start_slurm(state)
+                self._save(state)
             _install_include(self.directory)
         except BaseException:
             for node in started:
                 _kill_node_process(node.pid)
             raise
         return state
+
+    def _start_slurm(self, state: SandboxState) -> SandboxState:
+        base = sandbox_slurm.pick_ports(len(state.nodes) + 1)
+        nodes = [
+            sandbox_slurm.SlurmNode(n.name, n.address, base + 1 + k)
+            for k, n in enumerate(state.nodes)
+        ]
+        inits = [_namespace_init(n.pid) or n.pid for n in state.nodes]
+        daemons = sandbox_slurm.start(self.directory, nodes, inits, cpus=state.slots)
+        return replace(state, slurm_conf=daemons.conf, slurm_pids=daemons.pids)
 
     def _write_keys_and_files(
         self, names: list[str], addresses: list[str], port: int, user: str, slots: int
@@ -454,14 +478,22 @@ class Sandbox:
             for n in state.nodes
         ]
 
+    def slurm_states(self, state: SandboxState) -> dict[str, str]:
+        """Each node's state in Slurm (sinfo), with --slurm; {} without, or no answer."""
+        if not state.slurm_conf:
+            return {}
+        return sandbox_slurm.node_states(sandbox_slurm.slurm_environment(state.slurm_conf))
+
     # ----- down ----------------------------------------------------------------
     def down(self) -> SandboxState | None:
         state = self.load()
         _remove_include(self.directory)
         if state is None:
             return None
+        sandbox_slurm.stop(state.slurm_pids)
         for node in state.nodes:
             _kill_node_process(node.pid)
+        shutil.rmtree(sandbox_slurm.slurm_dir(self.directory), ignore_errors=True)
         # Whatever a session started and moved out of the node's reach (or every
         # session, without namespaces) still carries the sandbox id in its environment.
         kill_processes_with_env(SANDBOX_ENV, state.sandbox_id)

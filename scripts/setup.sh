@@ -20,6 +20,11 @@ command -v ps >/dev/null || need_pkgs+=(procps)
 command -v unshare >/dev/null || need_pkgs+=(util-linux)
 command -v git >/dev/null || need_pkgs+=(git)
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+# `orch sandbox up --slurm`: a real Slurm (controller, one slurmd per node, munge auth).
+command -v slurmctld >/dev/null || need_pkgs+=(slurmctld)
+command -v slurmd >/dev/null || need_pkgs+=(slurmd)
+command -v srun >/dev/null || need_pkgs+=(slurm-client)
+command -v munged >/dev/null || need_pkgs+=(munge)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"

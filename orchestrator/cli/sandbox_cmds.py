@@ -11,6 +11,7 @@ from rich.table import Table
 
 from orchestrator.cli.app import app
 from orchestrator.sandbox import Sandbox
+from orchestrator.sandbox_slurm import PARTITION
 
 sandbox_app = typer.Typer(help="A cluster of real OpenSSH nodes on loopback addresses.")
 app.add_typer(sandbox_app, name="sandbox")
@@ -30,10 +31,17 @@ def up(
     sshd: str = typer.Option(
         "default", "--sshd", help="sshd profile: default, or hardened (no SFTP, default limits)."
     ),
+    slurm: bool = typer.Option(
+        False,
+        "--slurm",
+        help="Also run a real Slurm over the nodes (slurmctld here, a slurmd "
+        "on each node, one partition); clients need the SLURM_CONF it prints.",
+    ),
     directory: Path | None = _DIR_OPTION,
 ) -> None:
     """Start the nodes (or keep them if already up) and print the hostfile path."""
-    state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd)
+    state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd,
+                                  slurm=slurm)  # fmt: skip
     err = Console(stderr=True, highlight=False)
     first, last = state.nodes[0], state.nodes[-1]
     err.print(
@@ -42,6 +50,11 @@ def up(
         + ("" if state.namespaces else " (no namespaces: nodes share this hostname)")
         + ("" if state.sshd_profile == "default" else f", sshd {state.sshd_profile}")
     )
+    if state.slurm_conf:
+        err.print(
+            f"slurm: partition {PARTITION}, {len(state.nodes)} nodes x {state.slots} CPUs; "
+            f"for srun/salloc/sbatch: export SLURM_CONF={state.slurm_conf}"
+        )
     # stdout carries only the path, so `HF=$(orch sandbox up)` works.
     typer.echo(state.hostfile)
 
@@ -63,6 +76,7 @@ def status(
     box = Sandbox(directory)
     state = box.load()
     rows = box.status(state)
+    slurm_states = box.slurm_states(state) if state else {}
     if as_json:
         doc = {
             "up": state is not None,
@@ -70,6 +84,9 @@ def status(
             "hostfile": state.hostfile if state else None,
             "namespaces": state.namespaces if state else None,
             "nodes": [row.__dict__ for row in rows],
+            "slurm": {"conf": state.slurm_conf, "nodes": slurm_states}
+            if state and state.slurm_conf
+            else None,
         }
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -78,15 +95,21 @@ def status(
         console.print(f"no sandbox is up ({box.directory})")
         return
     table = Table(title=f"sandbox {box.directory}")
-    for col in ("node", "address", "port", "process", "sshd"):
+    columns = ("node", "address", "port", "process", "sshd")
+    for col in (*columns, "slurmd") if state.slurm_conf else columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(
+        cells = [
             row.name,
             row.address,
             str(row.port),
             "running" if row.process_alive else "[red]dead[/]",
             "listening" if row.port_open else "[red]closed[/]",
-        )
+        ]
+        if state.slurm_conf:
+            cells.append(slurm_states.get(row.name, "[red]no answer[/]"))
+        table.add_row(*cells)
     console.print(table)
     console.print(f"hostfile: {state.hostfile}")
+    if state.slurm_conf:
+        console.print(f"slurm: partition {PARTITION}; export SLURM_CONF={state.slurm_conf}")

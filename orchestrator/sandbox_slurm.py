@@ -1,0 +1,249 @@
+"""A real Slurm over the sandbox's nodes: `orch sandbox up --slurm`.
+
+One munged and one slurmctld run on the head; one slurmd runs inside each node's
+namespaces (entered with nsenter), so it answers under the node's own hostname. Every
+daemon listens on the one network namespace of this machine, so each slurmd has its own
+port (`Port=` on its NodeName line) and `%n` in its spool, pid and log paths. Nothing
+outside the sandbox's state directory is touched: the munge key and socket, the config
+and every daemon's files live under `<sandbox>/slurm/`; clients find the config through
+SLURM_CONF.
+
+Accounting is off (no slurmdbd): `squeue` and `scontrol show job` know a job until
+MinJobAge after it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import SandboxError
+
+PARTITION = "sandbox"
+CLUSTER = "orchsandbox"
+_PORT_BASES = (6817, 16817, 26817, 36817, 46817)
+_READY_TIMEOUT_S = 30.0
+# Long enough for orch inside a cancelled batch job to tear its job down before Slurm's
+# SIGKILL (Slurm's own default).
+KILL_WAIT_S = 30
+PACKAGES = "slurmctld slurmd slurm-client munge"
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class SlurmDaemons:
+    """What `up --slurm` started: the head's daemons and each node's nsenter."""
+
+    conf: str
+    controller_port: int
+    pids: tuple[int, ...]  # munged, slurmctld, then one nsenter per node
+
+
+def slurm_dir(sandbox_dir: Path) -> Path:
+    return sandbox_dir / "slurm"
+
+
+def conf_path(sandbox_dir: Path) -> Path:
+    return slurm_dir(sandbox_dir) / "slurm.conf"
+
+
+def require_tools() -> dict[str, str]:
+    found = {tool: shutil.which(tool) for tool in ("munged", "slurmctld", "slurmd", "sinfo",
+                                                 "nsenter")}  # fmt: skip
+    missing = [tool for tool, path in found.items() if path is None]
+    if missing:
+        raise SandboxError(
+            f"Slurm for the sandbox needs {', '.join(missing)}, not installed on this machine",
+            f"install them: `sudo apt-get install -y {PACKAGES}` (scripts/setup.sh does)",
+        )
+    return {tool: str(path) for tool, path in found.items()}
+
+
+def _port_free(port: int) -> bool:
+    # Slurm's daemons bind every address, so the port must be free on all of them.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (controller, then one per slurmd)."""
+    for base in _PORT_BASES:
+        if all(_port_free(base + k) for k in range(count)):
+            return base
+    raise SandboxError(
+        f"no {count} consecutive free ports for Slurm's daemons (tried from {_PORT_BASES})",
+        "stop whatever listens there (another Slurm?), or use fewer nodes",
+    )
+
+
+def render_conf(directory: Path, controller_host: str, controller_port: int,
+                nodes: Sequence[SlurmNode], cpus: int) -> str:  # fmt: skip
+    """slurm.conf for the sandbox: no cgroups, no accounting, every path under `directory`."""
+    d = directory
+    lines = [
+        "# Written by `orch sandbox up --slurm`; removed by `orch sandbox down`.",
+        f"ClusterName={CLUSTER}",
+        f"SlurmctldHost={controller_host}(127.0.0.1)",
+        f"SlurmctldPort={controller_port}",
+        f"SlurmdPort={controller_port + 1}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={d / 'munge' / 'munge.sock'}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={d / 'ctld'}",
+        f"SlurmctldPidFile={d / 'ctld' / 'slurmctld.pid'}",
+        f"SlurmctldLogFile={d / 'ctld' / 'slurmctld.log'}",
+        f"SlurmdSpoolDir={d / '%n' / 'spool'}",
+        f"SlurmdPidFile={d / '%n' / 'slurmd.pid'}",
+        f"SlurmdLogFile={d / '%n' / 'slurmd.log'}",
+        # The sandbox's nodes share one kernel and have no cgroup of their own.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SwitchType=switch/none",
+        "MpiDefault=none",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "ReturnToService=2",
+        # Nodes declare the CPUs the sandbox gives them, whatever the machine has.
+        "SlurmdParameters=config_overrides",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=30",
+        "InactiveLimit=0",
+        "MinJobAge=300",
+        f"KillWait={KILL_WAIT_S}",
+        "Waittime=0",
+    ]
+    lines += [
+        f"NodeName={n.name} NodeAddr={n.address} Port={n.port} CPUs={cpus} State=UNKNOWN"
+        for n in nodes
+    ]
+    lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def slurm_environment(conf: str | os.PathLike[str]) -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": os.fspath(conf)}
+
+
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> int:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    return proc.pid
+
+
+def _munge_key(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(os.urandom(1024))
+
+
+def start(sandbox_dir: Path, nodes: Sequence[SlurmNode], node_inits: Sequence[int],
+          cpus: int) -> SlurmDaemons:  # fmt: skip
+    """Start munged, slurmctld and one slurmd per node (inside the node's namespaces, whose
+    first process is `node_inits[k]`); wait until every node is idle."""
+    tools = require_tools()
+    d = slurm_dir(sandbox_dir)
+    shutil.rmtree(d, ignore_errors=True)
+    for sub in ("munge", "ctld", *(n.name for n in nodes)):
+        (d / sub).mkdir(parents=True, mode=0o700)
+    (d / "munge").chmod(0o711)  # munged wants its socket's directory reachable by all
+    _munge_key(d / "munge" / "munge.key")
+    conf = conf_path(sandbox_dir)
+    controller_port = nodes[0].port - 1
+    conf.write_text(render_conf(d, socket.gethostname().split(".")[0], controller_port,
+                                nodes, cpus))  # fmt: skip
+    pids: list[int] = []
+    try:
+        pids.append(_spawn([
+            tools["munged"], "--foreground", "--force",
+            f"--key-file={d / 'munge' / 'munge.key'}", f"--socket={d / 'munge' / 'munge.sock'}",
+            f"--pid-file={d / 'munge' / 'munged.pid'}", f"--seed-file={d / 'munge' / 'seed'}",
+            f"--log-file={d / 'munge' / 'munged.log'}",
+        ], d / "munge" / "out.log"))  # fmt: skip
+        _wait_for(lambda: (d / "munge" / "munge.sock").exists(), 10, "munged", d / "munge")
+        pids.append(_spawn([tools["slurmctld"], "-D", "-f", str(conf)], d / "ctld" / "out.log"))
+        for node, init in zip(nodes, node_inits, strict=True):
+            argv = [tools["nsenter"], "-t", str(init), "-u", "-m", "-p", "--",
+                    tools["slurmd"], "-D", "-N", node.name, "-f", str(conf)]  # fmt: skip
+            pids.append(_spawn(argv, d / node.name / "out.log"))
+        env = slurm_environment(conf)
+        _wait_for(lambda: _all_idle(env, len(nodes)), _READY_TIMEOUT_S, "Slurm's nodes", d)
+    except BaseException:
+        stop(pids)
+        raise
+    return SlurmDaemons(conf=str(conf), controller_port=controller_port, pids=tuple(pids))
+
+
+def _all_idle(env: dict[str, str], count: int) -> bool:
+    states = node_states(env)
+    return len(states) == count and all(s == "idle" for s in states.values())
+
+
+def node_states(env: dict[str, str]) -> dict[str, str]:
+    """Each node's state as sinfo names it (idle, alloc, down, drain...); {} if no answer."""
+    try:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True,
+                              text=True, env=env, timeout=10, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if done.returncode != 0:
+        return {}
+    pairs = (line.split() for line in done.stdout.splitlines())
+    return {p[0]: p[1].rstrip("*~#!%$@^-") for p in pairs if len(p) == 2}
+
+
+def _wait_for(ready, timeout: float, what: str, logs: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.2)
+    raise SandboxError(f"{what} did not come up within {timeout:.0f}s",
+                       f"see the logs under {logs}")  # fmt: skip
+
+
+def stop(pids: Sequence[int]) -> None:
+    """Stop the daemons (a node's slurmd also ends with its node's namespace)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for pid in pids:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
