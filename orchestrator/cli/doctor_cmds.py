@@ -15,12 +15,13 @@ from rich.table import Table
 from orchestrator.checks.model import DoctorReport, Finding
 from orchestrator.checks.node import check_accelerate_config
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
 from orchestrator.cli.progress import node_progress
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.options import check_port
+from orchestrator.specs.slurm import job_inventory
 
 _STYLE = {"ok": "[green]ok[/]", "warning": "[yellow]warn[/]", "error": "[bold red]FAIL[/]"}
 
@@ -122,7 +123,7 @@ def print_report(report: DoctorReport, console: Console) -> None:
         )
 
 
-_HOSTFILE = typer.Option(..., "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
+_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
 _ACCELERATE_CONFIG = typer.Option(
     None, "--accelerate-config", help="Also check this accelerate config file."
 )
@@ -130,7 +131,8 @@ _ACCELERATE_CONFIG = typer.Option(
 
 @app.command("doctor")
 def doctor(
-    hostfile: Path = _HOSTFILE,
+    hostfile: Path | None = _HOSTFILE,
+    slurm: bool = SLURM,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     deep: bool = typer.Option(False, "--deep", help="Also run an all_reduce across the nodes."),
     timeout: float = typer.Option(
@@ -172,7 +174,9 @@ def doctor(
         raise UsageError("--timeout must be positive", "for example --timeout 10")
     if main_port is not None:
         check_port(main_port, "--main-port")
-    hosts = filter_hosts(read_hostfile(hostfile), include=include, exclude=exclude)
+    given = read_hostfile(hostfile) if hostfile is not None else None
+    inventory, _allocation = job_inventory(given, slurm=slurm, environ=os.environ)
+    hosts = filter_hosts(inventory, include=include, exclude=exclude)
     if main_port is None and hosts.names:  # the kind of port a launch would pick
         main_port = free_port_on(hosts.names[0], python)
     port = main_port if main_port is not None else DEFAULT_MAIN_PORT

@@ -18,12 +18,18 @@ from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
 from orchestrator.errors import UsageError
 from orchestrator.logs.view import LiveView, PlainView, make_view
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan, build_plan, plan_from_recipe
+from orchestrator.plan.sbatch_script import (
+    OUTPUT_NAME,
+    SCRIPT_NAME,
+    batch_request,
+    render_batch_script,
+)
 from orchestrator.run.launch import LaunchResult
 from orchestrator.run.pipeline import PipelineOptions, execute_plan, head_context
 from orchestrator.run.ports import plan_with_main_port
@@ -37,14 +43,19 @@ from orchestrator.run.records import (
     head_alive,
     list_jobs,
     new_job_id,
+    now_iso,
+    run_dir,
     runs_root,
     shown_state,
 )
+from orchestrator.run.slurm import submit_batch
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
 from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
-from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
+from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.options import check_launcher
+from orchestrator.specs.recipe import Recipe
+from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
 
 _RUNS_DIR = typer.Option(
@@ -86,6 +97,12 @@ _MAIN_PORT = typer.Option(
     "--main-port",
     help="Rendezvous port on node 0 (default: a recipe's, else one orch finds free there).",
 )
+_FANOUT = typer.Option(
+    None,
+    "--fanout",
+    help="What starts every node: pdsh (over ssh), or srun (one Slurm step; the default "
+    "inside an allocation for the standard and torchrun launchers).",
+)
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
 # Options end at the script: everything after it is the script's, and an option orch does
 # not know, before it, is a usage error (not taken for the script).
@@ -112,8 +129,7 @@ def _parse_env(pairs: list[str]) -> tuple[dict[str, str], list[str]]:
         if not sep:
             if name not in os.environ:
                 raise UsageError(
-                    f"--env {name}: {name} is not set on the head, so there is no value to "
-                    "forward",
+                    f"--env {name}: {name} is not set on the head, so there is no value to forward",
                     f"set it (export {name}=...) or give one: --env {name}=VALUE",
                 )
             forwarded.append(name)
@@ -213,9 +229,7 @@ class _PipelinePrinter:
             err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
 
     def started(self, plan: LaunchPlan, run: RunDir) -> None:
-        _err().print(
-            f"job {plan.job_id}: {plan.launcher} on {plan.shape_text}; record {run.path}"
-        )
+        _err().print(f"job {plan.job_id}: {plan.launcher} on {plan.shape_text}; record {run.path}")
 
 
 def _options(*, no_doctor: bool, sync: bool, keep_remote_logs: bool,
@@ -258,19 +272,13 @@ def _script_args(extra: list[str]) -> list[str]:
     return extra[1:] if extra[:1] == ["--"] else list(extra)
 
 
-def _hostfile(path: Path | None) -> Hostfile:
-    if path is None:
-        raise UsageError(
-            "no hostfile given", "pass --hostfile F (e.g. the one `orch sandbox up` prints)"
-        )
-    return read_hostfile(path)
-
-
 @app.command(context_settings=_CONTEXT)
 def launch(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="The training script (then its arguments)."),
-    hostfile: Path = _HOSTFILE,
+    hostfile: Path | None = _HOSTFILE,
+    slurm: bool = SLURM,
+    fanout: str | None = _FANOUT,
     include: str | None = INCLUDE,
     exclude: str | None = EXCLUDE,
     launcher: str = typer.Option("pdsh", "--launcher", "-l", help="pdsh | standard | torchrun."),
@@ -291,12 +299,16 @@ def launch(
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the hostfile (use `--` before script options)."""
     check_launcher(launcher)
-    hosts = filter_hosts(_hostfile(hostfile), include=include, exclude=exclude)
+    given = read_hostfile(hostfile) if hostfile is not None else None
+    inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ,
+                                          nproc_per_node=nproc_per_node)  # fmt: skip
+    hosts = filter_hosts(inventory, include=include, exclude=exclude)
+    kind = chosen_fanout(fanout, launcher, allocation)
     root = runs_root(runs_dir)
     job_id = new_job_id()
     head = head_context(job_id, dry_run=dry_run)
 
-    given, forwarded = _parse_env(env)
+    given_env, forwarded = _parse_env(env)
 
     def build(port: int, chosen: bool) -> LaunchPlan:
         return build_plan(
@@ -311,9 +323,11 @@ def launch(
             main_port=port,
             main_port_chosen=chosen,
             nproc_per_node=nproc_per_node,
-            extra_env=given,
+            extra_env=given_env,
             passthrough=forwarded,
             head=head,
+            fanout=kind,
+            slurm_job=allocation.job_id if allocation else os.environ.get(JOB_ID_VAR, ""),
         )
 
     options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
@@ -325,7 +339,9 @@ def launch(
 @app.command()
 def submit(
     recipe: Path = _RECIPE,
-    hostfile: Path = _HOSTFILE,
+    hostfile: Path | None = _HOSTFILE,
+    slurm: bool = SLURM,
+    fanout: str | None = _FANOUT,
     include: str | None = INCLUDE,
     exclude: str | None = EXCLUDE,
     runs_dir: Path = _RUNS_DIR,
@@ -338,6 +354,19 @@ def submit(
     heartbeat_timeout: float = _HEARTBEAT_TIMEOUT,
     hang_timeout: float | None = _HANG_TIMEOUT,
     main_port: int | None = _MAIN_PORT,
+    sbatch: bool = typer.Option(
+        False,
+        "--sbatch",
+        help="Submit to Slurm: a batch job that runs this submit inside a "
+        "new allocation (--dry-run shows the script); `orch status`/`kill` follow it.",
+    ),
+    nodes: int | None = typer.Option(None, "--nodes", min=1, help="--sbatch: nodes to ask for."),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", min=1, help="--sbatch: GPUs per node to ask for."
+    ),
+    time_limit: str | None = typer.Option(None, "--time", help="--sbatch: Slurm's time limit."),
+    partition: str | None = typer.Option(None, "--partition", help="--sbatch: the partition."),
+    given_job_id: str | None = typer.Option(None, "--job-id", hidden=True),
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
     """Run a recipe: everything the launch needs, in one file. Extra ARGS go to the script."""
@@ -351,9 +380,23 @@ def submit(
         changes["args"] = [*loaded.args, *script_args]
     if changes:
         loaded = loaded.model_copy(update=changes)
-    hosts = filter_hosts(recipe_hosts(loaded, hostfile), include=include, exclude=exclude)
     root = runs_root(runs_dir)
-    job_id = new_job_id()
+    if sbatch:
+        settings = {"no_doctor": no_doctor, "sync": sync, "keep_remote_logs": keep_remote_logs,
+                    "heartbeat_timeout": heartbeat_timeout, "hang_timeout": hang_timeout,
+                    "main_port": main_port, "fanout": fanout}  # fmt: skip
+        request = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time": time_limit,
+                   "partition": partition}  # fmt: skip
+        _submit_batch(recipe, loaded, root, settings, request, script_args or [], dry_run)
+        return
+    given = read_hostfile(hostfile) if hostfile is not None else None
+    if given is None and not slurm and allocation_from_env(os.environ) is None:
+        given = recipe_hosts(loaded, None)
+    inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ,
+                                          nproc_per_node=loaded.nproc_per_node)  # fmt: skip
+    hosts = filter_hosts(inventory, include=include, exclude=exclude)
+    kind = chosen_fanout(fanout, loaded.launcher, allocation)
+    job_id = given_job_id or new_job_id()
     head = head_context(job_id, dry_run=dry_run)
 
     def build(port: int, _chosen: bool) -> LaunchPlan:
@@ -367,6 +410,9 @@ def submit(
             default_workdir=os.getcwd(),
             head=head,
             chosen_port=port,
+            fanout=kind,
+            slurm_job=allocation.job_id if allocation else os.environ.get(JOB_ID_VAR, ""),
+            slurm_batch=given_job_id is not None and allocation is not None,
         )
 
     options = _options(no_doctor=no_doctor, sync=sync, keep_remote_logs=keep_remote_logs,
@@ -374,6 +420,63 @@ def submit(
                        hang_timeout=hang_timeout or loaded.hang_timeout)  # fmt: skip
     _execute(build, loaded.main_port, job_id, root, options, dry_run=dry_run, as_json=as_json,
              quiet=quiet)  # fmt: skip
+
+
+def _inner_submit(recipe: Path, job_id: str, root: Path, settings: dict,
+                  script_args: list[str]) -> list[str]:  # fmt: skip
+    """The orch command the batch script runs: this submit, on the allocation's nodes."""
+    argv = [sys.executable, "-m", "orchestrator", "submit", str(recipe.resolve()), "--slurm",
+            "--job-id", job_id, "--runs-dir", str(root)]  # fmt: skip
+    for flag in ("no_doctor", "sync", "keep_remote_logs"):
+        if settings[flag]:
+            argv.append("--" + flag.replace("_", "-"))
+    for option in ("heartbeat_timeout", "hang_timeout", "main_port", "fanout"):
+        if settings[option] is not None:
+            argv += ["--" + option.replace("_", "-"), f"{settings[option]}"]
+    if script_args:
+        argv += ["--", *script_args]
+    return argv
+
+
+def _submit_batch(recipe: Path, loaded: Recipe, root: Path, settings: dict, request: dict,
+                  script_args: list[str], dry_run: bool) -> None:  # fmt: skip
+    """--sbatch: write the batch script into the job's record, submit it, record the Slurm
+    job id; the inner orch writes the rest of the record as the job runs."""
+    job_id = new_job_id()
+    run = run_dir(root, job_id)
+    wanted = loaded.slurm
+    batch = batch_request(
+        job_id=job_id,
+        name=f"orch-{loaded.name}",
+        nodes=request["nodes"] or wanted.nodes,
+        ntasks_per_node=loaded.nproc_per_node,
+        gpus_per_node=request["gpus_per_node"] or wanted.gpus_per_node,
+        workdir=loaded.workdir or os.getcwd(),
+        output=str(run.path / OUTPUT_NAME),
+        command=_inner_submit(recipe, job_id, root, settings, script_args),
+        time=request["time"] or wanted.time,
+        partition=request["partition"] or wanted.partition,
+        account=wanted.account,
+    )
+    text = render_batch_script(batch)
+    if dry_run:
+        typer.echo(text, nl=False)
+        return
+    run.create()
+    script = run.write_file(SCRIPT_NAME, text)
+    slurm_job = submit_batch(str(script), cwd=batch.workdir)
+    record = JobRecord(
+        id=job_id, state="queued", launcher=loaded.launcher, command=batch.command, hosts=(),
+        workdir=batch.workdir, started_at=now_iso(), head_pid=0, head_start=None,
+        recipe=str(recipe), fanout=settings["fanout"] or "srun", slurm_job_id=slurm_job,
+        slurm_batch=True,
+    )  # fmt: skip
+    run.save(record)
+    _err().print(
+        f"job {job_id}: submitted as Slurm job {slurm_job} ({batch.nodes} nodes); "
+        f"`orch status {job_id}`; its output: {run.path / OUTPUT_NAME}"
+    )
+    typer.echo(job_id)
 
 
 def _record_doc(record: JobRecord) -> dict:

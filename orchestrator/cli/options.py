@@ -12,3 +12,9 @@ INCLUDE = typer.Option(
 EXCLUDE = typer.Option(
     None, "--exclude", help="Leave these nodes (or slots) out, DeepSpeed's syntax: 'gpu02'."
 )
+SLURM = typer.Option(
+    False,
+    "--slurm",
+    help="Take the nodes and ranks per node from the Slurm allocation this runs in "
+    "(SLURM_JOB_ID, SLURM_JOB_NODELIST), not a hostfile. Implied inside one with no --hostfile.",
+)

@@ -20,7 +20,6 @@ def encode_spec(spec: dict) -> str:
     return base64.b64encode(zlib.compress(json.dumps(spec).encode(), 9)).decode()
 
 
-
 _BOOT = """\
 import sys, types
 def _load(name, source):
@@ -52,8 +51,12 @@ def _stacks_blob() -> str:
     return _boot_blob(("agent", "rank_site"), "stacks")
 
 
+def _boot_code(blob: str) -> str:
+    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
+
+
 def _python_c(python: str, blob: str) -> str:
-    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
+    code = _boot_code(blob)
     interpreter = '"$P"' if python == "$P" else shlex.quote(python)
     return f"{interpreter} -c {shlex.quote(code)}"
 
@@ -69,6 +72,12 @@ def agent_command(python: str, spec: dict) -> str:
     """The remote shell command (for pdsh) that runs the agent; %h/%n filled in by pdsh."""
     encoded = encode_spec(spec)
     return f"{_python_c(python, _blob())} run {encoded} %h %n"
+
+
+def agent_argv(python: str, spec: dict) -> list[str]:
+    """The agent as an argv, for srun (no shell on the node): node name and node rank `-`
+    are Slurm's (SLURMD_NODENAME, its place in the spec's `hosts`)."""
+    return [python, "-c", _boot_code(_blob()), "run", encode_spec(spec), "-", "-"]
 
 
 def kill_command(python: str, job_id: str, grace: float) -> str:

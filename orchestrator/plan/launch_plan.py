@@ -30,7 +30,7 @@ from pathlib import PurePosixPath
 
 from orchestrator.errors import UsageError
 from orchestrator.plan.accel_config import cluster_config_fields, config_header
-from orchestrator.plan.agent_command import agent_command
+from orchestrator.plan.agent_command import agent_argv, agent_command
 from orchestrator.plan.pdsh_command import (
     SHIM_CONFIG_NAME,
     SHIM_NAME,
@@ -39,6 +39,7 @@ from orchestrator.plan.pdsh_command import (
     pdsh_environment,
     shim_script,
 )
+from orchestrator.plan.srun_command import build_srun_argv
 from orchestrator.remote import program_source
 from orchestrator.remote.agent import RANK_PROGRAM
 from orchestrator.specs.constants import (
@@ -61,6 +62,7 @@ HEAD_LAUNCHER_NAME = "accelerate_head.py"
 SHIM_DIR = "bin"  # in the private directory, first on the head launcher's PATH
 
 RECORD, PRIVATE, NODE = "record", "private", "node"
+FANOUTS = ("pdsh", "srun")  # what starts the node side: pdsh over ssh, or one Slurm step
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,9 @@ class LaunchPlan:
     ranks_per_node: tuple[int, ...] = ()  # per node, in order (uneven on torchrun)
     node_commands: tuple[tuple[str, ...], ...] = ()  # per node rank, when they differ
     node_private: str = ""  # JSON: the job's env and the rank's argv, written on every node
+    fanout_kind: str = "pdsh"  # FANOUTS
+    slurm_job: str = ""  # the Slurm allocation the job runs in, if any
+    slurm_batch: bool = False  # that allocation is the job's own (orch submit --sbatch)
 
     @property
     def rank_command(self) -> tuple[str, ...]:
@@ -153,7 +158,7 @@ class LaunchPlan:
 
     @property
     def shape_text(self) -> str:
-        """"3 nodes x 2 ranks", or "3 nodes (2+1+2 ranks)" when they differ."""
+        """ "3 nodes x 2 ranks", or "3 nodes (2+1+2 ranks)" when they differ."""
         counts = self.ranks_per_node or (self.nproc_per_node,) * len(self.hosts)
         if len(set(counts)) > 1:
             return f"{len(counts)} nodes ({'+'.join(map(str, counts))} ranks)"
@@ -236,11 +241,15 @@ def build_plan(
     head: HeadContext | None = None,
     grace: float = STOP_GRACE_S,
     main_port_chosen: bool = False,
+    fanout: str = "pdsh",
+    slurm_job: str = "",
+    slurm_batch: bool = False,
 ) -> LaunchPlan:
     """Everything a launch does, decided up front. `run_dir` is where its files will live;
     `environ` is the head's environment (what the job may forward, what pdsh runs in);
     `head` what the plan needs to know of the head (run.pipeline.head_context)."""
     _check_launch_inputs(launcher, hostfile, script, main_port)
+    _check_fanout(fanout, launcher, slurm_job)
     environ = environ if environ is not None else os.environ
     head = head or HeadContext("pdsh", f"/tmp/orch-{job_id}", sys.executable)
     counts = ranks_per_node(hostfile, nproc_per_node)
@@ -251,7 +260,7 @@ def build_plan(
     job = _JobShape(
         job_id=job_id, hostfile=hostfile, nproc=nproc, script=script, args=tuple(args),
         python=python, workdir=workdir, main_port=main_port, env=env, run_dir=run_dir,
-        private_dir=head.private_dir, grace=grace,
+        private_dir=head.private_dir, grace=grace, fanout=fanout, slurm_job=slurm_job,
     )  # fmt: skip
     options = accelerate if accelerate is not None else AccelerateOptions()
     if launcher == "torchrun":
@@ -298,7 +307,28 @@ def build_plan(
         node_commands=shape.node_commands,
         node_private=node_private_text(env, (python, script, *args)),
         forwarded=tuple(name for name in passthrough if name in env),
+        fanout_kind=fanout,
+        slurm_job=slurm_job,
+        slurm_batch=slurm_batch,
     )
+
+
+def _check_fanout(fanout: str, launcher: str, slurm_job: str) -> None:
+    if fanout not in FANOUTS:
+        raise UsageError(f"unknown fan-out {fanout!r}", f"choose one of: {', '.join(FANOUTS)}")
+    if fanout != "srun":
+        return
+    if not slurm_job:
+        raise UsageError(
+            "--fanout srun runs inside a Slurm allocation, and there is none",
+            "run inside `salloc`/`sbatch` (SLURM_JOB_ID set), or use --fanout pdsh",
+        )
+    if launcher == "pdsh":
+        raise UsageError(
+            "--fanout srun starts orch's agent on every node, but the pdsh launcher's nodes "
+            "are started by DeepSpeed's runner (through pdsh)",
+            "use --launcher standard or torchrun with srun, or --fanout pdsh",
+        )
 
 
 def _check_uneven(hostfile: Hostfile, counts: Sequence[int], launcher: str) -> None:
@@ -334,6 +364,8 @@ class _JobShape:
     run_dir: str
     private_dir: str
     grace: float
+    fanout: str = "pdsh"
+    slurm_job: str = ""
 
 
 @dataclass(frozen=True)
@@ -421,15 +453,26 @@ def _node_side(
     spec = {**_agent_spec(job, node_files, wait_for_main), "command": list(node_command)}
     if per_node:
         spec["commands"] = [list(command) for command in per_node]
-    argv = build_pdsh_argv(
-        job.hostfile.names,
-        agent_command(job.python, spec),
-        fanout=job_fanout(len(job.hostfile.hosts)),
-        pdsh=pdsh,
-    )
-    fanout = HeadProcess(
-        argv=tuple(argv), cwd=job.workdir, set_env=_pdsh_variables(environ)
-    )
+    if job.fanout == "srun":
+        # srun prints its tasks' lines as they come: each agent names its node on every line,
+        # as pdsh would, and finds its node rank by its Slurm node name.
+        spec = {**spec, "hosts": list(job.hostfile.names), "label_lines": True}
+        argv = build_srun_argv(
+            job.hostfile.names,
+            agent_argv(job.python, spec),
+            slurm_job=job.slurm_job,
+            job_id=job.job_id,
+            environ=environ,
+        )
+        fanout = HeadProcess(argv=tuple(argv), cwd=job.workdir)
+    else:
+        argv = build_pdsh_argv(
+            job.hostfile.names,
+            agent_command(job.python, spec),
+            fanout=job_fanout(len(job.hostfile.hosts)),
+            pdsh=pdsh,
+        )
+        fanout = HeadProcess(argv=tuple(argv), cwd=job.workdir, set_env=_pdsh_variables(environ))
     return _LauncherShape(
         files=node_files, agent_spec=spec, fanout=fanout, node_command=node_command,
         wait_for_main=wait_for_main, node_commands=per_node,
@@ -547,6 +590,9 @@ def plan_from_recipe(
     environ: Mapping[str, str] | None = None,
     head: HeadContext | None = None,
     chosen_port: int | None = None,
+    fanout: str = "pdsh",
+    slurm_job: str = "",
+    slurm_batch: bool = False,
 ) -> LaunchPlan:
     """A plan from a loaded Recipe (orchestrator.specs.recipe); `head` as for build_plan;
     `chosen_port` the port orch picked when the recipe gives none."""
@@ -571,4 +617,7 @@ def plan_from_recipe(
         rdzv_id=recipe.torchrun.rdzv_id,
         recipe=recipe_path,
         head=head,
+        fanout=fanout,
+        slurm_job=slurm_job,
+        slurm_batch=slurm_batch,
     )

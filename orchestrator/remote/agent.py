@@ -308,9 +308,12 @@ def _shipped_source(name: str) -> str:
 
 
 class Channel:
-    """Writes wire lines to fd 1 from one thread; notices when the head is gone."""
+    """Writes wire lines to fd 1 from one thread; notices when the head is gone. With a
+    `label` (under srun, which does not name the node as pdsh does), every line starts
+    with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: bytes = b"") -> None:
+        self.label = label
         # Items are whole reads of a rank's output (up to 64 KiB of wire lines):
         # 256 of them bound the agent's memory to ~16 MiB before ranks block.
         self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=256)
@@ -342,6 +345,8 @@ class Channel:
             if line is None:
                 return
             self.busy_since = time.monotonic()
+            if self.label:
+                line = self.label + line[:-1].replace(b"\n", b"\n" + self.label) + line[-1:]
             try:
                 view = memoryview(line)
                 while view:
@@ -501,7 +506,7 @@ class Supervisor:
         self.rank = rank
         self.dir = Path(node_dir(self.job_id, node))
         self.lw = _shipped("logwire")
-        self.channel = Channel()
+        self.channel = Channel(f"{node}: ".encode() if spec.get("label_lines") else b"")
         self.tail = Tail()
         self.stop_reason: str | None = None
         self.ranks = RankWatch(self.job_id)
@@ -582,7 +587,7 @@ class Supervisor:
         # -I -S: the wrapper needs nothing but the standard library, and starts fastest so.
         launcher.write_text(
             "#!/bin/sh\n"
-            f"exec {shlex.quote(str(rank_argv[0]))} -I -S {shlex.quote(str(program))} \"$@\"\n"
+            f'exec {shlex.quote(str(rank_argv[0]))} -I -S {shlex.quote(str(program))} "$@"\n'
         )
         launcher.chmod(0o755)
         self.rank_channels = RankChannels(self, path)
@@ -659,7 +664,9 @@ class Supervisor:
             return self._finish(127, error=f"cannot start {self._argv()[0]}: {err}")
         os.close(out_w)
         os.close(err_w)
-        self.control("started", pid=child.pid, node=self.node, node_rank=int(self.rank))
+        step = os.environ.get("SLURM_STEP_ID")
+        where = {"slurm_step": f"{os.environ.get('SLURM_JOB_ID')}.{step}"} if step else {}
+        self.control("started", pid=child.pid, node=self.node, node_rank=int(self.rank), **where)
         pumps = [
             threading.Thread(target=self._pump_stream, args=(fd, name, self.dir / raw), daemon=True)
             for fd, name, raw in ((out_r, "out", "stdout.raw"), (err_r, "err", "stderr.raw"))
@@ -722,11 +729,23 @@ def decode_spec(word: str) -> dict:
     return json.loads(zlib.decompress(base64.b64decode(word)))
 
 
+def slurm_node_and_rank(spec: dict, node: str, rank: str) -> tuple[str, str]:
+    """Under srun, `-` for the node is Slurm's name for it, and `-` for its rank is that
+    name's place in the job's hosts (the order of the plan, node 0 first)."""
+    if node == "-":
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    if rank == "-":
+        hosts = [str(h) for h in spec.get("hosts", ())]
+        rank = str(hosts.index(node)) if node in hosts else os.environ.get("SLURM_NODEID", "0")
+    return node, rank
+
+
 def main(argv: list[str]) -> int:
     mode = argv[0] if argv else ""
     if mode == "run" and len(argv) == 4:
         spec = decode_spec(argv[1])
-        return Supervisor(spec, argv[2], argv[3]).run()
+        node, rank = slurm_node_and_rank(spec, argv[2], argv[3])
+        return Supervisor(spec, node, rank).run()
     if mode == "kill" and len(argv) == 3:
         result = stop_job(argv[1], float(argv[2]))
         print(json.dumps(result), flush=True)

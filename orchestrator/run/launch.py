@@ -38,6 +38,7 @@ from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
 from orchestrator.remote.logwire import global_rank
+from orchestrator.run import slurm
 from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.pdsh import (
     StreamingProcess,
@@ -145,6 +146,9 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
         python=plan.python,
         main_port=plan.main_port,
         main_port_chosen=plan.main_port_chosen,
+        fanout=plan.fanout_kind,
+        slurm_job_id=plan.slurm_job or None,
+        slurm_batch=plan.slurm_batch,
     )
     run.save(record)
     return record
@@ -186,6 +190,7 @@ class _Tracker:
         self.ranks_wrote = False  # a line or a frame from a node since the last call
         self.ssh_ended: list[tuple[str, int]] = []
         self.exited: list[tuple[str, dict]] = []
+        self.slurm_step: str | None = None  # the srun fan-out's step, as its agents report it
 
     def _rank(self, label: str, node: str) -> tuple[int, deque[bytes]]:
         found = self._labels.get(label)
@@ -241,6 +246,8 @@ class _Tracker:
 
     def control(self, node: str, kind: str, fields: dict) -> None:
         self.heard.add(node)
+        if kind == "started" and fields.get("slurm_step"):
+            self.slurm_step = str(fields["slurm_step"])
         if kind == "exit":
             self.exited.append((node, fields))
         if self.forward is not None:
@@ -288,9 +295,7 @@ class JobRunner:
         self.record = record
         self.settings = settings or WatchSettings()
         self.tracker = _Tracker(plan.hosts, view)
-        self.verdict = JobVerdict(
-            plan.hosts, self.settings, head_launcher=bool(plan.head_command)
-        )
+        self.verdict = JobVerdict(plan.hosts, self.settings, head_launcher=bool(plan.head_command))
         self.signal: int | None = None
         self.teardown: GroupResult[StopReport] | None = None
         self.stacks: StacksResult | None = None  # taken before a failure's teardown
@@ -314,9 +319,7 @@ class JobRunner:
         """Write the plan's private files, then start what the plan says the head runs."""
         write_private_files(self.plan)
         head = self.plan.fanout
-        return start_streaming(
-            head.argv, env=process_environment(head, os.environ), cwd=head.cwd
-        )
+        return start_streaming(head.argv, env=process_environment(head, os.environ), cwd=head.cwd)
 
     # -- the watch loop ----------------------------------------------------------
     def run(self) -> LaunchResult:
@@ -441,6 +444,9 @@ class JobRunner:
                     not_answering=_not_answering(failure),
                     log=self.run_dir.path / "teardown-unanswered.log",
                 )
+                step = self.tracker.slurm_step
+                if step:  # what Slurm still runs of the fan-out ends too
+                    slurm.cancel(step)
             finally:
                 self._teardown_done.set()
 
@@ -510,6 +516,7 @@ class JobRunner:
             teardown_stacks=(
                 str(self.stacks_file.relative_to(self.run_dir.path)) if self.stacks_file else None
             ),
+            slurm_step=self.tracker.slurm_step,
         )
         self.run_dir.save(self.record)
         return LaunchResult(

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import OrchError, UsageError
+from orchestrator.run import slurm
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
 JOB_FILE = "job.json"
@@ -70,6 +71,10 @@ class JobRecord:
     teardown_stacks: str | None = None  # the running ranks' stacks before a failure's teardown
     main_port: int | None = None  # the job's rendezvous port on node 0
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
+    fanout: str = "pdsh"  # what started the node side: pdsh, or a Slurm step (srun)
+    slurm_job_id: str | None = None  # the allocation it ran in (or --sbatch submitted)
+    slurm_step: str | None = None  # <job>.<step> of the srun fan-out
+    slurm_batch: bool = False  # the Slurm job is this job's own (submitted with --sbatch)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -102,6 +107,10 @@ class JobRecord:
             teardown_stacks=data.get("teardown_stacks"),
             main_port=data.get("main_port"),
             main_port_chosen=bool(data.get("main_port_chosen", False)),
+            fanout=str(data.get("fanout") or "pdsh"),
+            slurm_job_id=data.get("slurm_job_id"),
+            slurm_step=data.get("slurm_step"),
+            slurm_batch=bool(data.get("slurm_batch", False)),
         )
 
 
@@ -139,10 +148,21 @@ def head_alive(record: JobRecord) -> bool:
 
 
 def shown_state(record: JobRecord) -> str:
-    """The state to show: a running job whose head process is gone is "head-died"."""
+    """The state to show: a running job whose head process is gone is "head-died". A batch
+    job's head runs on its allocation's first node: Slurm says whether it still runs."""
+    if record.slurm_batch and record.slurm_job_id and record.state not in FINAL_STATES:
+        return _batch_state(record, slurm.job_state(record.slurm_job_id))
     if record.state in RUNNING_STATES and not head_alive(record):
         return "head-died"
     return record.state
+
+
+def _batch_state(record: JobRecord, slurm_state: str | None) -> str:
+    if slurm_state in slurm.ACTIVE_STATES:
+        return "queued" if slurm_state == "PENDING" else record.state
+    if record.state == "queued":  # ended before orch started in it
+        return f"slurm-{(slurm_state or 'gone').lower()}"
+    return "head-died"
 
 
 @dataclass(frozen=True)

@@ -164,15 +164,18 @@ def render_hostfile(hostfile: Hostfile) -> str:
     return "".join(f"{entry.host} slots={entry.slots}\n" for entry in hostfile.hosts)
 
 
-def make_hostfile(names: Iterable[str], slots: int | Iterable[int]) -> Hostfile:
-    """A Hostfile from host names and one slot count (or one per host), validated."""
+def make_hostfile(
+    names: Iterable[str], slots: int | Iterable[int], source: str = NODESET_SOURCE
+) -> Hostfile:
+    """A Hostfile from host names and one slot count (or one per host), validated; `source`
+    names where they came from in messages."""
     names = list(names)
     counts = [slots] * len(names) if isinstance(slots, int) else list(slots)
     if len(counts) != len(names):
         raise UsageError(f"{len(names)} hosts but {len(counts)} slot counts")
     hostfile = Hostfile(tuple(HostSlots(n, c) for n, c in zip(names, counts, strict=True)))
     # Same checks as parsing: round-trip the text so both paths agree.
-    return parse_hostfile(render_hostfile(hostfile), source=NODESET_SOURCE)
+    return parse_hostfile(render_hostfile(hostfile), source=source)
 
 
 def expand_nodeset(expr: str) -> list[str]:

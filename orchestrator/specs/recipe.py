@@ -148,6 +148,16 @@ class TorchrunOptions(_Strict):
         return _scalars_to_text(value)
 
 
+class SlurmOptions(_Strict):
+    """What `orch submit RECIPE --sbatch` asks Slurm for (options on the command line win)."""
+
+    nodes: int | None = Field(None, ge=1)
+    gpus_per_node: int | None = Field(None, ge=1)
+    time: str | None = None  # Slurm's --time: minutes, or [D-]HH:MM[:SS]
+    partition: str | None = None
+    account: str | None = None
+
+
 class Recipe(_Strict):
     """A complete description of one training launch."""
 
@@ -168,6 +178,7 @@ class Recipe(_Strict):
     hang_timeout: float | None = Field(None, ge=1)  # None: no hang detection (--hang-timeout)
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     source: str | None = Field(None, exclude=True)  # the file it was loaded from
 
     @field_validator("args", mode="before")

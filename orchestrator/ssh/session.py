@@ -23,6 +23,7 @@ class Hop:
     def __init__(self, closer: Callable[[], None]) -> None:
         self.close = closer
 
+
 @dataclass(frozen=True)
 class CommandResult:
     node: str

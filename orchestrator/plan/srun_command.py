@@ -1,0 +1,41 @@
+"""srun as the fan-out inside a Slurm allocation: the step that starts orch's agent once
+on every node, as a value (the plan records it, run/launch.py runs it like pdsh). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from orchestrator.specs.inventory import fold_nodeset
+
+# What the agent's own environment keeps from the head's (Slurm adds its SLURM_* names):
+# nothing else of the head's environment reaches the node, as with ssh's login environment.
+EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "SHELL")
+
+
+def build_srun_argv(
+    hosts: Sequence[str],
+    agent_argv: Sequence[str],
+    *,
+    slurm_job: str,
+    job_id: str,
+    environ: Mapping[str, str],
+    srun: str = "srun",
+) -> list[str]:
+    """One task per node on exactly `hosts` of allocation `slurm_job`. Counts are given in
+    full: the allocation's own SLURM_NTASKS (inherited from salloc) would otherwise win.
+    A node whose agent fails ends the step on every node (--kill-on-bad-exit)."""
+    exported = [name for name in EXPORTED if name in environ]
+    return [
+        srun,
+        f"--jobid={slurm_job}",
+        f"--nodes={len(hosts)}",
+        f"--ntasks={len(hosts)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={fold_nodeset(hosts)}",
+        "--kill-on-bad-exit=1",
+        "--input=none",
+        f"--job-name=orch-{job_id}",
+        f"--export={','.join(exported) or 'NONE'}",
+        "--",
+        *agent_argv,
+    ]

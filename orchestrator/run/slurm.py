@@ -1,0 +1,96 @@
+"""Slurm's client commands, for jobs that run in an allocation: cancel a step or a job,
+read a job's state, submit a batch script, read why a node is drained. Each is bounded by
+a timeout; none raises for an answer Slurm gives (the caller gets it as a value)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.errors import OrchError
+
+_TIMEOUT_S = 15.0
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED")
+
+
+@dataclass(frozen=True)
+class SlurmAnswer:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @property
+    def problem(self) -> str:
+        lines = (self.err or self.out).strip().splitlines()
+        return lines[-1] if lines else f"exit code {self.code}"
+
+
+def _run(argv: Sequence[str], timeout: float = _TIMEOUT_S) -> SlurmAnswer:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
+    except FileNotFoundError:
+        return SlurmAnswer(127, "", f"{argv[0]}: not installed on this machine")
+    except subprocess.TimeoutExpired:
+        return SlurmAnswer(124, "", f"{argv[0]} did not answer within {timeout:g}s")
+    return SlurmAnswer(done.returncode, done.stdout, done.stderr)
+
+
+def cancel(target: str, signal_name: str | None = None) -> SlurmAnswer:
+    """scancel a job (`123`) or a step (`123.4`); with a signal, only signal it."""
+    argv = ["scancel", "--quiet"]
+    if signal_name:
+        argv.append(f"--signal={signal_name}")
+    return _run([*argv, target])
+
+
+def job_state(slurm_job: str) -> str | None:
+    """PENDING, RUNNING, COMPLETED, CANCELLED, FAILED...: squeue while Slurm holds the job,
+    then `scontrol show job` (until MinJobAge), then sacct where accounting runs."""
+    answer = _run(["squeue", "-h", "-j", slurm_job, "-o", "%T"])
+    if answer.ok and answer.out.strip():
+        return answer.out.split()[0]
+    answer = _run(["scontrol", "show", "job", "-o", slurm_job])
+    if answer.ok:
+        for word in answer.out.split():
+            if word.startswith("JobState="):
+                return word.partition("=")[2]
+    answer = _run(["sacct", "-n", "-X", "-P", "-j", slurm_job, "-o", "State"])
+    if answer.ok and answer.out.strip():
+        return answer.out.split()[0]
+    return None
+
+
+def submit_batch(script: str, cwd: str) -> str:
+    """sbatch SCRIPT; the new Slurm job id. Refused: an OrchError in sbatch's words."""
+    try:
+        done = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=cwd)  # fmt: skip
+    except FileNotFoundError as err:
+        raise OrchError("sbatch is not installed on this machine",
+                        "run orch on a Slurm login node (slurm-client)") from err  # fmt: skip
+    except subprocess.TimeoutExpired as err:
+        raise OrchError("sbatch did not answer within 60s",
+                        "check the controller: `scontrol ping`") from err  # fmt: skip
+    if done.returncode != 0:
+        raise OrchError(f"Slurm refused the batch job: {done.stderr.strip() or done.stdout}",
+                        f"the script is {script}; check its #SBATCH lines")  # fmt: skip
+    return done.stdout.strip().split(";")[0]
+
+
+def node_reason(node: str) -> str | None:
+    """Why Slurm took a node out (drained, down), from `scontrol show node`; None if fine."""
+    answer = _run(["scontrol", "show", "node", "-o", node])
+    if not answer.ok:
+        return None
+    fields = dict(word.partition("=")[::2] for word in answer.out.split() if "=" in word)
+    state = fields.get("State", "")
+    if not any(bad in state for bad in ("DRAIN", "DOWN", "FAIL")):
+        return None
+    reason = answer.out.partition("Reason=")[2].strip()
+    return f"{state}" + (f" ({reason})" if reason else "")

@@ -1,0 +1,130 @@
+"""A Slurm allocation as an inventory: nodes and ranks per node from the variables Slurm
+sets inside `salloc`/`sbatch`, in place of a hostfile. Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orchestrator.errors import UsageError
+from orchestrator.specs.inventory import Hostfile, expand_nodeset, make_hostfile
+
+JOB_ID_VAR = "SLURM_JOB_ID"
+NODELIST_VAR = "SLURM_JOB_NODELIST"
+_COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+NO_ALLOCATION_HINT = (
+    "run orch inside one (`salloc -N 2 --ntasks-per-node=8 orch launch --slurm ...`), "
+    "or let Slurm make one for a recipe: `orch submit RECIPE --sbatch`"
+)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What Slurm granted: the job id, its nodes in Slurm's order, and per node the tasks
+    (SLURM_TASKS_PER_NODE) and GPUs (SLURM_GPUS_ON_NODE, the same on every node) it holds."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    tasks_per_node: tuple[int, ...] = ()
+    gpus_on_node: int | None = None
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """Ranks per node: the GPUs when Slurm gave any, else the tasks, else one."""
+        if self.gpus_on_node:
+            return (self.gpus_on_node,) * len(self.nodes)
+        if len(self.tasks_per_node) == len(self.nodes):
+            return self.tasks_per_node
+        return (1,) * len(self.nodes)
+
+
+def expand_counts(text: str) -> tuple[int, ...]:
+    """Slurm's compressed per-node counts: `2(x3),1` -> (2, 2, 2, 1)."""
+    counts: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        match = _COUNT.match(part)
+        if match is None:
+            raise UsageError(f"cannot read Slurm's per-node count {part!r} in {text!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return tuple(counts)
+
+
+def allocation_from_env(environ: Mapping[str, str]) -> Allocation | None:
+    """The allocation this process runs in, or None outside of one."""
+    job_id = environ.get(JOB_ID_VAR) or environ.get("SLURM_JOBID")
+    if not job_id:
+        return None
+    nodelist = environ.get(NODELIST_VAR) or environ.get("SLURM_NODELIST") or ""
+    if not nodelist:
+        raise UsageError(
+            f"Slurm job {job_id}: {NODELIST_VAR} is not set, so its nodes are unknown",
+            "run orch from the allocation's own shell (salloc) or batch script",
+        )
+    gpus = environ.get("SLURM_GPUS_ON_NODE", "")
+    return Allocation(
+        job_id=job_id,
+        nodes=tuple(expand_nodeset(nodelist)),
+        tasks_per_node=expand_counts(environ.get("SLURM_TASKS_PER_NODE", "")),
+        gpus_on_node=int(gpus) if gpus.isdigit() and int(gpus) > 0 else None,
+    )
+
+
+def require_allocation(environ: Mapping[str, str]) -> Allocation:
+    allocation = allocation_from_env(environ)
+    if allocation is None:
+        raise UsageError(f"no Slurm allocation: {JOB_ID_VAR} is not set", NO_ALLOCATION_HINT)
+    return allocation
+
+
+def allocation_hostfile(
+    allocation: Allocation, *, nodes: int | None = None, nproc_per_node: int | None = None
+) -> Hostfile:
+    """The allocation as a hostfile. `nodes` and `nproc_per_node` are what the job asks
+    for: more than the allocation holds is refused in Slurm's terms, never run short."""
+    have = len(allocation.nodes)
+    if nodes is not None and nodes > have:
+        raise UsageError(
+            f"Slurm job {allocation.job_id} holds {have} node(s) "
+            f"({', '.join(allocation.nodes)}), fewer than the {nodes} asked for",
+            f"allocate {nodes}: `salloc -N {nodes} ...`, or ask for {have}",
+        )
+    gpus = allocation.gpus_on_node
+    if nproc_per_node is not None and gpus is not None and nproc_per_node > gpus:
+        raise UsageError(
+            f"Slurm job {allocation.job_id} holds {gpus} GPU(s) per node, fewer than the "
+            f"{nproc_per_node} ranks per node asked for",
+            f"allocate them: `salloc --gpus-per-node={nproc_per_node} ...`",
+        )
+    slots = allocation.slots
+    names = allocation.nodes[: nodes or have]
+    return make_hostfile(names, list(slots[: len(names)]), source=f"Slurm job {allocation.job_id}")
+
+
+def job_inventory(
+    hostfile: Hostfile | None,
+    *,
+    slurm: bool,
+    environ: Mapping[str, str],
+    nproc_per_node: int | None = None,
+) -> tuple[Hostfile, Allocation | None]:
+    """The hosts a job runs on: `--hostfile`, unless `--slurm` asks for the allocation; with
+    neither, the allocation this runs in, if any."""
+    if hostfile is not None and not slurm:
+        return hostfile, None
+    allocation = allocation_from_env(environ)
+    if allocation is None:
+        if slurm:
+            raise UsageError(f"no Slurm allocation: {JOB_ID_VAR} is not set", NO_ALLOCATION_HINT)
+        raise UsageError(
+            "no hostfile given", "pass --hostfile F (e.g. the one `orch sandbox up` prints)"
+        )
+    return allocation_hostfile(allocation, nproc_per_node=nproc_per_node), allocation
+
+
+def chosen_fanout(fanout: str | None, launcher: str, allocation: Allocation | None) -> str:
+    """--fanout as given; else srun inside an allocation (for the launchers whose nodes orch
+    starts itself), pdsh otherwise."""
+    if fanout:
+        return fanout
+    return "srun" if allocation is not None and launcher != "pdsh" else "pdsh"
