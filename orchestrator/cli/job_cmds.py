@@ -48,7 +48,7 @@ from orchestrator.run.records import (
     runs_root,
     shown_state,
 )
-from orchestrator.run.slurm import submit_batch
+from orchestrator.run.slurm import ACTIVE_STATES, cancel, job_state, submit_batch
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
 from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
@@ -430,8 +430,9 @@ def _inner_submit(recipe: Path, job_id: str, root: Path, settings: dict,
     for flag in ("no_doctor", "sync", "keep_remote_logs"):
         if settings[flag]:
             argv.append("--" + flag.replace("_", "-"))
+    defaults = {"heartbeat_timeout": WatchSettings.heartbeat_timeout}
     for option in ("heartbeat_timeout", "hang_timeout", "main_port", "fanout"):
-        if settings[option] is not None:
+        if settings[option] is not None and settings[option] != defaults.get(option):
             argv += ["--" + option.replace("_", "-"), f"{settings[option]}"]
     if script_args:
         argv += ["--", *script_args]
@@ -521,6 +522,10 @@ def status(
     out.print(f"launcher: {record.launcher}  started: {record.started_at}  "
               f"ended: {record.ended_at or '-'}  exit code: {record.exit_code}")  # fmt: skip
     out.print("command: " + " ".join(record.command), markup=False)
+    if record.slurm_job_id:
+        kind = "batch job" if record.slurm_batch else "allocation"
+        step = f", step {record.slurm_step}" if record.slurm_step else ""
+        out.print(f"slurm: {kind} {record.slurm_job_id}{step}; fan-out {record.fanout}")
     for node in record.hosts:
         code = record.node_exit_codes.get(node)
         out.print(f"  {node}: exit {'-' if code is None else code}")
@@ -544,18 +549,31 @@ def kill(
     record = run.load()
     err = _err()
     alive = head_alive(record)
-    if alive:
+    batch = record.slurm_batch and record.slurm_job_id is not None
+    if alive or batch:
         (run.path / KILL_MARKER).touch()
+    if batch:
+        # The batch job is the job's own: Slurm signals orch inside it, which tears the job
+        # down, and ends the allocation.
+        answer = cancel(str(record.slurm_job_id))
+        err.print(f"Slurm job {record.slurm_job_id}: "
+                  + ("cancelled" if answer.ok else answer.problem), markup=False)  # fmt: skip
+    if alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(record.head_pid, signal.SIGTERM)
     # Whatever the head does, stop the job on every node by its id.
-    outcome = teardown_job(record.hosts, record.id, record.python, grace=grace, timeout=grace + 15)
-    for stopped in outcome:
-        err.print(f"{stopped.node}: {stopped.value or stopped.why}", markup=False)
-    if alive:
-        deadline = time.monotonic() + grace + 30
-        while head_alive(record) and time.monotonic() < deadline:
-            time.sleep(0.2)
+    ok = True
+    if record.hosts:
+        outcome = teardown_job(record.hosts, record.id, record.python, grace=grace,
+                               timeout=grace + 15)  # fmt: skip
+        ok = outcome.ok
+        for stopped in outcome:
+            err.print(f"{stopped.node}: {stopped.value or stopped.why}", markup=False)
+    deadline = time.monotonic() + grace + 30
+    while (head_alive(record) or (batch and _slurm_active(record))) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
     record = run.load()
     if record.state not in FINAL_STATES:
         # The head is gone (or never answered): record the kill ourselves.
@@ -563,4 +581,8 @@ def kill(
         record = finished(record, state="killed", exit_code=128 + signal.SIGTERM)
         run.save(record)
     err.print(f"job {record.id}: {shown_state(record)}")
-    raise typer.Exit(0 if outcome.ok else 1)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _slurm_active(record: JobRecord) -> bool:
+    return job_state(str(record.slurm_job_id)) in ACTIVE_STATES
