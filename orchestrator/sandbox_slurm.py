@@ -127,7 +127,8 @@ def render_conf(directory: Path, controller_host: str, controller_port: int,
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
-        "ReturnToService=2",
+        # A node an admin (or a test) sets down stays down, with its reason, until resumed.
+        "ReturnToService=1",
         # Nodes declare the CPUs the sandbox gives them, whatever the machine has.
         "SlurmdParameters=config_overrides",
         "SlurmctldTimeout=30",

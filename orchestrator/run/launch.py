@@ -33,7 +33,7 @@ from pathlib import Path
 
 from orchestrator.errors import OrchError
 from orchestrator.logs.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
-from orchestrator.logs.sink import LogRouter, LogView
+from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
@@ -77,6 +77,7 @@ from orchestrator.run.verdict import (
     Tick,
     WatchSettings,
     hang_culprit,
+    in_slurm_words,
 )
 from orchestrator.specs.jobenv import is_secret
 from orchestrator.stacks.report import StacksResult, analyse, result_json
@@ -478,6 +479,11 @@ class JobRunner:
                 return found
         return None
 
+    def _head_lines(self) -> tuple[str, ...]:
+        """What the fan-out itself printed (pdsh's or srun's own messages)."""
+        tails = self.tracker.tails
+        return _decoded((*tails.get(HEAD_NODE, ()), *tails.get("", ())))
+
     def _last_lines(self, node: str) -> tuple[str, ...]:
         if self.tails_at_failure is not None:
             return self.tails_at_failure.get(node, ())
@@ -492,6 +498,11 @@ class JobRunner:
         first = None
         if failure is not None and failure.kind == "hang":
             failure = hang_culprit(failure, self.stacks)
+        if failure is not None and self.plan.fanout_kind == "srun":
+            failure = in_slurm_words(
+                failure, self._head_lines(), bool(self.verdict.last_seen),
+                slurm.node_problems(self.plan.hosts),
+            )  # fmt: skip
         if failure is not None:
             root = self._root_cause(failure) if failure.kind in ("rank", "lost") else None
             first = FirstFailure(

@@ -83,14 +83,17 @@ def submit_batch(script: str, cwd: str) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def node_reason(node: str) -> str | None:
-    """Why Slurm took a node out (drained, down), from `scontrol show node`; None if fine."""
-    answer = _run(["scontrol", "show", "node", "-o", node])
+def node_problems(nodes: Sequence[str]) -> dict[str, str]:
+    """The nodes of `nodes` Slurm has taken out (down, drained, failing), each with its
+    state and reason, from one `sinfo -R`; {} when all are fine or Slurm does not answer."""
+    answer = _run(["sinfo", "-R", "-h", "-N", "-o", "%N|%T|%E"])
     if not answer.ok:
-        return None
-    fields = dict(word.partition("=")[::2] for word in answer.out.split() if "=" in word)
-    state = fields.get("State", "")
-    if not any(bad in state for bad in ("DRAIN", "DOWN", "FAIL")):
-        return None
-    reason = answer.out.partition("Reason=")[2].strip()
-    return f"{state}" + (f" ({reason})" if reason else "")
+        return {}
+    wanted = set(nodes)
+    found: dict[str, str] = {}
+    for line in answer.out.splitlines():
+        node, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        if node in wanted and node not in found:
+            found[node] = f"{state.lower()} (reason: {reason})" if reason else state.lower()
+    return found

@@ -240,8 +240,8 @@ class JobVerdict:
         self.candidates.append(
             Failure(
                 node=node,
-                reason=str(fields.get("error") or f"exited with code {exit_code}"),
-                exit_code=exit_code,
+                reason=str(fields.get("error") or _ended_by(exit_code)),
+                exit_code=128 - exit_code if exit_code < 0 else exit_code,
                 rank=rank if isinstance(rank, int) else None,
                 when=_as_float(fields.get("failed_at")) or event.wall_time,
             )
@@ -394,3 +394,39 @@ def hang_culprit(failure: Failure, stacks: StacksResult | None) -> Failure:
         rank=apart[0].rank if len(apart) == 1 else None,
         reason=f"{failure.reason}; stands apart: {named}{more}",
     )
+
+
+def _ended_by(code: int) -> str:
+    """How a process ended, from its code; negative: the signal that killed it (Python's
+    convention), whose shell exit code is 128 + the signal's number."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"killed by {name}"
+
+
+SRUN_ERROR = "srun: error: "
+
+
+def in_slurm_words(
+    failure: Failure,
+    head_lines: tuple[str, ...],
+    heard_any: bool,
+    node_problems: Mapping[str, str],
+) -> Failure:
+    """A failure of a job whose nodes srun started, as Slurm tells it: srun's own refusal
+    when no node ever answered (no allocation left, too few nodes, a node not in it), and
+    a node Slurm took out (`node_problems`: node -> its state and reason) named first."""
+    refusals = [line.split(SRUN_ERROR, 1)[1] for line in head_lines if SRUN_ERROR in line]
+    if not heard_any and refusals:
+        return replace(failure, node="", reason=f"srun refused the step: {refusals[0]}",
+                       rank=None, kind="head")  # fmt: skip
+    for node, problem in node_problems.items():
+        # A drained node keeps its running jobs: a rank's own exit stays the cause then.
+        if failure.kind != "rank" or "DOWN" in problem.upper():
+            return replace(failure, node=node, rank=None, kind="lost",
+                           reason=f"Slurm took {node} out: {problem}")  # fmt: skip
+    return failure
