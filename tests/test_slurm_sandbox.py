@@ -1,0 +1,240 @@
+"""orch on a real Slurm (the sandbox's: slurmctld here, a slurmd in every node): inside
+`salloc`, launches whose nodes srun starts; `orch submit --sbatch`, `orch status` and
+`orch kill` of a batch job; a node Slurm takes down mid-job; srun's refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from launch_support import (
+    ALLREDUCE,
+    ORCH,
+    REPO,
+    all_ranks_up,
+    job_ids,
+    job_json,
+    job_processes,
+    log_text,
+    orch_env,
+    run_orch,
+    wait_for,
+)
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(scope="module")
+def slurm_sandbox(sandbox_factory):
+    box, state = sandbox_factory(3, 2, slurm=True)
+    return box, state
+
+
+def _slurm_env(state, runs: Path) -> dict[str, str]:
+    env = orch_env(runs)
+    env["SLURM_CONF"] = state.slurm_conf
+    for name in [n for n in env if n.startswith("SLURM_") and n != "SLURM_CONF"]:
+        del env[name]  # never the allocation of whatever runs these tests
+    return env
+
+
+def _slurm(state, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), env=_slurm_env(state, Path("/nonexistent")),
+                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+
+
+def _in_allocation(state, runs: Path, orch_args: list[str], *, nodes: int = 3,
+                   timeout: float = 300) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`salloc -N <nodes> --ntasks-per-node=2 orch ...`, as a user types it."""
+    argv = ["salloc", f"-N{nodes}", "--ntasks-per-node=2", *ORCH, *orch_args]
+    return subprocess.run(argv, cwd=REPO, env=_slurm_env(state, runs), capture_output=True,
+                          text=True, timeout=timeout, check=False)  # fmt: skip
+
+
+def _queue(state) -> str:
+    return _slurm(state, "squeue", "-h", "-o", "%i %T").stdout.strip()
+
+
+def _launch(launcher: str, *script_args: str) -> list[str]:
+    return ["launch", "--slurm", "--launcher", launcher, "--no-doctor", ALLREDUCE, "--",
+            *script_args]  # fmt: skip
+
+
+def _names(state) -> list[str]:
+    return [n.name for n in state.nodes]
+
+
+def test_sandbox_runs_a_real_slurm_with_a_slurmd_per_node(slurm_sandbox):
+    box, state = slurm_sandbox
+    answer = _slurm(state, "srun", "-N3", "hostname")
+    assert answer.returncode == 0, answer.stderr
+    assert sorted(answer.stdout.split()) == sorted(_names(state))
+    assert box.slurm_states(state) == dict.fromkeys(_names(state), "idle")
+    status = subprocess.run([*ORCH, "sandbox", "status", "--dir", state.directory, "--json"],
+                            capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    doc = json.loads(status.stdout)
+    assert doc["slurm"]["conf"] == state.slurm_conf
+    assert doc["slurm"]["nodes"] == dict.fromkeys(_names(state), "idle")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "standard"])
+def test_launch_inside_salloc_runs_every_rank_through_one_srun_step(
+    slurm_sandbox, tmp_path, launcher
+):
+    _box, state = slurm_sandbox
+    names = _names(state)
+    result = _in_allocation(state, tmp_path, _launch(launcher, "--steps", "2"))
+    assert result.returncode == 0, result.stderr
+    assert f"{launcher} on 3 nodes x 2 ranks" in result.stderr
+    [job_id] = job_ids(tmp_path)
+    record = job_json(tmp_path, job_id)
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert record["hosts"] == names  # from SLURM_JOB_NODELIST, no hostfile
+    assert record["fanout"] == "srun"
+    slurm_job = record["slurm_job_id"]
+    assert slurm_job and record["slurm_step"].startswith(f"{slurm_job}.")
+    assert not record["slurm_batch"]
+    # Each node's log holds its own two ranks' lines, labelled with the global rank.
+    total = sum(range(1, 7))
+    for k, node in enumerate(names):
+        log = log_text(tmp_path, job_id, node)
+        for rank in (2 * k, 2 * k + 1):
+            assert f" r{rank}/{rank % 2} out rank {rank} step 1 sum {total}\n" in log
+    assert _queue(state) == ""  # salloc's allocation is over, nothing queued
+
+
+def test_a_rank_exiting_7_ends_the_job_with_7_and_a_clean_allocation(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    result = _in_allocation(
+        state, tmp_path, _launch("torchrun", "--steps", "2", "--fail-rank", "3", "--exit-code",
+                                 "7", "--sleep", "60"),
+    )  # fmt: skip
+    assert result.returncode == 7, result.stderr
+    [job_id] = job_ids(tmp_path)
+    failure = job_json(tmp_path, job_id)["first_failure"]
+    assert failure["rank"] == 3 and failure["exit_code"] == 7
+    assert "first failure: " in result.stderr and "rank 3" in result.stderr
+    for node in _names(state):
+        assert job_processes(node, job_id) == []
+    assert _queue(state) == ""
+
+
+def test_srun_refusing_the_step_is_reported_in_its_words(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{n} slots=2\n" for n in _names(state)))
+    args = ["launch", "--hostfile", str(hostfile), "--fanout", "srun", "--launcher", "torchrun",
+            "--no-doctor", ALLREDUCE]  # fmt: skip
+    result = _in_allocation(state, tmp_path / "runs", args, nodes=2)
+    assert result.returncode == 1
+    assert "srun refused the step: Only allocated 2 nodes asked for 3" in result.stderr
+
+
+def test_a_node_slurm_takes_down_mid_job_is_named_with_its_reason(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    victim = _names(state)[1]
+    log = tmp_path / "salloc.log"
+    argv = ["salloc", "-N3", "--ntasks-per-node=2", *ORCH,
+            *_launch("torchrun", "--steps", "2", "--sleep", "120")]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=_slurm_env(state, tmp_path), stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        assert wait_for(lambda: any(all_ranks_up(tmp_path, j, _names(state))
+                                    for j in job_ids(tmp_path)), 120)  # fmt: skip
+        down = _slurm(state, "scontrol", "update", f"nodename={victim}", "state=down",
+                      "reason=ECC errors on GPU 3")  # fmt: skip
+        assert down.returncode == 0, down.stderr
+        code = proc.wait(timeout=90)
+    finally:
+        proc.kill()
+        _slurm(state, "scontrol", "update", f"nodename={victim}", "state=resume")
+    text = log.read_text(errors="replace")
+    assert code == 143, text
+    assert f"Slurm took {victim} out: down (reason: ECC errors on GPU 3)" in text
+    [job_id] = job_ids(tmp_path)
+    assert job_json(tmp_path, job_id)["first_failure"]["node"] == victim
+    assert wait_for(lambda: _slurm(state, "sinfo", "-h", "-n", victim, "-o", "%t").stdout.strip()
+                    == "idle", 30)  # fmt: skip
+
+
+def _recipe(tmp_path: Path, *args: str) -> Path:
+    recipe = tmp_path / "allreduce.yaml"
+    recipe.write_text(
+        "name: allreduce\n"
+        f"script: {ALLREDUCE}\n"
+        f"args: {json.dumps(list(args))}\n"
+        "launcher: torchrun\n"
+        "nproc_per_node: 2\n"
+        "slurm:\n  nodes: 3\n  time: '10'\n"
+    )
+    return recipe
+
+
+def _submit(state, runs: Path, recipe: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ORCH, "submit", str(recipe), "--sbatch", *extra], cwd=REPO,
+                          env=_slurm_env(state, runs), capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+
+
+def _status(state, runs: Path, job_id: str) -> dict:
+    done = subprocess.run([*ORCH, "status", job_id, "--json"], cwd=REPO,
+                          env=_slurm_env(state, runs), capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def test_sbatch_runs_a_recipe_to_completion_and_status_follows_it(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    recipe = _recipe(tmp_path, "--steps", "2")
+    shown = _submit(state, tmp_path, recipe, "--dry-run")
+    assert shown.returncode == 0, shown.stderr
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=2\n" in shown.stdout
+    assert "#SBATCH --time=10\n" in shown.stdout
+    assert job_ids(tmp_path) == []  # a dry run submits nothing
+    result = _submit(state, tmp_path, recipe)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip()
+    assert "submitted as Slurm job" in result.stderr
+    assert _status(state, tmp_path, job_id)["slurm_job_id"]
+    assert wait_for(lambda: _status(state, tmp_path, job_id)["state"] == "succeeded", 180)
+    record = job_json(tmp_path, job_id)
+    assert record["slurm_batch"] and record["fanout"] == "srun"
+    assert record["hosts"] == _names(state)
+    assert " r5/1 out rank 5 done\n" in log_text(tmp_path, job_id, _names(state)[2])
+    assert "job " + job_id + " succeeded" in (tmp_path / job_id / "sbatch.out").read_text()
+    text = run_orch(["status", job_id], tmp_path).stdout
+    assert f"slurm: batch job {record['slurm_job_id']}" in text
+
+
+def test_kill_of_a_batch_job_leaves_nothing_running(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    result = _submit(state, tmp_path, _recipe(tmp_path, "--steps", "2", "--sleep", "300"))
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip()
+    names = _names(state)
+    assert wait_for(lambda: all_ranks_up(tmp_path, job_id, names), 180)
+    assert job_processes(names[0], job_id)
+    started = time.monotonic()
+    killed = subprocess.run([*ORCH, "kill", job_id], cwd=REPO, env=_slurm_env(state, tmp_path),
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert killed.returncode == 0, killed.stderr
+    assert "cancelled" in killed.stderr
+    assert time.monotonic() - started < 60
+    assert _queue(state) == ""
+    for node in names:
+        assert job_processes(node, job_id) == []
+    assert _status(state, tmp_path, job_id)["state"] == "killed"
+
+
+def test_outside_an_allocation_slurm_is_refused_in_slurm_terms(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    env = _slurm_env(state, tmp_path)
+    done = subprocess.run([*ORCH, *_launch("torchrun")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2
+    assert "no Slurm allocation: SLURM_JOB_ID is not set" in done.stderr
+    assert "salloc" in done.stderr
