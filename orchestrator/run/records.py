@@ -151,13 +151,13 @@ def shown_state(record: JobRecord) -> str:
     """The state to show: a running job whose head process is gone is "head-died". A batch
     job's head runs on its allocation's first node: Slurm says whether it still runs."""
     if record.slurm_batch and record.slurm_job_id and record.state not in FINAL_STATES:
-        return _batch_state(record, slurm.job_state(record.slurm_job_id))
+        return batch_state(record, slurm.job_state(record.slurm_job_id))
     if record.state in RUNNING_STATES and not head_alive(record):
         return "head-died"
     return record.state
 
 
-def _batch_state(record: JobRecord, slurm_state: str | None) -> str:
+def batch_state(record: JobRecord, slurm_state: str | None) -> str:
     if slurm_state in slurm.ACTIVE_STATES:
         return "queued" if slurm_state == "PENDING" else record.state
     if record.state == "queued":  # ended before orch started in it

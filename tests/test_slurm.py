@@ -1,0 +1,257 @@
+"""Slurm's side of orch on values: the allocation as an inventory, srun's command line, the
+agent under srun, the batch script, a batch job's shown state, failures in Slurm's words,
+and the sandbox's slurm.conf."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.plan.agent_command import agent_argv
+from orchestrator.plan.launch_plan import build_plan
+from orchestrator.plan.sbatch_script import batch_request, render_batch_script
+from orchestrator.plan.srun_command import build_srun_argv
+from orchestrator.remote.agent import decode_spec, slurm_node_and_rank
+from orchestrator.run.records import JobRecord, batch_state
+from orchestrator.run.verdict import Failure, JobVerdict, NodeExited, WatchSettings, in_slurm_words
+from orchestrator.sandbox_slurm import SlurmNode, render_conf
+from orchestrator.specs.inventory import make_hostfile, read_hostfile
+from orchestrator.specs.slurm import (
+    Allocation,
+    allocation_from_env,
+    allocation_hostfile,
+    chosen_fanout,
+    expand_counts,
+    job_inventory,
+)
+
+ALLOC_ENV = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NODELIST": "gpu[07-08],gpu10",
+    "SLURM_TASKS_PER_NODE": "8(x2),4",
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "counts"),
+    [("2(x3)", (2, 2, 2)), ("8(x2),4", (8, 8, 4)), ("1", (1,)), ("", ()), ("3,2(x1)", (3, 2))],
+)
+def test_per_node_counts_expand_as_slurm_writes_them(text, counts):
+    assert expand_counts(text) == counts
+
+
+def test_a_count_slurm_never_writes_is_refused_naming_it():
+    with pytest.raises(UsageError, match=r"'2\(y3\)'"):
+        expand_counts("2(y3)")
+
+
+def test_the_allocation_gives_nodes_in_order_and_tasks_as_slots():
+    allocation = allocation_from_env(ALLOC_ENV)
+    assert allocation == Allocation("4242", ("gpu07", "gpu08", "gpu10"), (8, 8, 4), None)
+    hostfile = allocation_hostfile(allocation)
+    assert [(h.host, h.slots) for h in hostfile.hosts] == [("gpu07", 8), ("gpu08", 8),
+                                                            ("gpu10", 4)]  # fmt: skip
+    assert hostfile.source == "Slurm job 4242"
+
+
+def test_gpus_on_node_win_over_tasks():
+    env = {**ALLOC_ENV, "SLURM_GPUS_ON_NODE": "4"}
+    assert allocation_from_env(env).slots == (4, 4, 4)
+
+
+def test_outside_an_allocation_there_is_none():
+    assert allocation_from_env({"HOME": "/root"}) is None
+
+
+def test_an_allocation_smaller_than_asked_is_refused_in_slurm_terms():
+    allocation = allocation_from_env({**ALLOC_ENV, "SLURM_GPUS_ON_NODE": "4"})
+    with pytest.raises(UsageError) as nodes:
+        allocation_hostfile(allocation, nodes=4)
+    assert "Slurm job 4242 holds 3 node(s) (gpu07, gpu08, gpu10), fewer than the 4" in str(
+        nodes.value
+    )
+    assert "salloc -N 4" in nodes.value.hint
+    with pytest.raises(UsageError) as gpus:
+        allocation_hostfile(allocation, nproc_per_node=8)
+    assert "holds 4 GPU(s) per node, fewer than the 8 ranks per node" in str(gpus.value)
+
+
+def test_a_hostfile_wins_unless_slurm_is_asked_for(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("a slots=1\n")
+    given = read_hostfile(path)
+    assert job_inventory(given, slurm=False, environ=ALLOC_ENV) == (given, None)
+    hosts, allocation = job_inventory(given, slurm=True, environ=ALLOC_ENV)
+    assert hosts.names == ("gpu07", "gpu08", "gpu10") and allocation.job_id == "4242"
+    hosts, _ = job_inventory(None, slurm=False, environ=ALLOC_ENV)  # inside one: implied
+    assert hosts.names == ("gpu07", "gpu08", "gpu10")
+
+
+def test_no_allocation_and_no_hostfile_say_which_is_missing():
+    with pytest.raises(UsageError, match="no Slurm allocation: SLURM_JOB_ID is not set") as err:
+        job_inventory(None, slurm=True, environ={})
+    assert "salloc" in err.value.hint and "--sbatch" in err.value.hint
+    with pytest.raises(UsageError, match="no hostfile given"):
+        job_inventory(None, slurm=False, environ={})
+
+
+def test_srun_is_the_fanout_inside_an_allocation_for_launchers_orch_starts():
+    allocation = allocation_from_env(ALLOC_ENV)
+    assert chosen_fanout(None, "torchrun", allocation) == "srun"
+    assert chosen_fanout(None, "standard", allocation) == "srun"
+    assert chosen_fanout(None, "pdsh", allocation) == "pdsh"
+    assert chosen_fanout(None, "torchrun", None) == "pdsh"
+    assert chosen_fanout("pdsh", "torchrun", allocation) == "pdsh"
+
+
+def test_srun_argv_gives_every_count_and_exports_only_the_login_basics():
+    environ = {"PATH": "/bin", "HOME": "/h", "TOKEN": "s"}
+    argv = build_srun_argv(["gpu07", "gpu08", "gpu10"], ["py", "-c", "x"], slurm_job="4242",
+                           job_id="j1", environ=environ)  # fmt: skip
+    assert argv == [
+        "srun", "--jobid=4242", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1",
+        "--nodelist=gpu[07-08,10]", "--kill-on-bad-exit=1", "--input=none",
+        "--job-name=orch-j1", "--export=PATH,HOME", "--", "py", "-c", "x",
+    ]  # fmt: skip
+
+
+def _srun_plan(**kw):
+    base = dict(
+        job_id="job-1", hostfile=make_hostfile(["n1", "n2"], 2), script="train.py",
+        args=["--note", "it's $HOME"], launcher="torchrun", python="/opt/py/bin/python",
+        workdir="/work/x", run_dir="/runs/job-1", main_port=29511,
+        environ={"PATH": "/bin", "HF_TOKEN": "hf_secret"}, extra_env={"WANDB_API_KEY": "k"},
+        fanout="srun", slurm_job="77",
+    )  # fmt: skip
+    base.update(kw)
+    return build_plan(**base)
+
+
+def test_an_srun_plan_starts_the_agent_in_one_step_with_nothing_the_user_typed():
+    plan = _srun_plan()
+    argv = plan.fanout.argv
+    assert argv[0] == "srun" and "--jobid=77" in argv and "--nodelist=n[1-2]" in argv
+    assert plan.fanout_kind == "srun" and plan.slurm_job == "77"
+    dash = argv.index("--")
+    assert argv[dash + 1 : dash + 3] == ("/opt/py/bin/python", "-c")
+    assert argv[-4] == "run" and argv[-2:] == ("-", "-")
+    spec = decode_spec(argv[-3])
+    assert spec["hosts"] == ["n1", "n2"] and spec["label_lines"] is True
+    text = " ".join(argv)
+    for typed in ("it's $HOME", "hf_secret", "WANDB_API_KEY", "=k"):
+        assert typed not in text
+    assert plan.fanout.set_env == ()  # pdsh's settings are not srun's
+
+
+def test_srun_needs_an_allocation_and_a_launcher_whose_nodes_orch_starts():
+    with pytest.raises(UsageError, match="runs inside a Slurm allocation, and there is none"):
+        _srun_plan(slurm_job="")
+    with pytest.raises(UsageError, match="pdsh launcher's nodes are started by DeepSpeed"):
+        _srun_plan(launcher="pdsh")
+    with pytest.raises(UsageError, match="unknown fan-out 'mpirun'"):
+        _srun_plan(fanout="mpirun")
+
+
+def test_the_agent_under_srun_takes_its_name_from_slurm_and_its_rank_from_the_plan(monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    monkeypatch.setenv("SLURM_NODEID", "0")  # Slurm's order is not the plan's
+    assert slurm_node_and_rank({"hosts": ["n1", "n2"]}, "-", "-") == ("n2", "1")
+    assert slurm_node_and_rank({"hosts": ["n1", "n2"]}, "n1", "0") == ("n1", "0")
+
+
+def test_the_agent_labels_every_line_with_its_node_under_srun():
+    code = (
+        "from orchestrator.remote.agent import Channel\n"
+        "c = Channel(b'n2: ')\nc.send(b'one\\ntwo\\n')\nc.send(b'three\\n')\nc.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30,
+                         check=True).stdout  # fmt: skip
+    assert out == b"n2: one\nn2: two\nn2: three\n"
+
+
+def test_agent_argv_needs_no_shell():
+    argv = agent_argv("/opt/py/bin/python", {"job_id": "j"})
+    assert argv[0] == "/opt/py/bin/python" and argv[1] == "-c" and argv[3] == "run"
+    assert decode_spec(argv[4]) == {"job_id": "j"}
+
+
+def test_the_batch_script_asks_for_the_allocation_and_runs_orch_in_it():
+    request = batch_request(
+        job_id="j1", name="orch-smoke", nodes=4, ntasks_per_node=None, gpus_per_node=8,
+        workdir="/work/x y", output="/runs/j1/sbatch.out", time="1:00:00", partition="gpu",
+        command=["/opt/py/bin/python", "-m", "orchestrator", "submit", "/r/a b.yaml"],
+    )  # fmt: skip
+    text = render_batch_script(request)
+    assert text.startswith("#!/bin/sh\n")
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --time=1:00:00", "#SBATCH --partition=gpu",
+                 "#SBATCH --chdir=/work/x y", "#SBATCH --output=/runs/j1/sbatch.out"):  # fmt: skip
+        assert line + "\n" in text
+    assert text.endswith("exec /opt/py/bin/python -m orchestrator submit '/r/a b.yaml'\n")
+    assert "--account" not in text
+
+
+def test_a_batch_job_needs_a_node_count():
+    with pytest.raises(UsageError, match="--sbatch needs a node count") as err:
+        batch_request(job_id="j", name="n", nodes=None, ntasks_per_node=2, gpus_per_node=None,
+                      workdir="/", output="/o", command=["orch"])  # fmt: skip
+    assert "slurm: {nodes: N}" in err.value.hint
+
+
+def _record(state: str) -> JobRecord:
+    return JobRecord(id="j", state=state, launcher="torchrun", command=(), hosts=(),
+                     workdir="/", started_at="", head_pid=0, head_start=None,
+                     slurm_job_id="9", slurm_batch=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("recorded", "slurm_state", "shown"),
+    [
+        ("queued", "PENDING", "queued"),
+        ("queued", "RUNNING", "queued"),  # orch inside has not written its record yet
+        ("running", "RUNNING", "running"),
+        ("queued", "CANCELLED", "slurm-cancelled"),
+        ("queued", None, "slurm-gone"),
+        ("running", "COMPLETED", "head-died"),
+    ],
+)
+def test_a_batch_jobs_state_is_the_records_while_slurm_runs_it(recorded, slurm_state, shown):
+    assert batch_state(_record(recorded), slurm_state) == shown
+
+
+def test_srun_refusing_the_step_is_the_failure_when_no_node_answered():
+    lost = Failure("n1", "ended without reporting an exit code", 1, kind="lost")
+    lines = ("srun: error: Only allocated 2 nodes asked for 3",)
+    told = in_slurm_words(lost, lines, heard_any=False, node_problems={})
+    assert (told.node, told.kind) == ("", "head")
+    assert told.reason == "srun refused the step: Only allocated 2 nodes asked for 3"
+    assert in_slurm_words(lost, lines, heard_any=True, node_problems={}) == lost
+
+
+def test_a_node_slurm_took_down_is_named_but_a_drain_leaves_a_ranks_own_exit():
+    rank = Failure("n1", "exited with code 7", 7, rank=3)
+    down = in_slurm_words(rank, (), True, {"n2": "down (reason: ECC errors)"})
+    assert (down.node, down.kind, down.rank) == ("n2", "lost", None)
+    assert down.reason == "Slurm took n2 out: down (reason: ECC errors)"
+    assert in_slurm_words(rank, (), True, {"n2": "drained (reason: maint)"}) == rank
+
+
+def test_a_launcher_killed_by_a_signal_gives_the_shells_exit_code():
+    verdict = JobVerdict(("n1", "n2"), WatchSettings(), head_launcher=False)
+    verdict.feed(NodeExited("n1", {"code": -15}, 1.0, 1.0))
+    [failure] = verdict.candidates
+    assert failure.exit_code == 143 and failure.reason == "killed by SIGTERM"
+
+
+def test_the_sandbox_slurm_conf_gives_each_slurmd_its_port_and_paths(tmp_path: Path):
+    nodes = [SlurmNode("node1", "127.1.2.1", 16818), SlurmNode("node2", "127.1.2.2", 16819)]
+    conf = render_conf(tmp_path, "head", 16817, nodes, cpus=2)
+    assert "SlurmctldHost=head(127.0.0.1)\nSlurmctldPort=16817\n" in conf
+    assert "NodeName=node2 NodeAddr=127.1.2.2 Port=16819 CPUs=2 State=UNKNOWN\n" in conf
+    assert f"SlurmdSpoolDir={tmp_path}/%n/spool\n" in conf
+    assert f"AuthInfo=socket={tmp_path}/munge/munge.sock\n" in conf
+    assert "ProctrackType=proctrack/linuxproc\n" in conf
