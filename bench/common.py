@@ -232,13 +232,15 @@ def _jsonable(value: object) -> object:
 
 # ----- sandboxes ------------------------------------------------------------------------
 @contextlib.contextmanager
-def private_sandbox(nodes: int, slots: int = 2, tag: str = "bench") -> Iterator[SandboxState]:
+def private_sandbox(
+    nodes: int, slots: int = 2, tag: str = "bench", slurm: bool = False
+) -> Iterator[SandboxState]:
     """A sandbox of its own (directory, subnet, node names), always taken down after."""
     unique = uuid.uuid4().hex[:5]
     directory = Path(tempfile.mkdtemp(prefix=f"orch-{tag}-{unique}-"))
     box = Sandbox(directory)
     try:
-        yield box.up(nodes=nodes, slots=slots, prefix=f"{tag[:2]}{unique}n")
+        yield box.up(nodes=nodes, slots=slots, prefix=f"{tag[:2]}{unique}n", slurm=slurm)
     finally:
         box.down()
         shutil.rmtree(directory, ignore_errors=True)

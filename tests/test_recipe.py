@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 EXPECTED = {
     "cpu-smoke",
+    "cpu-smoke-slurm",
     "diffsynth-wan22-i2v-4x8",
     "deepspeed-zero3-fp16-pdsh-2x8",
     "amphion-multigpu-c10d",

@@ -50,6 +50,8 @@ def plan_summary(plan: LaunchPlan) -> dict:
         "args": list(plan.args),
         "run_dir": plan.run_dir,
         "private_dir": plan.private_dir,
+        "fanout": plan.fanout_kind,
+        "slurm_job": plan.slurm_job or None,
         "head_process": {
             "argv": list(plan.fanout.argv),
             "cwd": plan.fanout.cwd,
@@ -187,6 +189,8 @@ def plan_text(plan: LaunchPlan) -> str:
         lines.append(f"  (nodes other than {plan.main_host} start once its port answers)")
     teardown = kill_command(plan.python, plan.job_id, plan.grace)
     lines += ["", "teardown (every node, by job id):", f"  {_abbreviated(teardown)}"]
+    if plan.fanout_kind == "srun":
+        lines.append(f"  then `scancel {plan.slurm_job}.<step>`: what Slurm still runs of the step")
     lines += ["", "(--dry-run --json prints the whole plan, every file and command line in full)"]
     return "\n".join(lines) + "\n"
 
