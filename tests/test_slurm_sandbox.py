@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -238,3 +240,26 @@ def test_outside_an_allocation_slurm_is_refused_in_slurm_terms(slurm_sandbox, tm
     assert done.returncode == 2
     assert "no Slurm allocation: SLURM_JOB_ID is not set" in done.stderr
     assert "salloc" in done.stderr
+
+
+def test_a_head_killed_with_9_leaves_no_rank_running_on_any_node(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    names = _names(state)
+    log = tmp_path / "salloc.log"
+    argv = ["salloc", "-N3", "--ntasks-per-node=2", *ORCH,
+            *_launch("torchrun", "--steps", "2", "--sleep", "300")]  # fmt: skip
+    with log.open("wb") as out:
+        salloc = subprocess.Popen(argv, cwd=REPO, env=_slurm_env(state, tmp_path), stdout=out,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        assert wait_for(lambda: len(job_ids(tmp_path)) == 1, 60)
+        [job_id] = job_ids(tmp_path)
+        assert wait_for(lambda: all_ranks_up(tmp_path, job_id, names), 120)
+        head = job_json(tmp_path, job_id)["head_pid"]
+        os.kill(head, signal.SIGKILL)  # orch only: salloc lives on, as a user's shell would
+        # srun, TERMed by orch's watchdog, ends its step: every agent tears its job down.
+        assert wait_for(lambda: all(job_processes(n, job_id) == [] for n in names), 60)
+        salloc.wait(timeout=60)  # the allocation ends with its command
+    finally:
+        salloc.kill()
+    assert _queue(state) == ""

@@ -97,6 +97,8 @@ class HeadProcess:
     set_env: tuple[tuple[str, str], ...] = ()
     drop_env: tuple[str, ...] = ()
     path_prepend: tuple[str, ...] = ()
+    # srun: TERMed first if orch dies, which it forwards to its step (KILL would not end it).
+    term_first: bool = False
 
 
 def process_environment(head: HeadProcess, environ: Mapping[str, str]) -> dict[str, str]:
@@ -464,7 +466,7 @@ def _node_side(
             job_id=job.job_id,
             environ=environ,
         )
-        fanout = HeadProcess(argv=tuple(argv), cwd=job.workdir)
+        fanout = HeadProcess(argv=tuple(argv), cwd=job.workdir, term_first=True)
     else:
         argv = build_pdsh_argv(
             job.hostfile.names,

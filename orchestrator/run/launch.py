@@ -320,7 +320,8 @@ class JobRunner:
         """Write the plan's private files, then start what the plan says the head runs."""
         write_private_files(self.plan)
         head = self.plan.fanout
-        return start_streaming(head.argv, env=process_environment(head, os.environ), cwd=head.cwd)
+        env = process_environment(head, os.environ)
+        return start_streaming(head.argv, env=env, cwd=head.cwd, term_first=head.term_first)
 
     # -- the watch loop ----------------------------------------------------------
     def run(self) -> LaunchResult:

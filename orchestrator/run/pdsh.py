@@ -88,9 +88,14 @@ class StreamingProcess:
 
 
 def start_streaming(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None = None,
+    term_first: bool = False,
 ) -> StreamingProcess:
-    """Start argv in its own session, stdout and stderr merged into one pipe."""
+    """Start argv in its own session, stdout and stderr merged into one pipe. If orch dies
+    first, the watchdog KILLs the session, or with `term_first` TERMs it first."""
     try:
         process = subprocess.Popen(
             list(argv),
@@ -104,19 +109,26 @@ def start_streaming(
         )
     except OSError as err:
         raise OrchError(f"cannot start {argv[0]}: {err}", "check that it is installed") from err
-    return StreamingProcess(process, _watchdog(process.pid))
+    return StreamingProcess(process, _watchdog(process.pid, term_first))
 
 
 # If orch dies without cleaning up (kill -9), pdsh would live on and keep the job's
 # ssh channels open; this reader of a pipe only orch holds then kills pdsh's group,
 # the channels break, and every node's agent tears its job down.
 _WATCHDOG = 'read _ignored; kill -9 -"$1" 2>/dev/null'
+# srun's tasks do not notice srun's death (slurmstepd holds their output): srun is TERMed,
+# which it forwards to every task of its step (the agents tear the job down), and KILLed
+# only if it is still there 15 s later. A group already gone ends the watchdog at once.
+_WATCHDOG_TERM_FIRST = (
+    'read _ignored; kill -TERM -"$1" 2>/dev/null || exit 0; sleep 15; kill -9 -"$1" 2>/dev/null'
+)
 
 
-def _watchdog(pgid: int) -> subprocess.Popen[bytes] | None:
+def _watchdog(pgid: int, term_first: bool = False) -> subprocess.Popen[bytes] | None:
+    script = _WATCHDOG_TERM_FIRST if term_first else _WATCHDOG
     try:
         return subprocess.Popen(
-            ["/bin/sh", "-c", _WATCHDOG, "orch-watchdog", str(pgid)],
+            ["/bin/sh", "-c", script, "orch-watchdog", str(pgid)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
