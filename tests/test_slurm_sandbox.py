@@ -262,4 +262,4 @@ def test_a_head_killed_with_9_leaves_no_rank_running_on_any_node(slurm_sandbox, 
         salloc.wait(timeout=60)  # the allocation ends with its command
     finally:
         salloc.kill()
-    assert _queue(state) == ""
+    assert wait_for(lambda: _queue(state) == "", 30)
