@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.checks.model import Finding
+from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.errors import UsageError
 from orchestrator.plan.agent_command import agent_argv
 from orchestrator.plan.launch_plan import build_plan
@@ -255,3 +257,19 @@ def test_the_sandbox_slurm_conf_gives_each_slurmd_its_port_and_paths(tmp_path: P
     assert f"SlurmdSpoolDir={tmp_path}/%n/spool\n" in conf
     assert f"AuthInfo=socket={tmp_path}/munge/munge.sock\n" in conf
     assert "ProctrackType=proctrack/linuxproc\n" in conf
+
+
+def test_inside_an_allocation_the_job_takes_its_first_nodes_or_refuses_more():
+    hosts, _ = job_inventory(None, slurm=True, environ=ALLOC_ENV, nodes=2)
+    assert hosts.names == ("gpu07", "gpu08")
+    with pytest.raises(UsageError, match="holds 3 node"):
+        job_inventory(None, slurm=True, environ=ALLOC_ENV, nodes=5)
+
+
+def test_doctor_inside_an_allocation_says_what_ssh_is_still_needed_for():
+    ssh = Finding("gpu08", "ssh", "authentication failed", "add your key")
+    disk = Finding("gpu08", "disk", "2 GiB free", "free some", severity="warning")
+    told = ssh_inside_allocation((ssh, disk), "4242")
+    assert told[1] == disk
+    assert told[0].fix.startswith("add your key; inside Slurm job 4242, srun reaches this node")
+    assert "pam_slurm_adopt" in told[0].fix

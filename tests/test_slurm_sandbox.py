@@ -263,3 +263,20 @@ def test_a_head_killed_with_9_leaves_no_rank_running_on_any_node(slurm_sandbox, 
     finally:
         salloc.kill()
     assert wait_for(lambda: _queue(state) == "", 30)
+
+
+def test_doctor_inside_salloc_checks_the_allocations_nodes_over_ssh(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    result = _in_allocation(state, tmp_path, ["doctor", "--json"], nodes=2)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [node["node"] for node in report["nodes"]] == _names(state)[:2]
+
+
+def test_an_allocation_smaller_than_asked_is_refused_before_anything_runs(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    args = ["launch", "--nodes", "3", "--launcher", "torchrun", ALLREDUCE]
+    result = _in_allocation(state, tmp_path, args, nodes=2)
+    assert result.returncode == 2
+    assert "holds 2 node(s)" in result.stderr and "fewer than the 3 asked for" in result.stderr
+    assert job_ids(tmp_path) == []

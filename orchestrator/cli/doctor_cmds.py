@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport, Finding
 from orchestrator.checks.node import check_accelerate_config
+from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
 from orchestrator.cli.progress import node_progress
@@ -175,7 +177,7 @@ def doctor(
     if main_port is not None:
         check_port(main_port, "--main-port")
     given = read_hostfile(hostfile) if hostfile is not None else None
-    inventory, _allocation = job_inventory(given, slurm=slurm, environ=os.environ)
+    inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ)
     hosts = filter_hosts(inventory, include=include, exclude=exclude)
     if main_port is None and hosts.names:  # the kind of port a launch would pick
         main_port = free_port_on(hosts.names[0], python)
@@ -196,6 +198,9 @@ def doctor(
             extra_findings=extra,
             on_node=on_node,
         )
+    if allocation is not None:
+        findings = ssh_inside_allocation(report.findings, allocation.job_id)
+        report = replace(report, findings=findings)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

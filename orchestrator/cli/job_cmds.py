@@ -103,6 +103,13 @@ _FANOUT = typer.Option(
     help="What starts every node: pdsh (over ssh), or srun (one Slurm step; the default "
     "inside an allocation for the standard and torchrun launchers).",
 )
+_NODES = typer.Option(
+    None,
+    "--nodes",
+    min=1,
+    help="Nodes: inside an allocation, its first N (more than it holds "
+    "is refused); with --sbatch, how many to ask Slurm for.",
+)
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
 # Options end at the script: everything after it is the script's, and an option orch does
 # not know, before it, is a usage error (not taken for the script).
@@ -279,6 +286,7 @@ def launch(
     hostfile: Path | None = _HOSTFILE,
     slurm: bool = SLURM,
     fanout: str | None = _FANOUT,
+    nodes: int | None = _NODES,
     include: str | None = INCLUDE,
     exclude: str | None = EXCLUDE,
     launcher: str = typer.Option("pdsh", "--launcher", "-l", help="pdsh | standard | torchrun."),
@@ -301,7 +309,7 @@ def launch(
     check_launcher(launcher)
     given = read_hostfile(hostfile) if hostfile is not None else None
     inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ,
-                                          nproc_per_node=nproc_per_node)  # fmt: skip
+                                          nproc_per_node=nproc_per_node, nodes=nodes)  # fmt: skip
     hosts = filter_hosts(inventory, include=include, exclude=exclude)
     kind = chosen_fanout(fanout, launcher, allocation)
     root = runs_root(runs_dir)
@@ -360,7 +368,7 @@ def submit(
         help="Submit to Slurm: a batch job that runs this submit inside a "
         "new allocation (--dry-run shows the script); `orch status`/`kill` follow it.",
     ),
-    nodes: int | None = typer.Option(None, "--nodes", min=1, help="--sbatch: nodes to ask for."),
+    nodes: int | None = _NODES,
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", min=1, help="--sbatch: GPUs per node to ask for."
     ),
@@ -393,7 +401,8 @@ def submit(
     if given is None and not slurm and allocation_from_env(os.environ) is None:
         given = recipe_hosts(loaded, None)
     inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ,
-                                          nproc_per_node=loaded.nproc_per_node)  # fmt: skip
+                                          nproc_per_node=loaded.nproc_per_node,
+                                          nodes=nodes or loaded.slurm.nodes)  # fmt: skip
     hosts = filter_hosts(inventory, include=include, exclude=exclude)
     kind = chosen_fanout(fanout, loaded.launcher, allocation)
     job_id = given_job_id or new_job_id()

@@ -107,9 +107,10 @@ def job_inventory(
     slurm: bool,
     environ: Mapping[str, str],
     nproc_per_node: int | None = None,
+    nodes: int | None = None,
 ) -> tuple[Hostfile, Allocation | None]:
     """The hosts a job runs on: `--hostfile`, unless `--slurm` asks for the allocation; with
-    neither, the allocation this runs in, if any."""
+    neither, the allocation this runs in, if any (its first `nodes`, when given)."""
     if hostfile is not None and not slurm:
         return hostfile, None
     allocation = allocation_from_env(environ)
@@ -119,7 +120,8 @@ def job_inventory(
         raise UsageError(
             "no hostfile given", "pass --hostfile F (e.g. the one `orch sandbox up` prints)"
         )
-    return allocation_hostfile(allocation, nproc_per_node=nproc_per_node), allocation
+    hosts = allocation_hostfile(allocation, nodes=nodes, nproc_per_node=nproc_per_node)
+    return hosts, allocation
 
 
 def chosen_fanout(fanout: str | None, launcher: str, allocation: Allocation | None) -> str:
