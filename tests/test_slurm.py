@@ -214,7 +214,7 @@ def _record(state: str) -> JobRecord:
     ("recorded", "slurm_state", "shown"),
     [
         ("queued", "PENDING", "queued"),
-        ("queued", "RUNNING", "queued"),  # orch inside has not written its record yet
+        ("queued", "RUNNING", "starting"),  # orch inside has not written its record yet
         ("running", "RUNNING", "running"),
         ("queued", "CANCELLED", "slurm-cancelled"),
         ("queued", None, "slurm-gone"),

@@ -159,7 +159,10 @@ def shown_state(record: JobRecord) -> str:
 
 def batch_state(record: JobRecord, slurm_state: str | None) -> str:
     if slurm_state in slurm.ACTIVE_STATES:
-        return "queued" if slurm_state == "PENDING" else record.state
+        if slurm_state == "PENDING":
+            return "queued"
+        # Slurm runs it, and orch inside has not written its own record yet.
+        return "starting" if record.state == "queued" else record.state
     if record.state == "queued":  # ended before orch started in it
         return f"slurm-{(slurm_state or 'gone').lower()}"
     return "head-died"
