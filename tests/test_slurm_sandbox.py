@@ -27,6 +27,7 @@ from launch_support import (
 )
 
 pytestmark = pytest.mark.sandbox
+STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +281,21 @@ def test_an_allocation_smaller_than_asked_is_refused_before_anything_runs(slurm_
     assert result.returncode == 2
     assert "holds 2 node(s)" in result.stderr and "fewer than the 3 asked for" in result.stderr
     assert job_ids(tmp_path) == []
+
+
+def test_a_crash_under_srun_keeps_where_the_survivors_stood(slurm_sandbox, tmp_path):
+    """The failed node's agent waits for the head before it exits: Slurm's kill-on-bad-exit
+    would otherwise end the survivors before their stacks are taken."""
+    _box, state = slurm_sandbox
+    script = ["--max-seconds", "100", "--compute", "30", "--fail-rank", "3", "--fail-after", "0"]
+    args = ["launch", "--slurm", "--launcher", "torchrun", "--no-doctor", STEPPING, "--", *script]
+    result = _in_allocation(state, tmp_path, args)
+    assert result.returncode == 7, result.stderr
+    [job_id] = job_ids(tmp_path)
+    record = job_json(tmp_path, job_id)
+    assert record["node_exit_codes"] == dict.fromkeys(_names(state), 1)  # every node reported
+    kept = json.loads((tmp_path / job_id / record["teardown_stacks"]).read_text())
+    ranks = sorted(r for block in kept["stacks"]["blocks"] for r in block["ranks"])
+    assert ranks == [0, 1, 4, 5]
+    assert "ranks 0-1,4-5 stood together at" in result.stderr and " compute" in result.stderr
+    assert wait_for(lambda: _queue(state) == "", 30)

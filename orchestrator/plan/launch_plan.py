@@ -39,7 +39,7 @@ from orchestrator.plan.pdsh_command import (
     pdsh_environment,
     shim_script,
 )
-from orchestrator.plan.srun_command import build_srun_argv
+from orchestrator.plan.srun_command import LINGER_S, build_srun_argv
 from orchestrator.remote import program_source
 from orchestrator.remote.agent import RANK_PROGRAM
 from orchestrator.specs.constants import (
@@ -458,7 +458,8 @@ def _node_side(
     if job.fanout == "srun":
         # srun prints its tasks' lines as they come: each agent names its node on every line,
         # as pdsh would, and finds its node rank by its Slurm node name.
-        spec = {**spec, "hosts": list(job.hostfile.names), "label_lines": True}
+        spec = {**spec, "hosts": list(job.hostfile.names), "label_lines": True,
+                "linger_s": LINGER_S}  # fmt: skip
         argv = build_srun_argv(
             job.hostfile.names,
             agent_argv(job.python, spec),

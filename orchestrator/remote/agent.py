@@ -719,8 +719,20 @@ class Supervisor:
         if stopped["killed"]:
             fields["killed_leftovers"] = stopped["killed"]
         self.control("exit", **fields)
+        if code != 0 and not self.stop_reason:
+            self._linger(float(self.spec.get("linger_s", 0)))
         self.channel.close()
         return code if code >= 0 else 128 - code
+
+    def _linger(self, seconds: float) -> None:
+        """Under srun, a failed node's agent stays until the head ends the step (or this
+        bound passes): its exit would make Slurm end every node's ranks at once
+        (--kill-on-bad-exit), before the head has taken the survivors' stacks."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.stop_reason:
+            if self.channel.broken.is_set():
+                return
+            time.sleep(0.1)
 
 
 # ----- entry points ---------------------------------------------------------------

@@ -347,6 +347,10 @@ class JobRunner:
         finally:
             ended_by_itself = process.poll() is not None
             head_code = process.stop(grace=self.settings.stop_grace)
+            if self.tracker.slurm_step and not ended_by_itself:
+                # srun was stopped (TERM, forwarded to its tasks): whatever Slurm still runs
+                # of the step ends too, once every node has had its say.
+                slurm.cancel(self.tracker.slurm_step)
             reader.join(2.0)
             with contextlib.suppress(queue.Empty):
                 while (chunk := chunks.get_nowait()) is not None:
@@ -446,9 +450,6 @@ class JobRunner:
                     not_answering=_not_answering(failure),
                     log=self.run_dir.path / "teardown-unanswered.log",
                 )
-                step = self.tracker.slurm_step
-                if step:  # what Slurm still runs of the fan-out ends too
-                    slurm.cancel(step)
             finally:
                 self._teardown_done.set()
 
