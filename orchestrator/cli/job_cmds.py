@@ -390,6 +390,14 @@ def submit(
         loaded = loaded.model_copy(update=changes)
     root = runs_root(runs_dir)
     if sbatch:
+        ignored = [name for name, value in (("--hostfile", hostfile), ("--include", include),
+                                            ("--exclude", exclude)) if value]  # fmt: skip
+        if ignored:
+            raise UsageError(
+                f"--sbatch runs on the nodes Slurm allocates: {', '.join(ignored)} cannot apply",
+                "ask for them with --nodes N (and the recipe's slurm: section), or run "
+                "without --sbatch",
+            )
         settings = {"no_doctor": no_doctor, "sync": sync, "keep_remote_logs": keep_remote_logs,
                     "heartbeat_timeout": heartbeat_timeout, "hang_timeout": hang_timeout,
                     "main_port": main_port, "fanout": fanout}  # fmt: skip
@@ -562,11 +570,7 @@ def kill(
     if alive or batch:
         (run.path / KILL_MARKER).touch()
     if batch:
-        # The batch job is the job's own: Slurm signals orch inside it, which tears the job
-        # down, and ends the allocation.
-        answer = cancel(str(record.slurm_job_id))
-        err.print(f"Slurm job {record.slurm_job_id}: "
-                  + ("cancelled" if answer.ok else answer.problem), markup=False)  # fmt: skip
+        _cancel_batch(record, err)
     if alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(record.head_pid, signal.SIGTERM)
@@ -583,6 +587,9 @@ def kill(
         time.monotonic() < deadline
     ):
         time.sleep(0.2)
+    if batch and _slurm_active(record):
+        err.print(f"Slurm job {record.slurm_job_id} still runs", markup=False)
+        ok = False
     record = run.load()
     if record.state not in FINAL_STATES:
         # The head is gone (or never answered): record the kill ourselves.
@@ -591,6 +598,14 @@ def kill(
         run.save(record)
     err.print(f"job {record.id}: {shown_state(record)}")
     raise typer.Exit(0 if ok else 1)
+
+
+def _cancel_batch(record: JobRecord, err: Console) -> None:
+    """The batch job is the job's own: Slurm signals orch inside it, which tears the job
+    down, and ends the allocation."""
+    answer = cancel(str(record.slurm_job_id))
+    told = "cancelled" if answer.ok else answer.problem
+    err.print(f"Slurm job {record.slurm_job_id}: {told}", markup=False)
 
 
 def _slurm_active(record: JobRecord) -> bool:
