@@ -162,7 +162,7 @@ def test_plain_output_and_pdsh_messages(tmp_path: Path) -> None:
         (b"sys", b"ssh: connect to host n2 port 22: Connection refused"),
         (b"sys", b"n2: ssh exited with exit code 255"),
     ]
-    assert read_log(tmp_path / "_pdsh.log") == [
+    assert read_log(tmp_path / "_head.log") == [
         (b"sys", b"n2: ssh exited with exit code 255"),
         (b"sys", b"no prefix at all"),
     ]
@@ -170,7 +170,7 @@ def test_plain_output_and_pdsh_messages(tmp_path: Path) -> None:
         ("n2", "out", b"hello"),
         ("n2", "sys", b"ssh: connect to host n2 port 22: Connection refused\r"),
         ("pdsh@head", "sys", b"n2: ssh exited with exit code 255"),
-        ("_pdsh", "sys", b"no prefix at all"),
+        ("_head", "sys", b"no prefix at all"),
     ]
     assert router.nodes == ["n2"]
 
@@ -224,7 +224,7 @@ def test_router_holds_no_unbounded_partial_line(tmp_path: Path) -> None:
         router.feed(b"z" * 65536)
     assert len(router._rest) <= (1 << 20) + 65536
     router.close()
-    assert (tmp_path / "_pdsh.log").read_bytes().count(b"z") == 40 * 65536
+    assert (tmp_path / "_head.log").read_bytes().count(b"z") == 40 * 65536
 
 
 def test_head_lines_that_look_like_node_prefixes_stay_in_the_head_log(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_head_lines_that_look_like_node_prefixes_stay_in_the_head_log(tmp_path: 
     router = LogRouter(tmp_path, nodes=["n1", "n2"])
     router.feed(b"WARNING: Skipping PDSH_SSH_ARGS_APPEND\nn1: hello\n")
     router.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["_pdsh.log", "n1.log"]
-    head = (tmp_path / "_pdsh.log").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_head.log", "n1.log"]
+    head = (tmp_path / "_head.log").read_bytes()
     assert b"WARNING: Skipping PDSH_SSH_ARGS_APPEND" in head
     assert b"hello" in (tmp_path / "n1.log").read_bytes()

@@ -43,7 +43,7 @@ def _display_text(data: bytes, limit: int = MAX_SHOWN_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(data)} bytes)"
 
 
-def _is_pdsh(node: str) -> bool:
+def _is_fanout(node: str) -> bool:
     return node == HEAD_NODE or node.startswith("pdsh@") or not node
 
 
@@ -191,7 +191,7 @@ class LiveView:
                 self._pending.append((node, rank, data))
             else:
                 self._hidden += 1
-        if not _is_pdsh(node):
+        if not _is_fanout(node):
             self.frame(node, stream, data, rank)
 
     def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
