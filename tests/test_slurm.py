@@ -17,7 +17,7 @@ from orchestrator.plan.agent_command import agent_argv
 from orchestrator.plan.launch_plan import build_plan
 from orchestrator.plan.sbatch_script import batch_request, render_batch_script
 from orchestrator.plan.srun_command import build_srun_argv
-from orchestrator.remote.agent import decode_spec, slurm_node_and_rank
+from orchestrator.remote.agent import decode_spec, slurm_node_and_rank, without_step_variables
 from orchestrator.run.records import JobRecord, batch_state
 from orchestrator.run.verdict import Failure, JobVerdict, NodeExited, WatchSettings, in_slurm_words
 from orchestrator.sandbox_slurm import SlurmNode, render_conf
@@ -288,3 +288,16 @@ def test_sbatch_refuses_options_that_name_nodes_itself(tmp_path):
         done.stderr
     )
     assert done.stdout == ""
+
+
+def test_ranks_do_not_inherit_what_srun_says_of_orchs_own_step():
+    environ = {
+        "PATH": "/bin", "SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURMD_NODENAME": "n2", "SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_NODEID": "1",
+        "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+        "SLURM_CPU_BIND_TYPE": "none", "SLURM_SRUN_COMM_PORT": "4100",
+    }  # fmt: skip
+    assert without_step_variables(environ) == {
+        "PATH": "/bin", "SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURMD_NODENAME": "n2",
+    }  # fmt: skip

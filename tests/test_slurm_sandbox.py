@@ -302,3 +302,23 @@ def test_a_crash_under_srun_keeps_where_the_survivors_stood(slurm_sandbox, tmp_p
     assert "compute" in functions
     assert "every running rank's stack:" in result.stderr
     assert wait_for(lambda: _queue(state) == "", 30)
+
+
+def test_ranks_see_the_job_but_not_orchs_own_srun_step(slurm_sandbox, tmp_path):
+    _box, state = slurm_sandbox
+    script = tmp_path / "env_job.py"
+    script.write_text(
+        "import os\n"
+        "get = os.environ.get\n"
+        "print('env', get('RANK'), get('SLURM_JOB_ID'), get('SLURM_PROCID', '-'),"
+        " get('SLURM_NTASKS', '-'), flush=True)\n"
+    )
+    runs = tmp_path / "runs"
+    result = _in_allocation(state, runs, ["launch", "--launcher", "torchrun", "--no-doctor",
+                                          str(script)])  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    [job_id] = job_ids(runs)
+    slurm_job = job_json(runs, job_id)["slurm_job_id"]
+    logs = "".join(log_text(runs, job_id, node) for node in _names(state))
+    for rank in range(6):
+        assert f" out env {rank} {slurm_job} - -\n" in logs

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 JOB_ID_VAR = "ORCH_JOB_ID"
@@ -542,7 +542,7 @@ class Supervisor:
         return None
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = without_step_variables(os.environ)
         env.update({str(k): str(v) for k, v in self.spec.get("env", {}).items()})
         for name, first in self.spec.get("path_first", {}).items():
             env[name] = os.pathsep.join(p for p in (str(first), env.get(name, "")) if p)
@@ -739,6 +739,27 @@ class Supervisor:
 def decode_spec(word: str) -> dict:
     """The job spec from its one-word form (plan/agent_command.py encodes it)."""
     return json.loads(zlib.decompress(base64.b64decode(word)))
+
+
+# What srun sets about orch's own step (one agent task per node), which says nothing true
+# of the ranks: a library that trusts SLURM_PROCID and SLURM_NTASKS (Lightning does, ahead of
+# torchrun's RANK) would take a node's index for a rank. The job's own SLURM_JOB_* stay.
+STEP_VARIABLES = frozenset({
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_GTIDS", "SLURM_TASK_PID",
+    "SLURM_STEPID", "SLURM_DISTRIBUTION",
+})  # fmt: skip
+STEP_PREFIXES = ("SLURM_STEP_", "SLURM_SRUN_COMM_", "SLURM_CPU_BIND")
+
+
+def without_step_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment for the launcher and its ranks: the agent's, minus what describes the
+    srun step that started the agent."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name not in STEP_VARIABLES and not name.startswith(STEP_PREFIXES)
+    }
 
 
 def slurm_node_and_rank(spec: dict, node: str, rank: str) -> tuple[str, str]:
