@@ -379,25 +379,16 @@ def test_stacks_can_be_taken_as_root_with_ptrace_or_as_a_user_where_yama_allows(
 @pytest.mark.parametrize(
     ("changes", "said"),
     [
-        (
-            {"py_spy": None},
-            "py-spy not found beside /venv/bin/python or on PATH on n1 | "
-            "/venv/bin/python -m pip install py-spy",
-        ),
-        (
-            {"py_spy": "/p", "root": True, "cap_sys_ptrace": False},
-            "root on n1 lacks CAP_SYS_PTRACE (a container drops it) | start the container with "
-            "--cap-add SYS_PTRACE",
-        ),
-        (
-            {"py_spy": "/p", "root": False, "ptrace_scope": 1},
-            "kernel.yama.ptrace_scope=1 on n1: py-spy may not attach to ranks it did not start | "
-            "sysctl -w kernel.yama.ptrace_scope=0",
-        ),
-        (
-            {"py_spy": "/p", "root": True, "cap_sys_ptrace": True, "ptrace_scope": 3},
-            "ptrace is disabled on n1 (kernel.yama.ptrace_scope=3)",
-        ),
+        ({"py_spy": None}, "py-spy not found beside /venv/bin/python or on PATH on n1 | "
+                           "/venv/bin/python -m pip install py-spy"),
+        ({"py_spy": "/p", "root": True, "cap_sys_ptrace": False},
+         "root on n1 lacks CAP_SYS_PTRACE (a container drops it) | start the container with "
+         "--cap-add SYS_PTRACE"),
+        ({"py_spy": "/p", "root": False, "ptrace_scope": 1},
+         "kernel.yama.ptrace_scope=1 on n1: py-spy may not attach to ranks it did not start | "
+         "sysctl -w kernel.yama.ptrace_scope=0"),
+        ({"py_spy": "/p", "root": True, "cap_sys_ptrace": True, "ptrace_scope": 3},
+         "ptrace is disabled on n1 (kernel.yama.ptrace_scope=3)"),
     ],
 )
 def test_a_node_where_stacks_cannot_be_taken_says_why_and_the_fix(changes, said):

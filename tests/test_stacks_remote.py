@@ -202,6 +202,7 @@ def test_py_spy_failures_are_told_apart(stderr: str, kind: str) -> None:
     assert "\n" not in failure["error"] and "backtrace" not in failure["error"].lower()
 
 
+
 def test_the_head_knows_every_kind_the_node_program_reports() -> None:
     # remote/stacks.py is shipped alone, so it keeps its own copy of the kinds.
     from orchestrator.remote import stacks as remote

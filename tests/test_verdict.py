@@ -104,7 +104,9 @@ def test_a_failure_with_the_output_ended_needs_no_settle_wait():
     assert failure.node == "n1"
 
 
-@pytest.mark.parametrize(("silent_for", "torn_down"), [(14.9, False), (15.1, True)])
+@pytest.mark.parametrize(
+    ("silent_for", "torn_down"), [(14.9, False), (15.1, True)]
+)
 def test_a_silent_node_is_torn_down_after_the_heartbeat_timeout(silent_for, torn_down):
     verdict = _verdict()
     # n2 was last heard at 0; n1 and n3 keep talking.
@@ -242,7 +244,9 @@ def _hang_verdict(timeout: float | None) -> JobVerdict:
     return JobVerdict(HOSTS, settings, head_launcher=False)
 
 
-@pytest.mark.parametrize(("quiet_for", "hung"), [(29.0, False), (30.5, True)])
+@pytest.mark.parametrize(
+    ("quiet_for", "hung"), [(29.0, False), (30.5, True)]
+)
 def test_a_job_whose_ranks_stop_writing_while_every_node_answers_hung(quiet_for, hung):
     verdict = _hang_verdict(30)
     _feed(verdict, *_all_heard(0), RankOutput(5))

@@ -13,9 +13,11 @@ if TYPE_CHECKING:
     pass
 
 
+
 Severity = Literal["error", "warning"]
 CHECK_GROUPS = ("ssh", "python", "files", "parity", "network", "gpu", "disk", "stacks")
 CLUSTER = "*"  # the node of a finding about the whole cluster or a file
+
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ def _facts_dict(facts: NodeFacts | None) -> dict[str, Any] | None:
     doc["resolved"] = {k: list(v) for k, v in facts.resolved.items()}
     doc["nccl_env"] = redact(facts.nccl_env)  # what is printed or saved never holds secrets
     return doc
+
+
 
 
 def with_facts(probes: Sequence[NodeProbe]) -> list[NodeFacts]:

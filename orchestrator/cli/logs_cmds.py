@@ -171,10 +171,7 @@ def logs(
         False, "--by-time/--by-node", help="Interleave nodes by time, or one node after another."
     ),
     rank: int | None = typer.Option(
-        None,
-        "--rank",
-        "-r",
-        min=0,
+        None, "--rank", "-r", min=0,
         help="Only this global rank's lines (its raw output with --raw).",
     ),
     runs_dir: Path = _RUNS_DIR,

@@ -1,1 +1,2 @@
-"""The head side of the log path: per-node log files from the wire, and the live view."""
+"""The head side of the log path: per-node log files from the wire, and the live view.
+"""

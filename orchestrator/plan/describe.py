@@ -75,6 +75,8 @@ def plan_summary(plan: LaunchPlan) -> dict:
     }
 
 
+
+
 def _files_summary(plan: LaunchPlan) -> dict[str, str]:
     files = {}
     for planned in plan.files:
@@ -83,7 +85,9 @@ def _files_summary(plan: LaunchPlan) -> dict[str, str]:
         files[PDSH_CONFIG_NAME] = rendered_pdsh_config(plan)
     if plan.launcher == "standard":
         for rank in range(len(plan.hosts)):
-            files[standard_config_name(rank)] = rendered_config(plan.file(standard_spec_name(rank)))
+            files[standard_config_name(rank)] = rendered_config(
+                plan.file(standard_spec_name(rank))
+            )
     return files
 
 
@@ -105,6 +109,8 @@ def rendered_config(spec_file: PlannedFile) -> str:
 
     spec = json.loads(spec_file.content)
     return config_text(spec["fields"], spec["header"])
+
+
 
 
 # ----- what each node runs ------------------------------------------------------------
@@ -144,14 +150,8 @@ def plan_text(plan: LaunchPlan) -> str:
     lines = [
         f"job {plan.job_id}: {plan.launcher} launcher, {plan.shape_text} = {plan.world_size} "
         f"ranks, main {plan.main_host}:{plan.main_port}",
-        *(
-            [
-                "  (main port picked by orch: free on node 0 and reserved there for this job; a "
-                "dry run shows the first one it tries)"
-            ]
-            if plan.main_port_chosen
-            else []
-        ),
+        *(["  (main port picked by orch: free on node 0 and reserved there for this job; a "
+           "dry run shows the first one it tries)"] if plan.main_port_chosen else []),
         f"record: {plan.run_dir}",
         "",
         "files:",
@@ -173,9 +173,7 @@ def plan_text(plan: LaunchPlan) -> str:
     env = " ".join(f"{name}={shlex.quote(value)}" for name, value in plan.redacted_env.items())
     runs = (
         "DeepSpeed's per-node launcher, as DeepSpeed's runner writes it (with accelerate's "
-        "ACCELERATE_* settings added to the environment)"
-        if plan.head_command
-        else "its command"
+        "ACCELERATE_* settings added to the environment)" if plan.head_command else "its command"
     )
     lines += [
         "",
@@ -208,7 +206,9 @@ def _head_command_line(plan: LaunchPlan) -> str:
     words = [f"{name}={value}" for name, value in env.items()]
     if plan.fanout.path_prepend:
         words.append("PATH=" + ":".join([*plan.fanout.path_prepend, "$PATH"]))
-    assignments = " ".join(w if w.startswith("PATH=") else shlex.quote(w) for w in words)
+    assignments = " ".join(
+        w if w.startswith("PATH=") else shlex.quote(w) for w in words
+    )
     command = " ".join(_abbreviated(word) for word in _quoted(list(plan.fanout.argv)))
     return f"env {assignments} {command}" if assignments else command
 

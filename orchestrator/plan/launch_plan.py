@@ -160,7 +160,7 @@ class LaunchPlan:
 
     @property
     def shape_text(self) -> str:
-        """ "3 nodes x 2 ranks", or "3 nodes (2+1+2 ranks)" when they differ."""
+        """"3 nodes x 2 ranks", or "3 nodes (2+1+2 ranks)" when they differ."""
         counts = self.ranks_per_node or (self.nproc_per_node,) * len(self.hosts)
         if len(set(counts)) > 1:
             return f"{len(counts)} nodes ({'+'.join(map(str, counts))} ranks)"

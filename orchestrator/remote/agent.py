@@ -587,7 +587,7 @@ class Supervisor:
         # -I -S: the wrapper needs nothing but the standard library, and starts fastest so.
         launcher.write_text(
             "#!/bin/sh\n"
-            f'exec {shlex.quote(str(rank_argv[0]))} -I -S {shlex.quote(str(program))} "$@"\n'
+            f"exec {shlex.quote(str(rank_argv[0]))} -I -S {shlex.quote(str(program))} \"$@\"\n"
         )
         launcher.chmod(0o755)
         self.rank_channels = RankChannels(self, path)

@@ -225,7 +225,6 @@ def collect_logs(
     max_parallel: int = 16,
 ) -> GroupResult[PulledLogs]:
     """Every node's raw logs, in parallel; one result per node, in order."""
-
     def one(node: str) -> NodeResult[PulledLogs]:
         return collect_node(
             node, job_id, dest_root, keep_remote=keep_remote,

@@ -296,7 +296,9 @@ class JobRunner:
         self.record = record
         self.settings = settings or WatchSettings()
         self.tracker = _Tracker(plan.hosts, view)
-        self.verdict = JobVerdict(plan.hosts, self.settings, head_launcher=bool(plan.head_command))
+        self.verdict = JobVerdict(
+            plan.hosts, self.settings, head_launcher=bool(plan.head_command)
+        )
         self.signal: int | None = None
         self.teardown: GroupResult[StopReport] | None = None
         self.stacks: StacksResult | None = None  # taken before a failure's teardown

@@ -170,9 +170,7 @@ def _write_node_private(plan: LaunchPlan) -> None:
         stdin=plan.node_private.encode(),
     )  # fmt: skip
     problems = [
-        r.why
-        if not r.ok
-        else f"{r.node}: writing the job's settings failed (exit "
+        r.why if not r.ok else f"{r.node}: writing the job's settings failed (exit "
         f"{r.value.exit_code}): {r.value.stderr.decode(errors='replace').strip()[-200:]}"
         for r in results
         if not r.ok or r.value.exit_code != 0

@@ -132,15 +132,8 @@ class Tick:
 
 
 Event = (
-    NodeHeard
-    | RankOutput
-    | NodeExited
-    | SshEnded
-    | OutputEnded
-    | HeadExited
-    | Interrupted
-    | TeardownDone
-    | Tick
+    NodeHeard | RankOutput | NodeExited | SshEnded | OutputEnded | HeadExited | Interrupted
+    | TeardownDone | Tick
 )
 
 
@@ -274,7 +267,9 @@ class JobVerdict:
             if now - self.first_candidate_at >= self.settings.settle or self.output_ended:
                 return min(self.candidates, key=lambda c: c.when)
             return None  # an earlier failure may still be on its way
-        return self._silent_node(now) or self._lost_node() or self._ended_early() or self._hung(now)
+        return (
+            self._silent_node(now) or self._lost_node() or self._ended_early() or self._hung(now)
+        )
 
     def _silent_node(self, now: float) -> Failure | None:
         timeout = self.settings.heartbeat_timeout

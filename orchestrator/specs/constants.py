@@ -24,7 +24,6 @@ def is_tcp_port(port: int) -> bool:
 def port_range_text() -> str:
     return f"{PORT_RANGE[0]}..{PORT_RANGE[1]}"
 
-
 # Files a launch writes (in runs/<job>/) and `orch config` writes (in its output directory).
 HOSTFILE_NAME = "hostfile"
 PDSH_CONFIG_NAME = "accelerate-pdsh.yaml"
@@ -34,7 +33,6 @@ def standard_config_name(machine_rank: int | str) -> str:
     """One accelerate config per machine for the standard launcher; a str rank may be a
     shell variable that the node expands."""
     return f"accelerate-rank{machine_rank}.yaml"
-
 
 # Seconds between TERM and KILL when a job's processes are stopped on a node.
 STOP_GRACE_S = 5.0

@@ -21,8 +21,6 @@ GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 _MAX_INCLUDE_DEPTH = 16
-
-
 # ----- ssh_config ----------------------------------------------------------------
 def _include_paths(argument: str, base_dir: Path) -> list[Path]:
     paths: list[Path] = []

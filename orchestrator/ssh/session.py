@@ -23,7 +23,6 @@ class Hop:
     def __init__(self, closer: Callable[[], None]) -> None:
         self.close = closer
 
-
 @dataclass(frozen=True)
 class CommandResult:
     node: str

@@ -37,10 +37,8 @@ def main() -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=900))
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(
-        f"rank {rank}/{world} up on {socket.gethostname()} job={os.environ.get('ORCH_JOB_ID')} "
-        f"fr={os.environ.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE')}"
-    )
+    print(f"rank {rank}/{world} up on {socket.gethostname()} job={os.environ.get('ORCH_JOB_ID')} "
+          f"fr={os.environ.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE')}")
     for step in range(args.steps):
         value = torch.ones(1) * (rank + 1)
         dist.all_reduce(value)
