@@ -32,6 +32,7 @@ from pathlib import Path
 
 from orchestrator import sandbox_slurm
 from orchestrator.errors import SandboxError
+from orchestrator.run.slurm import node_states
 
 DEFAULT_PREFIX = "node"
 SANDBOX_ENV = "ORCH_SANDBOX_ID"
@@ -179,6 +180,21 @@ def _pick_port(addresses: list[str]) -> int:
     )
 
 
+# Slurm's daemons (--slurm) bind every address: a block of ports free on all of them.
+_SLURM_PORT_BASES = (6817, 16817, 26817, 36817, 46817)
+
+
+def _pick_slurm_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (controller, then one per slurmd)."""
+    for base in _SLURM_PORT_BASES:
+        if all(_port_free("0.0.0.0", base + k) for k in range(count)):
+            return base
+    raise SandboxError(
+        f"no {count} consecutive free ports for Slurm's daemons (tried from {_SLURM_PORT_BASES})",
+        "stop whatever listens there (another Slurm?), or use fewer nodes",
+    )
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -322,7 +338,7 @@ class Sandbox:
         return state
 
     def _start_slurm(self, state: SandboxState) -> SandboxState:
-        base = sandbox_slurm.pick_ports(len(state.nodes) + 1)
+        base = _pick_slurm_ports(len(state.nodes) + 1)
         nodes = [
             sandbox_slurm.SlurmNode(n.name, n.address, base + 1 + k)
             for k, n in enumerate(state.nodes)
@@ -482,7 +498,7 @@ class Sandbox:
         """Each node's state in Slurm (sinfo), with --slurm; {} without, or no answer."""
         if not state.slurm_conf:
             return {}
-        return sandbox_slurm.node_states(sandbox_slurm.slurm_environment(state.slurm_conf))
+        return node_states(sandbox_slurm.slurm_environment(state.slurm_conf))
 
     # ----- down ----------------------------------------------------------------
     def down(self) -> SandboxState | None:

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import SandboxError
+from orchestrator.run.slurm import node_states
 
 PARTITION = "sandbox"
 CLUSTER = "orchsandbox"
-_PORT_BASES = (6817, 16817, 26817, 36817, 46817)
 _READY_TIMEOUT_S = 30.0
 # Long enough for orch inside a cancelled batch job to tear its job down before Slurm's
 # SIGKILL (Slurm's own default).
@@ -71,28 +71,6 @@ def require_tools() -> dict[str, str]:
             f"install them: `sudo apt-get install -y {PACKAGES}` (scripts/setup.sh does)",
         )
     return {tool: str(path) for tool, path in found.items()}
-
-
-def _port_free(port: int) -> bool:
-    # Slurm's daemons bind every address, so the port must be free on all of them.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_ports(count: int) -> int:
-    """The first of `count` consecutive free ports (controller, then one per slurmd)."""
-    for base in _PORT_BASES:
-        if all(_port_free(base + k) for k in range(count)):
-            return base
-    raise SandboxError(
-        f"no {count} consecutive free ports for Slurm's daemons (tried from {_PORT_BASES})",
-        "stop whatever listens there (another Slurm?), or use fewer nodes",
-    )
 
 
 def render_conf(directory: Path, controller_host: str, controller_port: int,
@@ -205,19 +183,6 @@ def start(sandbox_dir: Path, nodes: Sequence[SlurmNode], node_inits: Sequence[in
 def _all_idle(env: dict[str, str], count: int) -> bool:
     states = node_states(env)
     return len(states) == count and all(s == "idle" for s in states.values())
-
-
-def node_states(env: dict[str, str]) -> dict[str, str]:
-    """Each node's state as sinfo names it (idle, alloc, down, drain...); {} if no answer."""
-    try:
-        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True,
-                              text=True, env=env, timeout=10, check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if done.returncode != 0:
-        return {}
-    pairs = (line.split() for line in done.stdout.splitlines())
-    return {p[0]: p[1].rstrip("*~#!%$@^-") for p in pairs if len(p) == 2}
 
 
 def _wait_for(ready, timeout: float, what: str, logs: Path) -> None:

@@ -102,12 +102,11 @@ def test_no_allocation_and_no_hostfile_say_which_is_missing():
 
 
 def test_srun_is_the_fanout_inside_an_allocation_for_launchers_orch_starts():
-    allocation = allocation_from_env(ALLOC_ENV)
-    assert chosen_fanout(None, "torchrun", allocation) == "srun"
-    assert chosen_fanout(None, "standard", allocation) == "srun"
-    assert chosen_fanout(None, "pdsh", allocation) == "pdsh"
-    assert chosen_fanout(None, "torchrun", None) == "pdsh"
-    assert chosen_fanout("pdsh", "torchrun", allocation) == "pdsh"
+    assert chosen_fanout(None, "torchrun", True) == "srun"
+    assert chosen_fanout(None, "standard", True) == "srun"
+    assert chosen_fanout(None, "pdsh", True) == "pdsh"
+    assert chosen_fanout(None, "torchrun", False) == "pdsh"
+    assert chosen_fanout("pdsh", "torchrun", True) == "pdsh"
 
 
 def test_srun_argv_gives_every_count_and_exports_only_the_login_basics():

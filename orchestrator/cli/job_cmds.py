@@ -136,7 +136,8 @@ def _parse_env(pairs: list[str]) -> tuple[dict[str, str], list[str]]:
         if not sep:
             if name not in os.environ:
                 raise UsageError(
-                    f"--env {name}: {name} is not set on the head, so there is no value to forward",
+                    f"--env {name}: {name} is not set on the head, so there is no value to "
+                    "forward",
                     f"set it (export {name}=...) or give one: --env {name}=VALUE",
                 )
             forwarded.append(name)
@@ -236,7 +237,9 @@ class _PipelinePrinter:
             err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
 
     def started(self, plan: LaunchPlan, run: RunDir) -> None:
-        _err().print(f"job {plan.job_id}: {plan.launcher} on {plan.shape_text}; record {run.path}")
+        _err().print(
+            f"job {plan.job_id}: {plan.launcher} on {plan.shape_text}; record {run.path}"
+        )
 
 
 def _options(*, no_doctor: bool, sync: bool, keep_remote_logs: bool,
@@ -311,7 +314,7 @@ def launch(
     inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ,
                                           nproc_per_node=nproc_per_node, nodes=nodes)  # fmt: skip
     hosts = filter_hosts(inventory, include=include, exclude=exclude)
-    kind = chosen_fanout(fanout, launcher, allocation)
+    kind = chosen_fanout(fanout, launcher, allocation is not None)
     root = runs_root(runs_dir)
     job_id = new_job_id()
     head = head_context(job_id, dry_run=dry_run)
@@ -412,7 +415,7 @@ def submit(
                                           nproc_per_node=loaded.nproc_per_node,
                                           nodes=nodes or loaded.slurm.nodes)  # fmt: skip
     hosts = filter_hosts(inventory, include=include, exclude=exclude)
-    kind = chosen_fanout(fanout, loaded.launcher, allocation)
+    kind = chosen_fanout(fanout, loaded.launcher, allocation is not None)
     job_id = given_job_id or new_job_id()
     head = head_context(job_id, dry_run=dry_run)
 
@@ -486,7 +489,8 @@ def _submit_batch(recipe: Path, loaded: Recipe, root: Path, settings: dict, requ
     record = JobRecord(
         id=job_id, state="queued", launcher=loaded.launcher, command=batch.command, hosts=(),
         workdir=batch.workdir, started_at=now_iso(), head_pid=0, head_start=None,
-        recipe=str(recipe), fanout=settings["fanout"] or "srun", slurm_job_id=slurm_job,
+        recipe=str(recipe), fanout=chosen_fanout(settings["fanout"], loaded.launcher, True),
+        slurm_job_id=slurm_job,
         slurm_batch=True,
     )  # fmt: skip
     run.save(record)

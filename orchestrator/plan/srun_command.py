@@ -9,10 +9,10 @@ from orchestrator.specs.inventory import fold_nodeset
 
 # What the agent's own environment keeps from the head's (Slurm adds its SLURM_* names):
 # nothing else of the head's environment reaches the node, as with ssh's login environment.
+EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "SHELL")
 # How long a failed node's agent waits for the head to end the step before it exits (and
 # Slurm's --kill-on-bad-exit ends every node's ranks): enough for the teardown's stacks.
 LINGER_S = 30.0
-EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "SHELL")
 
 
 def build_srun_argv(

@@ -1,11 +1,12 @@
 """Slurm's client commands, for jobs that run in an allocation: cancel a step or a job,
-read a job's state, submit a batch script, read why a node is drained. Each is bounded by
+read a job's state, submit a batch script, read each node's state and the nodes Slurm took
+out (with why). Each is bounded by
 a timeout; none raises for an answer Slurm gives (the caller gets it as a value)."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchError
@@ -30,10 +31,12 @@ class SlurmAnswer:
         return lines[-1] if lines else f"exit code {self.code}"
 
 
-def _run(argv: Sequence[str], timeout: float = _TIMEOUT_S) -> SlurmAnswer:
+def _run(
+    argv: Sequence[str], timeout: float = _TIMEOUT_S, env: Mapping[str, str] | None = None
+) -> SlurmAnswer:
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              check=False)  # fmt: skip
+                              env=None if env is None else dict(env), check=False)  # fmt: skip
     except FileNotFoundError:
         return SlurmAnswer(127, "", f"{argv[0]}: not installed on this machine")
     except subprocess.TimeoutExpired:
@@ -41,12 +44,9 @@ def _run(argv: Sequence[str], timeout: float = _TIMEOUT_S) -> SlurmAnswer:
     return SlurmAnswer(done.returncode, done.stdout, done.stderr)
 
 
-def cancel(target: str, signal_name: str | None = None) -> SlurmAnswer:
-    """scancel a job (`123`) or a step (`123.4`); with a signal, only signal it."""
-    argv = ["scancel", "--quiet"]
-    if signal_name:
-        argv.append(f"--signal={signal_name}")
-    return _run([*argv, target])
+def cancel(target: str) -> SlurmAnswer:
+    """scancel a job (`123`) or a step (`123.4`)."""
+    return _run(["scancel", "--quiet", target])
 
 
 def job_state(slurm_job: str) -> str | None:
@@ -97,3 +97,13 @@ def node_problems(nodes: Sequence[str]) -> dict[str, str]:
         if node in wanted and node not in found:
             found[node] = f"{state.lower()} (reason: {reason})" if reason else state.lower()
     return found
+
+
+def node_states(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each node's state as sinfo names it (idle, alloc, down, drain...); {} if no answer.
+    `env`: where the client finds its config (SLURM_CONF), when not this process's."""
+    answer = _run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=10, env=env)
+    if not answer.ok:
+        return {}
+    pairs = (line.split() for line in answer.out.splitlines())
+    return {p[0]: p[1].rstrip("*~#!%$@^-") for p in pairs if len(p) == 2}

@@ -124,9 +124,9 @@ def job_inventory(
     return hosts, allocation
 
 
-def chosen_fanout(fanout: str | None, launcher: str, allocation: Allocation | None) -> str:
+def chosen_fanout(fanout: str | None, launcher: str, in_allocation: bool) -> str:
     """--fanout as given; else srun inside an allocation (for the launchers whose nodes orch
     starts itself), pdsh otherwise."""
     if fanout:
         return fanout
-    return "srun" if allocation is not None and launcher != "pdsh" else "pdsh"
+    return "srun" if in_allocation and launcher != "pdsh" else "pdsh"
