@@ -305,3 +305,25 @@ def test_a_hang_names_the_rank_that_stands_apart_and_where():
                                                     "load_batch, rank 4 on n3")  # fmt: skip
     assert hang_culprit(hang, _stacks_with(())).reason.endswith("no rank's stack stands apart")
     assert hang_culprit(hang, None).reason.endswith("the ranks' stacks could not be taken")
+
+
+def test_the_heads_own_backlog_is_not_a_nodes_silence():
+    # Every node beats every 2 s, but the head fell behind reading: at 40 s it has read
+    # only what arrived up to 14 s. The beats of 14..40 s wait in its backlog, unread.
+    verdict = _verdict()
+    beats = [NodeHeard(h, at) for at in range(0, 15, 2) for h in HOSTS]
+    decisions = _feed(verdict, *beats, Tick(40.0, read_up_to=14.0), Tick(60.0, read_up_to=20.0))
+    assert _teardowns(decisions) == []
+    # Caught up, with n2's beats ending at 14 s: n2 is silent, counted from what was read.
+    decisions = _feed(verdict, NodeHeard("n1", 61), NodeHeard("n3", 61), Tick(62.0))
+    [failure] = _teardowns(decisions)
+    assert (failure.node, failure.kind) == ("n2", "silent")
+    assert failure.reason == "stopped answering (no heartbeat for 48 s)"
+
+
+def test_a_backlog_does_not_look_like_a_hang():
+    verdict = JobVerdict(HOSTS, WatchSettings(hang_timeout=10), head_launcher=False)
+    decisions = _feed(verdict, *_all_heard(), RankOutput(1.0), Tick(30.0, read_up_to=8.0))
+    assert _teardowns(decisions) == []
+    [failure] = _teardowns(_feed(verdict, *_all_heard(30.0), Tick(30.5)))
+    assert failure.kind == "hang"

@@ -334,7 +334,7 @@ class JobRunner:
         except BaseException:
             self._cleanup_private()
             raise
-        chunks: queue.Queue[bytes | None] = queue.Queue()
+        chunks: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
         reader = threading.Thread(target=_read_into, args=(process.stdout, chunks), daemon=True)
         reader.start()
         router = LogRouter(self.run_dir.logs, view=self.tracker, nodes=self.plan.hosts)
@@ -355,8 +355,8 @@ class JobRunner:
                 slurm.cancel(self.tracker.slurm_step)
             reader.join(2.0)
             with contextlib.suppress(queue.Empty):
-                while (chunk := chunks.get_nowait()) is not None:
-                    router.feed_lines(redactor.lines(chunk))
+                while (item := chunks.get_nowait()) is not None:
+                    router.feed_lines(redactor.lines(item[1]))
             router.feed_lines(redactor.rest())
             router.close()
             # Exits read while draining still count; the job is over, so nothing is torn down.
@@ -371,7 +371,7 @@ class JobRunner:
     def _watch(
         self,
         process: StreamingProcess,
-        chunks: queue.Queue[bytes | None],
+        chunks: queue.Queue[tuple[float, bytes] | None],
         router: LogRouter,
         redactor: _Redactor,
     ) -> None:
@@ -379,15 +379,17 @@ class JobRunner:
         interrupted = teardown_noted = False
         while True:
             try:
-                chunk = chunks.get(timeout=0.25)
+                item = chunks.get(timeout=0.25)
             except queue.Empty:
-                chunk = b""
+                item = (time.monotonic(), b"")
             now = time.monotonic()
             events: list[Event] = []
-            if chunk:
-                router.feed_lines(redactor.lines(chunk))
-            events += self.tracker.events(now)
-            if chunk is None:
+            # What a chunk says, it said when it arrived, however long it waited here.
+            arrived = now if item is None else item[0]
+            if item is not None and item[1]:
+                router.feed_lines(redactor.lines(item[1]))
+            events += self.tracker.events(arrived)
+            if item is None:
                 events.append(OutputEnded(now))
             code = process.poll()
             if code is not None:
@@ -399,7 +401,7 @@ class JobRunner:
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
                 events.append(TeardownDone(now))
-            events.append(Tick(now))
+            events.append(Tick(now, read_up_to=None if chunks.empty() else arrived))
             stop = False
             for event in events:
                 if isinstance(event, NodeExited):
@@ -574,14 +576,15 @@ class _Redactor:
         return line
 
 
-def _read_into(stream, chunks: queue.Queue[bytes | None]) -> None:
+def _read_into(stream, chunks: queue.Queue[tuple[float, bytes] | None]) -> None:
+    """Each chunk of the fan-out's output with when it arrived: the watcher may be behind."""
     fd = stream.fileno()
     try:
         while True:
             data = os.read(fd, 65536)
             if not data:
                 break
-            chunks.put(data)
+            chunks.put((time.monotonic(), data))
     except OSError:
         pass
     finally:

@@ -126,9 +126,12 @@ class TeardownDone:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passed with nothing else to say."""
+    """Time passed with nothing else to say. `read_up_to`: the head has read the fan-out's
+    output as it arrived up to this moment (None: up to `at`, nothing is waiting); earlier
+    when the head's own backlog holds output it has not read yet."""
 
     at: float
+    read_up_to: float | None = None
 
 
 Event = (
@@ -188,6 +191,8 @@ class JobVerdict:
         self.failure: Failure | None = None
         self.teardown_done_at: float | None = None
         self.all_exited_at: float | None = None
+        # How far the head has read what arrived; silence is judged up to there only.
+        self.read_up_to: float | None = None
 
     # -- events ---------------------------------------------------------------------
     def feed(self, event: Event) -> Decision:
@@ -215,6 +220,8 @@ class JobVerdict:
             self.interrupt = self.interrupt or event
         elif isinstance(event, TeardownDone):
             self.teardown_done_at = event.at
+        elif isinstance(event, Tick):
+            self.read_up_to = event.read_up_to
 
     def _record_exit(self, event: NodeExited) -> None:
         node, fields = event.node, event.fields
@@ -267,8 +274,11 @@ class JobVerdict:
             if now - self.first_candidate_at >= self.settings.settle or self.output_ended:
                 return min(self.candidates, key=lambda c: c.when)
             return None  # an earlier failure may still be on its way
+        # The head's own backlog is not the nodes' silence: what it has not read yet may
+        # hold their heartbeats and output, so silence and hangs count up to what it read.
+        read = now if self.read_up_to is None else min(now, self.read_up_to)
         return (
-            self._silent_node(now) or self._lost_node() or self._ended_early() or self._hung(now)
+            self._silent_node(read) or self._lost_node() or self._ended_early() or self._hung(read)
         )
 
     def _silent_node(self, now: float) -> Failure | None:
