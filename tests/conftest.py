@@ -18,7 +18,8 @@ import pytest
 from hypothesis import settings
 
 from orchestrator.remote.agent import RUNS_ROOT
-from orchestrator.sandbox import Sandbox, SandboxState
+from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.state import SandboxState
 
 # Property tests check values, not speed: on a shared 2-core machine a slow example is no
 # failure (hypothesis's default 200 ms deadline made them flaky under load).

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SandboxError
-from orchestrator.sandbox import SANDBOX_ENV, Sandbox
+from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.render import SANDBOX_ENV
 
 ORCH = [str(Path(sys.executable).with_name("orch"))]
 

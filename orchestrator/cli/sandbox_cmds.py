@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.app import app
-from orchestrator.sandbox import Sandbox
-from orchestrator.sandbox_slurm import PARTITION
+from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.slurm import PARTITION
 
 sandbox_app = typer.Typer(help="A cluster of real OpenSSH nodes on loopback addresses.")
 app.add_typer(sandbox_app, name="sandbox")
