@@ -48,12 +48,14 @@ class Sandbox:
 
     # ----- up ----------------------------------------------------------------
     def up(self, nodes: int = 4, slots: int = 2, prefix: str = DEFAULT_PREFIX,
-           sshd_profile: str = "default", slurm: bool = False) -> SandboxState:  # fmt: skip
-        """Start the nodes, or keep them if they are up as asked."""
+           sshd_profile: str = "default", slurm: bool = False,
+           shared_pids: bool = False) -> SandboxState:  # fmt: skip
+        """Start the nodes, or keep them if they are up as asked. With `shared_pids` the
+        nodes share this machine's PID namespace (each keeps its hostname and /etc/hosts)."""
         _check_request(nodes, slots, sshd_profile)
         current = self.load()
         if current is not None:
-            if self._is_up_as(current, nodes, slots, prefix, sshd_profile, slurm):
+            if self._is_up_as(current, nodes, slots, prefix, sshd_profile, slurm, shared_pids):
                 return current
             self.down()
         sshd = find_sshd()
@@ -82,7 +84,7 @@ class Sandbox:
         try:
             for name, address in zip(names, addresses, strict=True):
                 pid = start_node(self.directory, sshd, name, address, port, sandbox_id, use_ns,
-                                 sshd_profile)  # fmt: skip
+                                 sshd_profile, shared_pids)  # fmt: skip
                 started.append(SandboxNode(name=name, address=address, port=port, pid=pid))
             state = SandboxState(
                 directory=str(self.directory),
@@ -93,6 +95,7 @@ class Sandbox:
                 user=user,
                 nodes=tuple(started),
                 sshd_profile=sshd_profile,
+                shared_pids=shared_pids,
             )
             save_state(state)
             wait_ready(state)
@@ -107,10 +110,10 @@ class Sandbox:
         return state
 
     def _is_up_as(self, current: SandboxState, nodes: int, slots: int, prefix: str,
-                  sshd_profile: str, slurm: bool) -> bool:  # fmt: skip
-        wanted = (nodes, slots, prefix, sshd_profile, slurm)
+                  sshd_profile: str, slurm: bool, shared_pids: bool) -> bool:  # fmt: skip
+        wanted = (nodes, slots, prefix, sshd_profile, slurm, shared_pids)
         have = (len(current.nodes), current.slots, current.prefix, current.sshd_profile,
-                bool(current.slurm_conf))  # fmt: skip
+                bool(current.slurm_conf), current.shared_pids)  # fmt: skip
         return have == wanted and all(s.process_alive and s.port_open for s in self.status(current))
 
     # ----- status --------------------------------------------------------------
@@ -144,7 +147,7 @@ class Sandbox:
             stop_node(node.pid)
         shutil.rmtree(slurm_daemons.slurm_dir(self.directory), ignore_errors=True)
         # Whatever a session started and moved out of the node's reach (or every
-        # session, without namespaces) still carries the sandbox id.
+        # session, without a PID namespace per node) still carries the sandbox id.
         kill_processes_with_env(SANDBOX_ENV, state.sandbox_id)
         for leftover in ("sandbox.json", "known_hosts", "ssh_config", "hostfile", "hosts"):
             with contextlib.suppress(FileNotFoundError):

@@ -64,23 +64,26 @@ def namespaces_available() -> bool:
     return probe.returncode == 0
 
 
-def _unshare_argv(directory: Path, name: str) -> list[str]:
-    """unshare into the node's own UTS, mount and PID namespaces; sh then sets the node's
-    hostname and /etc/hosts and becomes sshd: PID 1 of the node, whose death ends it."""
+def _unshare_argv(directory: Path, name: str, shared_pids: bool) -> list[str]:
+    """unshare into the node's own UTS and mount namespaces, and its own PID namespace
+    unless the nodes share this machine's; sh then sets the node's hostname and
+    /etc/hosts and becomes sshd (with its own PID namespace: the node's PID 1, whose
+    death ends the node)."""
+    own_pids = [] if shared_pids else ["--pid", "--fork", "--mount-proc"]
     script = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
     return [
-        "unshare", "--uts", "--mount", "--pid", "--fork", "--mount-proc",
-        "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
-        name, str(hosts_file(directory)),
+        "unshare", "--uts", "--mount", *own_pids, "--propagation", "private",
+        "--", "/bin/sh", "-c", script, "sh", name, str(hosts_file(directory)),
     ]  # fmt: skip
 
 
 def start_node(directory: Path, sshd: str, name: str, address: str, port: int,
-               sandbox_id: str, use_ns: bool, profile: str = "default") -> int:  # fmt: skip
+               sandbox_id: str, use_ns: bool, profile: str = "default",
+               shared_pids: bool = False) -> int:  # fmt: skip
     """Start a node; its pid is the process that holds the node (unshare, or sshd)."""
     config = write_sshd_config(directory, name, address, port, sandbox_id, profile)
     sshd_cmd = [sshd, "-D", "-e", "-f", str(config)]
-    argv = [*_unshare_argv(directory, name), *sshd_cmd] if use_ns else sshd_cmd
+    argv = [*_unshare_argv(directory, name, shared_pids), *sshd_cmd] if use_ns else sshd_cmd
     log = (node_dir(directory, name) / "sshd.log").open("ab")
     with log:
         proc = subprocess.Popen(
@@ -123,7 +126,7 @@ def stop_node(holder_pid: int) -> None:
     """SIGKILL the node: its PID 1 (ending its PID namespace) and every descendant."""
     init = namespace_init(holder_pid)
     victims = [p for p in (init, holder_pid) if p is not None]
-    # The node's processes without namespaces are the sshd's descendants.
+    # The node's processes without a PID namespace of its own are the sshd's descendants.
     pending = list(victims)
     while pending:
         pid = pending.pop()

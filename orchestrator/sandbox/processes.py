@@ -12,10 +12,10 @@ from orchestrator.sandbox.state import SandboxState
 
 
 def node_pids(state: SandboxState, name: str) -> list[int]:
-    """Every process running on a node (its sshd included): its PID namespace's, or
-    without namespaces, those whose sessions sshd marked with the node's name."""
+    """Every process running on a node (its sshd included): its PID namespace's, or where
+    the nodes share one, those whose sessions sshd marked with the node's name."""
     node = state.node(name)
-    if state.namespaces:
+    if state.own_pid_namespaces:
         init = namespace_init(node.pid)
         if init is None:
             return []
@@ -77,7 +77,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def namespace_init(holder_pid: int) -> int | None:
-    """The node's PID 1: unshare's forked child, when the node runs in namespaces."""
+    """The node's PID 1 (unshare's forked child) when the node has its own PID namespace,
+    else the holder itself; None once the holder is gone."""
     if not pid_alive(holder_pid):
         return None
     own = _pid_namespace(holder_pid)

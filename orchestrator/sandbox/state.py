@@ -33,6 +33,7 @@ class SandboxState:
     sshd_profile: str = "default"  # default | hardened (see render.SSHD_PROFILES)
     slurm_conf: str = ""  # with --slurm: the config clients need (SLURM_CONF)
     slurm_pids: tuple[int, ...] = ()  # munged, slurmctld, each node's slurmd (nsenter)
+    shared_pids: bool = False  # the nodes share this machine's PID namespace
 
     @property
     def hostfile(self) -> str:
@@ -49,6 +50,11 @@ class SandboxState:
     @property
     def identity(self) -> str:
         return str(Path(self.directory) / "id_ed25519")
+
+    @property
+    def own_pid_namespaces(self) -> bool:
+        """Each node has a PID namespace of its own (its processes are its namespace's)."""
+        return self.namespaces and not self.shared_pids
 
     def node(self, name: str) -> SandboxNode:
         for node in self.nodes:
