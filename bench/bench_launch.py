@@ -55,7 +55,7 @@ from bench.common import (
     warm_up_job_ops,
     write_results,
 )
-from orchestrator.sandbox import SandboxState
+from orchestrator.sandbox.state import SandboxState
 
 SLOTS = 2
 RUN_TIMEOUT_S = 600.0

@@ -54,7 +54,7 @@ from bench.common import (
     write_results,
 )
 from orchestrator.probe.commands import probe_command
-from orchestrator.sandbox import SandboxState
+from orchestrator.sandbox.state import SandboxState
 
 METHODS = ("deepspeed-check", "serial-ssh", "orch-preflight", "orch-doctor")
 # doctor's pre-flight in a fresh process without the CLI's start-up; prints doctor's

@@ -54,7 +54,7 @@ from bench.common import (
     write_results,
 )
 from orchestrator.plan.pdsh_command import build_pdsh_argv, pdsh_environment
-from orchestrator.sandbox import SandboxState
+from orchestrator.sandbox.state import SandboxState
 from orchestrator.specs.inventory import fold_nodeset
 
 REPO = Path(__file__).resolve().parents[1]

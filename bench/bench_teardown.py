@@ -65,7 +65,7 @@ from bench.common import (
     warm_up_job_ops,
     write_results,
 )
-from orchestrator.sandbox import SandboxState
+from orchestrator.sandbox.state import SandboxState
 
 SLOTS = 2
 SCENARIOS = ("crash", "freeze", "sigint", "hang")

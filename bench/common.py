@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from orchestrator.sandbox import Sandbox, SandboxState  # noqa: E402
+from orchestrator.sandbox.cluster import Sandbox  # noqa: E402
+from orchestrator.sandbox.state import SandboxState  # noqa: E402
 
 VENV_BIN = ROOT / ".venv" / "bin"
 PYTHON = str(VENV_BIN / "python") if (VENV_BIN / "python").exists() else sys.executable

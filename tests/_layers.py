@@ -27,7 +27,6 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("run", 5),
     ("logs", 5),
     ("sandbox", 5),
-    ("sandbox_slurm", 5),
     ("cli", 6),
     ("__main__", 6),
 )

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import settings
 
 from orchestrator.remote.agent import RUNS_ROOT
-from orchestrator.sandbox import Sandbox, SandboxState
+from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.state import SandboxState
 
 # Property tests check values, not speed: on a shared 2-core machine a slow example is no
 # failure (hypothesis's default 200 ms deadline made them flaky under load).
@@ -43,12 +44,13 @@ def sandbox_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     started: list[Sandbox] = []
     node_names: list[str] = []
 
-    def start(nodes: int = 4, slots: int = 2, sshd_profile: str = "default", slurm: bool = False):
+    def start(nodes: int = 4, slots: int = 2, sshd_profile: str = "default", slurm: bool = False,
+              shared_pids: bool = False):  # fmt: skip
         tag = uuid.uuid4().hex[:6]
         box = Sandbox(tmp_path_factory.mktemp(f"sandbox-{tag}", numbered=False))
         started.append(box)
         state = box.up(nodes=nodes, slots=slots, prefix=f"t{tag}n", sshd_profile=sshd_profile,
-                       slurm=slurm)  # fmt: skip
+                       slurm=slurm, shared_pids=shared_pids)  # fmt: skip
         node_names.extend(node.name for node in state.nodes)
         return box, state
 

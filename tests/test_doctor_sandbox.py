@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import Sandbox, SandboxState
+from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.state import SandboxState
 
 pytestmark = pytest.mark.sandbox
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import SandboxError
-from orchestrator.sandbox import SANDBOX_ENV, Sandbox
+from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.render import SANDBOX_ENV
 
 ORCH = [str(Path(sys.executable).with_name("orch"))]
 
@@ -165,6 +168,55 @@ def test_freeze_stops_every_process_of_a_node(sandbox_factory):
     finally:
         box.thaw(name)
     assert _ssh(name, "true").returncode == 0
+
+
+def _start_sleep_on(node: str) -> tuple[int, str]:
+    """A process left running on `node`; its pid as the node sees it, and a pgrep pattern
+    that matches its command line and nothing else (the bracket keeps the pattern from
+    matching the shell that carries it)."""
+    duration = f"900.{random.randrange(10**6):06d}"
+    result = _ssh(node, f"nohup sleep {duration} >/dev/null 2>&1 & echo $!")
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout), f"sleep {duration[:-1]}[{duration[-1]}]"
+
+
+def _sees(node: str, pattern: str) -> bool:
+    return _ssh(node, f"pgrep -f '{pattern}'").returncode == 0
+
+
+def _wait_seen(node: str, pattern: str) -> None:
+    deadline = time.monotonic() + 10
+    while not _sees(node, pattern):
+        assert time.monotonic() < deadline, f"{pattern!r} never ran on {node}"
+        time.sleep(0.1)
+
+
+def test_shared_pids_nodes_see_each_others_processes(sandbox_factory):
+    box, state = sandbox_factory(2, 1, shared_pids=True)
+    first, second = (node.name for node in state.nodes)
+    pid, pattern = _start_sleep_on(first)
+    _wait_seen(first, pattern)
+    assert _sees(second, pattern)
+    # One process table: the node's pid is this machine's, and the sandbox still knows
+    # which node started it.
+    assert Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0")
+    assert pid in box.node_pids(first)
+    assert pid not in box.node_pids(second)
+    if state.namespaces:
+        assert _ssh(second, "hostname").stdout.strip() == second  # its own UTS still
+
+
+def test_default_nodes_do_not_see_each_others_processes(sandbox):
+    _box, state = sandbox
+    if not state.namespaces:
+        pytest.skip("without namespaces every node shares this machine's process table")
+    first, second = state.nodes[0].name, state.nodes[1].name
+    _pid, pattern = _start_sleep_on(first)
+    try:
+        _wait_seen(first, pattern)
+        assert not _sees(second, pattern)
+    finally:
+        _ssh(first, f"pkill -f '{pattern}'")
 
 
 def _processes_with(name: str, value: str) -> list[int]:

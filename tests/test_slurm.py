@@ -20,7 +20,7 @@ from orchestrator.plan.srun_command import build_srun_argv
 from orchestrator.remote.agent import decode_spec, slurm_node_and_rank, without_step_variables
 from orchestrator.run.records import JobRecord, batch_state
 from orchestrator.run.verdict import Failure, JobVerdict, NodeExited, WatchSettings, in_slurm_words
-from orchestrator.sandbox_slurm import SlurmNode, render_conf
+from orchestrator.sandbox.slurm import SlurmNode, render_conf
 from orchestrator.specs.inventory import make_hostfile, read_hostfile
 from orchestrator.specs.slurm import (
     Allocation,

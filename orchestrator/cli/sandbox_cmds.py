@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.app import app
-from orchestrator.sandbox import Sandbox
-from orchestrator.sandbox_slurm import PARTITION
+from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.slurm import PARTITION
 
 sandbox_app = typer.Typer(help="A cluster of real OpenSSH nodes on loopback addresses.")
 app.add_typer(sandbox_app, name="sandbox")
@@ -37,17 +37,24 @@ def up(
         help="Also run a real Slurm over the nodes (slurmctld here, a slurmd "
         "on each node, one partition); clients need the SLURM_CONF it prints.",
     ),
+    shared_pids: bool = typer.Option(
+        False,
+        "--shared-pids",
+        help="The nodes share this machine's process table (one PID namespace), as "
+        "several hostfile entries on one machine would; each keeps its own hostname.",
+    ),
     directory: Path | None = _DIR_OPTION,
 ) -> None:
     """Start the nodes (or keep them if already up) and print the hostfile path."""
     state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd,
-                                  slurm=slurm)  # fmt: skip
+                                  slurm=slurm, shared_pids=shared_pids)  # fmt: skip
     err = Console(stderr=True, highlight=False)
     first, last = state.nodes[0], state.nodes[-1]
     err.print(
         f"sandbox up: {len(state.nodes)} nodes {first.name}..{last.name} on "
         f"{first.address}..{last.address} port {first.port}"
         + ("" if state.namespaces else " (no namespaces: nodes share this hostname)")
+        + (" (nodes share one process table)" if state.namespaces and state.shared_pids else "")
         + ("" if state.sshd_profile == "default" else f", sshd {state.sshd_profile}")
     )
     if state.slurm_conf:
@@ -83,6 +90,7 @@ def status(
             "directory": str(box.directory),
             "hostfile": state.hostfile if state else None,
             "namespaces": state.namespaces if state else None,
+            "shared_pids": state.shared_pids if state else None,
             "nodes": [row.__dict__ for row in rows],
             "slurm": {"conf": state.slurm_conf, "nodes": slurm_states}
             if state and state.slurm_conf

@@ -22,11 +22,14 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import SandboxError
 from orchestrator.run.slurm import node_states
+from orchestrator.sandbox.ports import pick_slurm_ports
+from orchestrator.sandbox.processes import namespace_init
+from orchestrator.sandbox.state import SandboxState
 
 PARTITION = "sandbox"
 CLUSTER = "orchsandbox"
@@ -126,6 +129,22 @@ def render_conf(directory: Path, controller_host: str, controller_port: int,
 
 def slurm_environment(conf: str | os.PathLike[str]) -> dict[str, str]:
     return {**os.environ, "SLURM_CONF": os.fspath(conf)}
+
+
+def start_over(state: SandboxState) -> SandboxState:
+    """Start Slurm over a sandbox's running nodes; the state then names its daemons."""
+    base = pick_slurm_ports(len(state.nodes) + 1)
+    nodes = [SlurmNode(n.name, n.address, base + 1 + k) for k, n in enumerate(state.nodes)]
+    inits = [namespace_init(n.pid) or n.pid for n in state.nodes]
+    daemons = start(Path(state.directory), nodes, inits, cpus=state.slots)
+    return replace(state, slurm_conf=daemons.conf, slurm_pids=daemons.pids)
+
+
+def sinfo_states(state: SandboxState) -> dict[str, str]:
+    """Each node's state in Slurm (sinfo), with --slurm; {} without, or no answer."""
+    if not state.slurm_conf:
+        return {}
+    return node_states(slurm_environment(state.slurm_conf))
 
 
 def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> int:

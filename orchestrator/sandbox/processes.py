@@ -1,0 +1,99 @@
+"""What runs on a sandbox node, read from /proc."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+from orchestrator.sandbox.render import NODE_ENV, SANDBOX_ENV
+from orchestrator.sandbox.state import SandboxState
+
+
+def node_pids(state: SandboxState, name: str) -> list[int]:
+    """Every process running on a node (its sshd included): its PID namespace's, or where
+    the nodes share one, those whose sessions sshd marked with the node's name."""
+    node = state.node(name)
+    if state.own_pid_namespaces:
+        init = namespace_init(node.pid)
+        if init is None:
+            return []
+        target = _pid_namespace(init)
+        return [pid for pid in _all_pids() if _pid_namespace(pid) == target]
+    return [
+        pid
+        for pid in _all_pids()
+        if _environ(pid).get(NODE_ENV) == name
+        and _environ(pid).get(SANDBOX_ENV) == state.sandbox_id
+    ] + [node.pid]
+
+
+def _all_pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not alive for our purposes.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def namespace_init(holder_pid: int) -> int | None:
+    """The node's PID 1 (unshare's forked child) when the node has its own PID namespace,
+    else the holder itself; None once the holder is gone."""
+    if not pid_alive(holder_pid):
+        return None
+    own = _pid_namespace(holder_pid)
+    for child in children(holder_pid):
+        if _pid_namespace(child) != own:
+            return child
+    return holder_pid
+
+
+def kill_processes_with_env(name: str, value: str) -> list[int]:
+    me = os.getpid()
+    killed = []
+    for pid in _all_pids():
+        if pid != me and _environ(pid).get(name) == value:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
