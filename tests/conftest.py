@@ -1,8 +1,12 @@
-"""Shared fixtures: a real loopback SSH cluster for integration tests.
+"""Shared fixtures: a real loopback SSH cluster for integration tests, and the tiers.
 
-Each test session gets its own sandbox (own state directory, subnet and node
-name prefix), so it never touches a sandbox the user has up, and parallel
-sessions on one machine do not collide.
+Each test module gets its own sandboxes (own state directory, subnet and node name
+prefix), so it never touches a sandbox the user has up, parallel runs on one machine do
+not collide, and every sandbox is taken down when its module ends.
+
+The tiers: a test is `fast` (pure and in-process: `pytest -m fast`) unless it needs the
+sandbox (its fixtures, or the `sandbox` mark) or real processes of orch, ssh or Slurm (the
+`process` mark), or is `slow`. A fast test that starts one of those fails, naming it.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +39,54 @@ def _sandbox_prereqs_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+SANDBOX_FIXTURES = frozenset({"sandbox", "sandbox_factory", "hostfile"})
+NOT_FAST = ("sandbox", "process", "slow")
+# Programs a fast test may not start: they make it a test of real processes.
+REAL_PROCESSES = frozenset(
+    {"orch", "ssh", "sshd", "pdsh", "srun", "salloc", "sbatch", "scp", "unshare", "nsenter"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sandbox)
+        if not any(item.get_closest_marker(name) for name in NOT_FAST):
+            item.add_marker(pytest.mark.fast)
+
+
+def _starts_a_real_process(args: object) -> str | None:
+    argv = [args] if isinstance(args, (str, os.PathLike)) else list(args or ())  # type: ignore[call-overload]
+    if not argv:
+        return None
+    words = [os.fspath(word) for word in argv]
+    program = os.path.basename(words[0].split()[0]) if words[0] else ""
+    if program in REAL_PROCESSES:
+        return program
+    if "-m" in words and "orchestrator" in words:
+        return "python -m orchestrator"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch) -> None:
+    """A test the tiers call fast may not start orch, ssh or Slurm: mark it `process`."""
+    if request.node.get_closest_marker("fast") is None:
+        return
+    real_init = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        program = _starts_a_real_process(args)
+        if program is not None:
+            pytest.fail(f"a fast test started `{program}`: mark the test `process`", False)
+        real_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
+@pytest.fixture(scope="module")
 def sandbox_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """Start sandboxes with unique names; every one is taken down at session end."""
+    """Start sandboxes with unique names; every one is taken down when the module ends."""
     missing = _sandbox_prereqs_missing()
     if missing:
         # scripts/test.sh installs these; a bare `pytest` without them is a setup error.
@@ -73,9 +123,9 @@ def _remove_node_local_logs(node_names: list[str]) -> None:
             job.rmdir()  # only when nothing else is left in it
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox(sandbox_factory) -> tuple[Sandbox, SandboxState]:
-    """One 4-node, 2-slot sandbox shared by the tests that only read from it."""
+    """One 4-node, 2-slot sandbox shared by the module's tests that only read from it."""
     return sandbox_factory(4, 2)
 
 

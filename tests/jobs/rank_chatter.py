@@ -16,7 +16,7 @@ come from the environment:
 - CHATTER_SLEEP (default 0): seconds to sleep at the end (for tests that look at the
   job while it runs).
 
-tests/test_rank_capture_sandbox.py builds the same lines independently: keep them in step.
+tests/remote/test_rank_capture_sandbox.py builds the same lines independently: keep them in step.
 """
 
 from __future__ import annotations

@@ -118,8 +118,17 @@ def refuse_key(box: Sandbox, state: SandboxState, name: str) -> None:
     config.write_text("\n".join(lines) + "\n")
     os.kill(_sshd_listener(box, name), signal.SIGHUP)  # sshd re-executes itself
     node = state.node(name)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while _key_accepted(name):  # until the re-executed sshd reads its new config
+        assert time.monotonic() < deadline, f"{name}'s sshd still accepts the key"
+        time.sleep(0.2)
     _wait_port(node.address, node.port, open_=True)
+
+
+def _key_accepted(name: str) -> bool:
+    login = subprocess.run(["ssh", "-o", "BatchMode=yes", name, "true"], capture_output=True,
+                           timeout=30, check=False)  # fmt: skip
+    return login.returncode == 0
 
 
 def change_host_key(state: SandboxState, name: str) -> None:

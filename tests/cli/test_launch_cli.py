@@ -6,9 +6,12 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from launch_support import REPO, run_orch
 
 from orchestrator.plan.ports import port_candidates
+
+pytestmark = pytest.mark.process  # runs the real `orch` console script
 
 
 def _hostfile(tmp_path):

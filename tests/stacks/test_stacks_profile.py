@@ -18,7 +18,7 @@ from orchestrator.stacks.profile import (
 )
 from orchestrator.stacks.report import analyse, result_json
 
-FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 SITE = "/opt/venv/lib/python3.11/site-packages/"
 C10D = SITE + "torch/distributed/distributed_c10d.py"
 

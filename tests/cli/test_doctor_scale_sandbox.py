@@ -14,7 +14,7 @@ import pytest
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
 ORCH = str(Path(sys.executable).with_name("orch"))
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NODES = 128
 
 

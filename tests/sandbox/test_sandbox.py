@@ -17,6 +17,8 @@ from orchestrator.errors import SandboxError
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.render import SANDBOX_ENV
 
+pytestmark = pytest.mark.sandbox
+
 ORCH = [str(Path(sys.executable).with_name("orch"))]
 
 

@@ -4,6 +4,7 @@ default session limits, no forwarding. Doctor passes, a job runs, its raw logs c
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -34,8 +35,14 @@ def test_the_nodes_really_have_no_sftp(hardened):
 
 def test_doctor_passes_without_sftp(hardened, tmp_path):
     _box, state = hardened
-    result = run_orch(["doctor", "--hostfile", state.hostfile], tmp_path, 180)
+    result = run_orch(["doctor", "--hostfile", state.hostfile, "--json"], tmp_path, 180)
     assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["findings"] == []
+    checked = {node["node"]: node["checks"] for node in report["nodes"]}
+    assert set(checked) == set(_names(state))
+    for node, checks in checked.items():
+        assert checks["ssh"] == "ok" and set(checks.values()) == {"ok"}, (node, checks)
 
 
 def test_a_job_succeeds_and_every_raw_log_comes_back(hardened, tmp_path):

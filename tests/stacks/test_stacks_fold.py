@@ -24,7 +24,7 @@ from orchestrator.stacks.model import (
     thread_from_dump,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 WAITING_PID, COMPUTING_PID = 13982, 13983  # the processes the fixtures were taken from
 
 

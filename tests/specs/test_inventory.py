@@ -258,9 +258,10 @@ def test_filters_agree_with_deepspeed_on_any_spec(
     assert {h.host: h.slots for h in ours.hosts} == theirs
 
 
-@pytest.mark.parametrize(
-    "path", sorted((Path(__file__).parent.parent / "hostfiles").iterdir()), ids=lambda p: p.name
-)
+SHIPPED_HOSTFILES = sorted((Path(__file__).resolve().parents[2] / "hostfiles").iterdir())
+
+
+@pytest.mark.parametrize("path", SHIPPED_HOSTFILES, ids=lambda p: p.name)
 def test_shipped_example_hostfiles_read_the_same_in_deepspeed(path: Path) -> None:
     ours = read_hostfile(path)
     assert list(fetch_hostfile(str(path)).items()) == [(h.host, h.slots) for h in ours.hosts]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +40,10 @@ class _Job:
 
     def record(self) -> dict:
         return json.loads((self.runs / self.job_id / "job.json").read_text())
+
+    def has_port(self) -> bool:
+        """Its record names the main port it picked (the second job starts after that)."""
+        return bool(self.job_id) and bool(self.record().get("main_port"))
 
 
 @pytest.fixture
@@ -84,7 +87,7 @@ def _both_up(first: _Job, second: _Job, nodes: list[str]) -> None:
 def test_two_jobs_without_ports_run_side_by_side_and_ctrl_c_stops_only_one(start_job):
     start, nodes = start_job
     first = start("a", "torchrun", "--no-doctor")
-    time.sleep(2)
+    assert wait_for(first.has_port, 120), first.out.read_text()
     second = start("b", "torchrun", "--no-doctor")
     _both_up(first, second, nodes)
 
@@ -101,7 +104,7 @@ def test_two_jobs_without_ports_run_side_by_side_and_ctrl_c_stops_only_one(start
 def test_two_jobs_with_the_preflight_both_succeed(start_job):
     start, nodes = start_job
     first = start("a", "standard")
-    time.sleep(2)
+    assert wait_for(first.has_port, 180), first.out.read_text()
     second = start("b", "torchrun")
     _both_up(first, second, nodes)
     for job in (first, second):

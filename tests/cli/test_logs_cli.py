@@ -109,6 +109,7 @@ def test_raw_prints_pulled_back_files_and_names_missing_nodes(runs: Path, orch) 
     assert b"error:" in missing.stderr and b"/tmp/orch-runs/" + JOB.encode() in missing.stderr
 
 
+@pytest.mark.process
 def test_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
     # A stand-in head process: the record counts as running while it lives.
     head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

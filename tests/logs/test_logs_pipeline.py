@@ -32,8 +32,8 @@ from orchestrator.run.records import RunDir
 
 pytestmark = pytest.mark.sandbox
 
-REPO = Path(__file__).resolve().parent.parent
-NODE_PROGRAM = Path(__file__).resolve().parent / "_lognode.py"
+REPO = Path(__file__).resolve().parents[2]
+NODE_PROGRAM = Path(__file__).resolve().parents[1] / "_lognode.py"
 LINES = 100_000
 
 
@@ -172,7 +172,7 @@ def test_killed_half_way_keeps_what_was_written(sandbox, job_dirs) -> None:
 
 # ----- through `orch launch`: the real launch path ------------------------------------
 
-RANK_PROGRAM = Path(__file__).resolve().parent / "_logrank.py"
+RANK_PROGRAM = Path(__file__).resolve().parents[1] / "_logrank.py"
 ORCH = Path(sys.executable).parent / "orch"
 
 

@@ -12,7 +12,7 @@ from deepspeed.launcher.runner import fetch_hostfile
 
 from orchestrator.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ORCH = str(Path(sys.executable).parent / "orch")
 
 
@@ -173,6 +173,7 @@ def test_config_without_hosts_is_a_usage_error(tmp_path: Path, capsys) -> None:
     assert "no hosts" in err
 
 
+@pytest.mark.process
 def test_real_console_script() -> None:
     """The installed `orch` reaches these commands and maps usage errors to exit 2."""
     bad = subprocess.run(

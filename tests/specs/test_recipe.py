@@ -21,7 +21,7 @@ from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import make_hostfile, processes_per_node, render_hostfile
 from orchestrator.specs.recipe import Recipe, load_recipe, parse_recipe, recipe_hosts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 EXPECTED = {
     "cpu-smoke",
