@@ -9,7 +9,9 @@ counted ("... 12000 lines not shown") and are all in `orch logs`.
 
 Not a terminal (`PlainView`: CI, `| tee`): plain `node: text` lines, no escape
 codes, and progress frames throttled to one per node every `frame_interval`
-seconds so the output stays readable.
+seconds so the output stays readable. A frame shown waits up to `frame_hold` seconds
+before it is printed: when the bar's own final line (tqdm's close) follows with the same
+count, only that line is printed, not the same 100% twice.
 
 Both take bytes from the log router (see logsink.LogView) and must be closed.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import re
 import sys
 import threading
 import time
@@ -35,6 +38,7 @@ from orchestrator.remote.logwire import global_rank
 
 MAX_SHOWN_CHARS = 2000  # a 1 MiB line goes to the log file, not to the screen
 _HEAD = "head"
+_COUNT = re.compile(rb"\d+/\d+")  # a bar's n/total
 
 
 def _display_text(data: bytes, limit: int = MAX_SHOWN_CHARS) -> str:
@@ -54,21 +58,39 @@ def _label(node: str, rank: str = "") -> str:
     return name if number is None else f"{name} r{number}"
 
 
+def _bar_position(data: bytes) -> bytes | None:
+    """A progress bar's text up to its count (`train: 100%|###| 40/40`), None without one."""
+    found = _COUNT.search(data)
+    return data[: found.end()] if found else None
+
+
+class _HeldFrame:
+    __slots__ = ("position", "since", "source", "text")
+
+    def __init__(self, source: tuple[str, str], data: bytes, text: bytes, since: float) -> None:
+        self.source, self.text, self.since = source, text, since
+        self.position = _bar_position(data)
+
+
 class PlainView:
-    """Prefixed lines on a byte stream; frames throttled per node. Thread-safe flushing."""
+    """Prefixed lines on a byte stream; frames throttled per node. Thread-safe."""
 
     def __init__(
         self,
         out: BinaryIO | None = None,
         *,
         frame_interval: float = 5.0,
+        frame_hold: float = 1.0,
         flush_interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._out = out if out is not None else sys.stdout.buffer
         self._frame_interval = frame_interval
+        self._frame_hold = frame_hold
         self._clock = clock
         self._last_frame: dict[str, float] = {}
+        self._held: dict[str, _HeldFrame] = {}  # node -> the frame it shows next
+        self._lock = threading.Lock()
         self._prefixes: dict[tuple[str, str], bytes] = {}
         self._dirty = False
         self._broken = False
@@ -90,7 +112,11 @@ class PlainView:
     def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         if b"\x1b" in data or b"\r" in data:
             data = strip_terminal_codes(data)
-        self._write(self._prefix(node, rank) + data + b"\n")
+        with self._lock:
+            held = self._held.pop(node, None)
+            if held is not None and not _closes(held, (rank, stream), data):
+                self._write(held.text)
+            self._write(self._prefix(node, rank) + data + b"\n")
         self._last_frame.pop(node, None)  # a new bar starts with its first frame shown
 
     def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
@@ -100,7 +126,22 @@ class PlainView:
         if last is not None and now - last < self._frame_interval:
             return
         self._last_frame[node] = now
-        self._write(self._prefix(node, rank) + strip_terminal_codes(data) + b"\n")
+        data = strip_terminal_codes(data)
+        held = _HeldFrame((rank, stream), data, self._prefix(node, rank) + data + b"\n", now)
+        with self._lock:
+            earlier = self._held.pop(node, None)
+            if earlier is not None:
+                self._write(earlier.text)
+            self._held[node] = held
+
+    def _print_held(self, older_than: float | None) -> None:
+        """Print the held frames (those held longer than `older_than` seconds)."""
+        now = self._clock()
+        with self._lock:
+            for node, held in list(self._held.items()):
+                if older_than is None or now - held.since >= older_than:
+                    del self._held[node]
+                    self._write(held.text)
 
     def control(self, node: str, kind: str, fields: dict) -> None:
         pass
@@ -116,6 +157,7 @@ class PlainView:
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self._flush_interval):
+            self._print_held(self._frame_hold)
             self.flush()
 
     def flush(self) -> None:
@@ -130,6 +172,7 @@ class PlainView:
             return
         self._closed.set()
         self._flusher.join(2.0)
+        self._print_held(None)
         self.flush()
         atexit.unregister(self.close)
 
@@ -138,6 +181,13 @@ class PlainView:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _closes(held: _HeldFrame, source: tuple[str, str], line: bytes) -> bool:
+    """The line is the held bar's own last render (tqdm's close): same rank, stream, count."""
+    return held.source == source and held.position is not None and (
+        _bar_position(line) == held.position
+    )
 
 
 class _NodeRow:

@@ -18,9 +18,15 @@ orch installed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping
+
+# orch's own ssh options for pdsh (ssh_config-like words with spaces): pdsh reads them on
+# the head, nothing exports them to a node. accelerate copies the whole environment into
+# DeepSpeed's env file (a private /dev/null here) and warns of each value with a space.
+_OWN_PDSH_VARIABLE = "WARNING: Skipping PDSH_SSH_ARGS_APPEND="
 
 
 def config_text(fields: Mapping[str, object], header: str = "") -> str:
@@ -46,11 +52,48 @@ def write_config(spec_path: str) -> str:
     return path
 
 
+def without_runners_path_entry(env: dict[str, str], workdir: str) -> dict[str, str]:
+    """accelerate appends the working directory to PYTHONPATH, and DeepSpeed's runner puts
+    it first again: the pdsh line read `PYTHONPATH=DIR:DIR`. Leave it to the runner."""
+    entries = env.get("PYTHONPATH", "").split(os.pathsep)
+    if entries and entries[-1] == workdir:
+        entries.pop()
+    kept = [entry for entry in entries if entry]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+class _NotOrchsOwnVariable(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(_OWN_PDSH_VARIABLE)
+
+
+def _quiet_about_orchs_own_settings() -> None:
+    import accelerate.commands.launch as launch
+
+    logging.getLogger("accelerate.utils.environment").addFilter(_NotOrchsOwnVariable())
+    prepare = getattr(launch, "prepare_deepspeed_cmd_env", None)
+    if prepare is None:  # another accelerate: its lines stay as they are
+        return
+
+    def prepared(args):  # type: ignore[no-untyped-def]
+        cmd, env = prepare(args)
+        if args.num_machines > 1 and args.deepspeed_multinode_launcher == "pdsh":
+            env = without_runners_path_entry(env, os.path.abspath("."))
+        return cmd, env
+
+    launch.prepare_deepspeed_cmd_env = prepared
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         sys.stderr.write("usage: accelerate_head.py SPEC.json ACCELERATE-LAUNCH-ARGS...\n")
         return 2
     write_config(argv[0])
+    _quiet_about_orchs_own_settings()
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     # What `accelerate launch` itself does with its arguments.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from rich.console import Console
 
@@ -71,4 +72,41 @@ def test_live_view_does_not_print_every_line_of_a_flood() -> None:
 def test_make_view_is_plain_without_a_terminal() -> None:
     view = make_view(tty=False)
     assert isinstance(view, PlainView)
+    view.close()
+
+
+def test_plain_view_prints_a_finished_bar_once_and_keeps_frames_in_order() -> None:
+    out = io.BytesIO()
+    now = [0.0]
+    view = PlainView(out, frame_interval=5.0, clock=lambda: now[0])
+    view.frame("n1", "err", b"train:  50%|#####     | 20/40 [00:02<00:02, 9.2it/s]", rank="0/0")
+    view.line("n1", "out", b"step 20 loss 1.18", rank="0/0")  # the held frame comes first
+    view.frame("n1", "err", b"train: 100%|##########| 40/40 [00:04<00:00, 9.18it/s]", rank="0/0")
+    view.line("n2", "out", b"step 40 loss 0.04", rank="2/0")  # another node: no effect on n1
+    # tqdm's close: the same count again, with the final rate, and a newline.
+    view.line("n1", "err", b"train: 100%|##########| 40/40 [00:04<00:00, 9.15it/s]", rank="0/0")
+    view.frame("n1", "err", b"eval:   0%|          | 0/8", rank="0/0")
+    now[0] = 2.0
+    view.close()  # a bar left open still shows its last frame
+    assert out.getvalue().decode().splitlines() == [
+        "n1 r0: train:  50%|#####     | 20/40 [00:02<00:02, 9.2it/s]",
+        "n1 r0: step 20 loss 1.18",
+        "n2 r2: step 40 loss 0.04",
+        "n1 r0: train: 100%|##########| 40/40 [00:04<00:00, 9.15it/s]",
+        "n1 r0: eval:   0%|          | 0/8",
+    ]
+
+
+def test_plain_view_prints_a_held_frame_once_it_has_waited() -> None:
+    out = io.BytesIO()
+    now = [0.0]
+    view = PlainView(out, frame_hold=1.0, flush_interval=0.01, clock=lambda: now[0])
+    view.frame("n1", "err", b" 10%|#         | 1/10", rank="0/0")
+    time.sleep(0.1)
+    assert out.getvalue() == b""  # held: tqdm's close may still follow
+    now[0] = 1.5
+    deadline = time.monotonic() + 10
+    while b"1/10" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert out.getvalue() == b"n1 r0:  10%|#         | 1/10\n"
     view.close()

@@ -51,6 +51,11 @@ def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path):
     assert record["node_exit_codes"] == dict.fromkeys(names, 0)
     assert record["recipe"] == RECIPE
     run = tmp_path / job_id
+    # The fan-out's own lines read clean: nothing orch set is warned of or written twice.
+    head = (run / "logs" / "_head.log").read_text()
+    assert "Skipping PDSH_SSH_ARGS_APPEND" not in head
+    [runner_line] = [line for line in head.splitlines() if "cmd = pdsh" in line]
+    assert runner_line.count(f"PYTHONPATH={REPO}") == 1 and f"{REPO}:{REPO}" not in runner_line
     assert "deepspeed_multinode_launcher: pdsh" in (run / "accelerate-pdsh.yaml").read_text()
     # The job's env went through a private per-job file: none is kept or left behind.
     assert not (run / "deepspeed_env").exists()

@@ -1,0 +1,31 @@
+"""The head launcher's adjustments to what accelerate hands DeepSpeed's runner, on values."""
+
+from __future__ import annotations
+
+import logging
+
+from orchestrator.remote.accelerate_head import _NotOrchsOwnVariable, without_runners_path_entry
+
+
+def test_the_working_directory_is_left_to_deepspeeds_runner() -> None:
+    # accelerate appended /work to what the user had; the runner will put /work first.
+    assert without_runners_path_entry({"PYTHONPATH": "/lib:/work"}, "/work") == {
+        "PYTHONPATH": "/lib"
+    }
+    # Nothing of the user's: no PYTHONPATH at all, so the runner sets it to /work alone.
+    assert without_runners_path_entry({"PYTHONPATH": "/work", "A": "1"}, "/work") == {"A": "1"}
+    # The user's own entries stay, even one equal to the working directory earlier on.
+    assert without_runners_path_entry({"PYTHONPATH": "/work:/lib"}, "/work") == {
+        "PYTHONPATH": "/work:/lib"
+    }
+
+
+def test_only_the_warning_about_orchs_own_pdsh_variable_is_dropped() -> None:
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("accelerate.utils.environment", logging.WARNING, "", 0,
+                                 message, (), None)  # fmt: skip
+
+    keep = _NotOrchsOwnVariable()
+    ours = "WARNING: Skipping PDSH_SSH_ARGS_APPEND=-o BatchMode=yes as it contains forbidden"
+    assert not keep.filter(record(ours))
+    assert keep.filter(record("WARNING: Skipping MY_VAR=a b as it contains forbidden characters"))
