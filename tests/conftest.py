@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from orchestrator.remote.agent import RUNS_ROOT
+from orchestrator.remote.agent_spec import RUNS_ROOT
 from orchestrator.sandbox import Sandbox, SandboxState
 
 # Property tests check values, not speed: on a shared 2-core machine a slow example is no

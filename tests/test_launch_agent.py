@@ -11,14 +11,10 @@ import pytest
 
 from orchestrator.plan.agent_command import agent_command, kill_command
 from orchestrator.plan.launch_plan import build_plan
-from orchestrator.remote import agent
-from orchestrator.remote.agent import (
-    decode_spec,
-    failure_from_text,
-    first_failed_rank,
-    node_dir,
-)
+from orchestrator.remote import agent, procs
+from orchestrator.remote.agent_spec import AgentSpec, decode, node_dir
 from orchestrator.remote.logwire import decode_wire
+from orchestrator.remote.rank_watch import failure_from_text, first_failed_rank
 from orchestrator.run.pdsh import run_pdsh
 from orchestrator.specs import constants
 from orchestrator.specs.inventory import make_hostfile
@@ -60,13 +56,13 @@ def test_agent_frames_output_tees_raw_logs_and_reports_the_exit_code(sandbox):
     _box, state = sandbox
     node = state.nodes[0].name
     job_id = f"t-{uuid.uuid4().hex[:8]}"
-    spec = {
-        "job_id": job_id,
-        "workdir": "/tmp",
-        "env": {"GREETING": "it's \"quoted\" $HOME"},
-        "command": ["sh", "-c", 'echo "$GREETING $ORCH_JOB_ID $ORCH_NODE"; '
-                    "printf '10%%\\r50%%\\r100%%\\n' >&2; exit 3"],
-    }  # fmt: skip
+    spec = AgentSpec(
+        job_id,
+        workdir="/tmp",
+        env=(("GREETING", "it's \"quoted\" $HOME"),),
+        command=("sh", "-c", 'echo "$GREETING $ORCH_JOB_ID $ORCH_NODE"; '
+                 "printf '10%%\\r50%%\\r100%%\\n' >&2; exit 3"),
+    )  # fmt: skip
     run = run_pdsh([node], agent_command(sys.executable, spec), timeout=60)
     lines = [r.text for r in _records(run, node) if r.kind == "line"]
     assert f'it\'s "quoted" $HOME {job_id} {node}' in lines
@@ -83,7 +79,7 @@ def test_agent_frames_output_tees_raw_logs_and_reports_the_exit_code(sandbox):
 def test_agent_reports_a_missing_working_directory(sandbox):
     _box, state = sandbox
     node = state.nodes[1].name
-    spec = {"job_id": f"t-{uuid.uuid4().hex[:8]}", "workdir": "/no/such/dir", "command": ["true"]}
+    spec = AgentSpec(f"t-{uuid.uuid4().hex[:8]}", workdir="/no/such/dir", command=("true",))
     run = run_pdsh([node], agent_command(sys.executable, spec), timeout=60)
     [exit_fields] = _control(run, node, "exit")
     assert exit_fields["code"] != 0
@@ -155,15 +151,15 @@ def test_the_agent_command_for_256_standard_configs_fits_in_one_argument():
                       python="/usr/bin/python3", workdir="/w", run_dir="/r/j1")  # fmt: skip
     files = {f.name: f.content for f in plan.files if f.ship}
     assert len(files) == 257  # a config spec per machine, and the program that writes it
-    spec = {"job_id": "j1", "files": files, "command": list(plan.node_command)}
+    spec = AgentSpec("j1", files=tuple(files.items()), command=plan.node_command)
     command = agent_command("/usr/bin/python3", spec)
     assert len(command.encode()) < 128 * 1024
     word = command.split()[-3]  # ... run SPEC %h %n
-    assert decode_spec(word) == spec
+    assert decode(word) == spec
 
 
 def test_the_agent_names_the_variables_the_head_plans_with():
-    # The agent is shipped alone, so it carries its own copies of these names.
-    assert agent.JOB_ID_VAR == constants.JOB_ID_VAR
+    # The agent is shipped without orch, so it carries its own copies of these names.
+    assert procs.JOB_ID_VAR == agent.JOB_ID_VAR == constants.JOB_ID_VAR
     assert agent.NODE_RANK_VAR == constants.NODE_RANK_VAR
     assert agent.NODE_DIR_VAR == constants.NODE_DIR_VAR

@@ -1,0 +1,110 @@
+"""Which processes are a job's on a node, and which of them are ranks (remote/procs.py): on
+environments as values and on fabricated /proc trees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.remote import procs
+
+JOB = "job-1"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"ORCH_JOB_ID": JOB, "ORCH_NODE": "n1"}, True),
+        # Another node on the same kernel (two hostfile entries on one machine, several
+        # slurmd on one host, containers sharing the host's process table) keeps its own.
+        ({"ORCH_JOB_ID": JOB, "ORCH_NODE": "n2"}, False),
+        # Nothing tells an unmarked process of the job apart: every node takes it.
+        ({"ORCH_JOB_ID": JOB}, True),
+        ({"ORCH_JOB_ID": "job-10", "ORCH_NODE": "n1"}, False),
+        ({"ORCH_NODE": "n1"}, False),
+        ({}, False),
+    ],
+)
+def test_a_process_is_the_jobs_on_this_node_by_its_environment(env, expected):
+    assert procs.started_for(env, JOB, "n1") is expected
+
+
+@pytest.mark.parametrize(
+    ("env", "parent_env", "expected"),
+    [
+        ({"RANK": "3"}, {}, 3),
+        ({"RANK": "3"}, None, 3),  # the parent is gone or unreadable
+        ({"RANK": "3"}, {"RANK": "3"}, None),  # a rank's own child inherits its RANK
+        ({"RANK": "3"}, {"RANK": "0"}, 3),
+        ({}, {}, None),  # the launcher
+        ({"RANK": "x"}, {}, None),
+        (None, {}, None),
+    ],
+)
+def test_a_rank_carries_rank_and_its_parent_does_not_carry_the_same(env, parent_env, expected):
+    assert procs.own_rank(env, parent_env) == expected
+
+
+def test_environ_entries_are_split_at_the_first_equals_sign():
+    raw = b"A=1\0B=x=y\0EMPTY=\0junk\0"
+    assert procs.parse_environ(raw) == {"A": "1", "B": "x=y", "EMPTY": ""}
+
+
+def _process(proc: Path, pid: int, parent: int, env: dict[str, str], state: str = "S") -> None:
+    where = proc / str(pid)
+    where.mkdir()
+    where.joinpath("environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in env.items()))
+    rest = " ".join(["0"] * 48)  # 52 fields in all, as Linux writes them
+    where.joinpath("stat").write_text(f"{pid} (python3 x) {state} {parent} {rest}\n")
+
+
+def _job(node: str, **more: str) -> dict[str, str]:
+    return {"ORCH_JOB_ID": JOB, "ORCH_NODE": node, "PATH": "/usr/bin", **more}
+
+
+@pytest.fixture
+def shared_proc(tmp_path: Path) -> str:
+    """One kernel, two nodes of the job: n1's launcher (100) with ranks 0 and 1 and a data
+    loader worker of rank 0; n2's launcher (200) with ranks 2 and 3; another job's rank."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    _process(proc, 1, 0, {})
+    _process(proc, 100, 1, _job("n1"))
+    _process(proc, 101, 100, _job("n1", RANK="0"))
+    _process(proc, 102, 100, _job("n1", RANK="1"))
+    _process(proc, 103, 101, _job("n1", RANK="0"))  # rank 0's worker
+    _process(proc, 200, 1, _job("n2"))
+    _process(proc, 201, 200, _job("n2", RANK="2"))
+    _process(proc, 202, 200, _job("n2", RANK="3"))
+    _process(proc, 300, 1, {"ORCH_JOB_ID": "other", "ORCH_NODE": "n1", "RANK": "0"})
+    (proc / "self").mkdir()  # not a pid
+    return str(proc)
+
+
+def test_each_node_finds_only_its_own_processes_of_the_job(shared_proc):
+    assert sorted(procs.job_pids(JOB, "n1", shared_proc)) == [100, 101, 102, 103]
+    assert sorted(procs.job_pids(JOB, "n2", shared_proc)) == [200, 201, 202]
+    assert procs.job_pids(JOB, "n3", shared_proc) == []
+
+
+def test_each_node_finds_only_its_own_ranks(shared_proc):
+    assert procs.job_ranks(JOB, "n1", shared_proc) == [(0, 101), (1, 102)]
+    assert procs.job_ranks(JOB, "n2", shared_proc) == [(2, 201), (3, 202)]
+    assert procs.rank_at(103, shared_proc) is None
+    assert procs.parent_of(103, shared_proc) == 101
+    assert procs.parent_of(999, shared_proc) == 0
+
+
+def test_an_ended_rank_s_exit_code_is_read_until_it_is_reaped(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    _process(proc, 5, 1, {}, state="Z")
+    stat = proc / "5" / "stat"
+    for status, code in ((7 << 8, 7), (15, -15), (0, 0)):
+        fields = stat.read_text().split()
+        stat.write_text(" ".join([*fields[:-1], str(status)]) + "\n")
+        assert procs.zombie_exit_code(5, str(proc)) == code
+    _process(proc, 6, 1, {})
+    assert procs.zombie_exit_code(6, str(proc)) is None  # still running
+    assert procs.zombie_exit_code(7, str(proc)) is None  # reaped
