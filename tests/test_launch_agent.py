@@ -86,9 +86,12 @@ def test_agent_reports_a_missing_working_directory(sandbox):
     assert "/no/such/dir does not exist" in exit_fields["error"]
 
 
-def _start_tagged_sleep(node: str, job_id: str) -> None:
+def _start_tagged_sleep(node: str, job_id: str, started_for: str = "") -> None:
+    """A process of the job on `node`; with `started_for`, marked as another node's."""
+    marker = f"ORCH_NODE={started_for} " if started_for else ""
     subprocess.run(
-        ["ssh", node, f"ORCH_JOB_ID={job_id} setsid sleep 300 >/dev/null 2>&1 < /dev/null &"],
+        ["ssh", node, f"ORCH_JOB_ID={job_id} {marker}setsid sleep 300 >/dev/null 2>&1 "
+                      "< /dev/null &"],
         timeout=30, check=True,
     )  # fmt: skip
 
@@ -121,6 +124,25 @@ def test_kill_by_job_id_stops_only_that_job(sandbox):
     finally:
         run_pdsh(nodes, kill_command(sys.executable, other, grace=1), timeout=30)
     assert all(_count(n, other) == 0 for n in nodes)
+
+
+@pytest.mark.sandbox
+def test_kill_on_a_node_leaves_the_jobs_processes_of_another_node_on_the_same_kernel(sandbox):
+    # As where nodes share one kernel: this node's process of the job, and another's.
+    _box, state = sandbox
+    node = state.nodes[0].name
+    job_id = f"s-{uuid.uuid4().hex[:8]}"
+    _start_tagged_sleep(node, job_id, started_for=node)
+    _start_tagged_sleep(node, job_id, started_for="elsewhere")
+    try:
+        run = run_pdsh([node], kill_command(sys.executable, job_id, grace=2), timeout=30)
+        report = json.loads(run.lines_of(node)[-1])
+        assert report["found"] == 1 and report["left"] == 0
+        assert _count(node, job_id) == 1
+    finally:  # what the other node's own sweep would do (pdsh fills in %h there)
+        elsewhere = kill_command(sys.executable, job_id, grace=1).replace("%h", "elsewhere")
+        subprocess.run(["ssh", node, elsewhere], timeout=30, check=False)
+    assert _count(node, job_id) == 0
 
 
 # (time, rank, exit code or None when the launcher reaped the rank before it was seen)

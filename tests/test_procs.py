@@ -1,13 +1,23 @@
 """Which processes are a job's on a node, and which of them are ranks (remote/procs.py): on
-environments as values and on fabricated /proc trees."""
+environments as values, on fabricated /proc trees, and the sweep on real processes."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from orchestrator.plan.agent_command import kill_command
 from orchestrator.remote import procs
+from orchestrator.remote.sweep import stop_job
 
 JOB = "job-1"
 
@@ -108,3 +118,47 @@ def test_an_ended_rank_s_exit_code_is_read_until_it_is_reaped(tmp_path):
     _process(proc, 6, 1, {})
     assert procs.zombie_exit_code(6, str(proc)) is None  # still running
     assert procs.zombie_exit_code(7, str(proc)) is None  # reaped
+
+
+# ----- the sweep, on real processes that share this machine's kernel ---------------------
+@pytest.fixture
+def two_nodes_processes() -> Iterator[tuple[str, subprocess.Popen, subprocess.Popen]]:
+    """A process of one job for node n1 and one for node n2, on this one kernel."""
+    job_id = f"sweep-{uuid.uuid4().hex[:8]}"
+    started = [
+        subprocess.Popen(["sleep", "120"], env={**os.environ, "ORCH_JOB_ID": job_id,
+                                                "ORCH_NODE": node}, start_new_session=True)
+        for node in ("n1", "n2")
+    ]  # fmt: skip
+    try:
+        yield job_id, started[0], started[1]
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait(10)
+
+
+def _ended(process: subprocess.Popen, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process.poll() is not None
+
+
+def test_the_sweep_ends_only_its_own_nodes_processes(two_nodes_processes):
+    job_id, on_n1, on_n2 = two_nodes_processes
+    assert stop_job(job_id, "n1", grace=2) == {"found": 1, "killed": 0, "left": 0}
+    assert _ended(on_n1) and on_n1.returncode == -15
+    assert on_n2.poll() is None
+
+
+def test_orch_kill_on_a_node_ends_that_nodes_processes_of_the_job(two_nodes_processes):
+    # The shipped program, as pdsh runs it on n2 (pdsh puts the node's name for %h).
+    job_id, on_n1, on_n2 = two_nodes_processes
+    command = kill_command(sys.executable, job_id, grace=2).replace("%h", "n2")
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"found": 1, "killed": 0, "left": 0}
+    assert _ended(on_n2)
+    assert on_n1.poll() is None

@@ -80,12 +80,14 @@ def agent_argv(python: str, spec: AgentSpec) -> list[str]:
 
 
 def kill_command(python: str, job_id: str, grace: float) -> str:
-    """The remote shell command that stops every process of the job on a node.
+    """The remote shell command (for pdsh, which fills in %h) that stops every process of the
+    job on a node, and only that node's: nodes may share one kernel.
 
     The sweep program needs only the standard library: when the job's interpreter
     is missing on a node, any python3 there does.
     """
-    return _with_any_python3(python, _boot_blob(("procs",), "sweep"), (job_id, f"{grace:g}"))
+    return _with_any_python3(python, _boot_blob(("procs",), "sweep"),
+                             (job_id, f"{grace:g}", "%h"))  # fmt: skip
 
 
 def stacks_command(

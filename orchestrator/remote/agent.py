@@ -5,19 +5,19 @@ node inline (`python -c <zlib+base64 blob>`, plan/agent_command.py), so a node n
 orch install, just the job's interpreter.
 
 `run SPEC NODE RANK`: start the node's command (its launcher) in its own session with the
-job's id in its environment (remote/procs.py finds its processes by it);
+job's id and this node's name in its environment (remote/procs.py finds them by those);
 tee the launcher's raw stdout/stderr into /tmp/orch-runs/<job>/<node>/{stdout,stderr}.raw,
 and each rank's, which arrive on connections of their own (remote/rank_streams.py), into
 rank<R>.{stdout,stderr}.raw; frame all of them onto the agent's own stdout, the channel
 back to the head (remote/channel.py), with heartbeats and an `exit` control message at the
 end, naming the rank that failed first (remote/rank_watch.py). When the head goes away
 the agent tears its job down by itself; when the command ends it sweeps what is left of
-the job (remote/sweep.py).
+the job on this node (remote/sweep.py).
 
 The parts:
   agent_spec.py      the spec (one frozen value) and where the job's files live on a node
-  procs.py           the job's processes and ranks, under /proc
-  sweep.py           TERM, grace, KILL of the job's processes (also `orch kill`)
+  procs.py           the job's processes and ranks on this node, under /proc
+  sweep.py           TERM, grace, KILL of the job's processes on this node (also `orch kill`)
   channel.py         the channel to the head: wire lines, control messages, heartbeats
   rank_streams.py    the ranks' own output, over a unix socket
   rank_watch.py      which rank failed first
@@ -96,7 +96,7 @@ class Supervisor:
         self.channel = channel.Channel(f"{node}: ".encode() if spec.label_lines else b"")
         self.tail = channel.Tail()
         self.stop_reason: str | None = None
-        self.ranks = rank_watch.RankWatch(self.job_id)
+        self.ranks = rank_watch.RankWatch(self.job_id, node)
         self.rank_channels: rank_streams.RankChannels | None = None
         self.job_env: dict[str, str] = {}  # from the private file: secrets included
         self.rank_argv: list[str] = []
@@ -266,7 +266,7 @@ class Supervisor:
             time.sleep(_EXIT_SCAN_S)
 
     def _sweep(self) -> dict[str, int]:
-        return sweep.stop_job(self.job_id, self.spec.grace)
+        return sweep.stop_job(self.job_id, self.node, self.spec.grace)
 
     def _finish(self, code: int, error: str | None = None) -> int:
         # Nothing of the job may outlive its command on this node.

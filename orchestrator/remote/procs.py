@@ -2,9 +2,11 @@
 beside the agent and the stacks program).
 
 A process belongs to a job on a node when its environment carries the job's id (JOB_ID_VAR)
-and, when it names a node (NODE_VAR, which the agent sets beside the id) and a node is
-asked for, that node: nodes may share one kernel. Processes are found by their environment,
-never by a command-line pattern.
+and, when it names a node (NODE_VAR, which the agent sets beside the id), that node: nodes
+may share one kernel (two hostfile entries on one machine, several slurmd on one host,
+containers that share the host's process table), and one node's agent must not take the
+other nodes' processes for its own. Processes are found by their environment, never by a
+command-line pattern.
 
 A rank is such a process with RANK in its environment whose parent does not carry the same
 RANK: a rank's own children (data loader workers, a forkserver) inherit its RANK.
@@ -35,13 +37,13 @@ def parse_environ(raw: bytes) -> dict[str, str]:
     return env
 
 
-def started_for(env: Mapping[str, str], job_id: str, node: str | None) -> bool:
-    """Whether a process with this environment was started for the job on this node (any
-    node's when `node` is None; one that names no node is taken as this node's)."""
+def started_for(env: Mapping[str, str], job_id: str, node: str) -> bool:
+    """Whether a process with this environment was started for the job on this node (one
+    that names no node is taken as this node's: nothing tells it apart)."""
     if env.get(JOB_ID_VAR) != job_id:
         return False
     started_on = env.get(NODE_VAR)
-    return node is None or started_on is None or started_on == node
+    return started_on is None or started_on == node
 
 
 def own_rank(env: Mapping[str, str] | None, parent_env: Mapping[str, str] | None) -> int | None:
@@ -74,7 +76,7 @@ def environ_of(pid: int, proc: str = PROC) -> dict[str, str] | None:
     return None if raw is None else parse_environ(raw)
 
 
-def job_pids(job_id: str, node: str | None, proc: str = PROC) -> list[int]:
+def job_pids(job_id: str, node: str, proc: str = PROC) -> list[int]:
     """Every live process of the job started on this node, this one left out."""
     needle = f"\0{JOB_ID_VAR}={job_id}\0".encode()
     me = os.getpid()

@@ -36,7 +36,7 @@ def failure_from_text(text: str) -> tuple[int | None, int | None]:
 
 
 class RankWatch:
-    """Remembers the job's ranks (remote/procs.py) and the order they ended in.
+    """Remembers the job's ranks on this node (remote/procs.py) and the order they ended in.
 
     Ranks are not the agent's children: their ends are seen through pidfds (woken
     at the moment a rank exits) and their exit codes read from /proc while their
@@ -45,8 +45,9 @@ class RankWatch:
 
     _TIE_S = 0.3  # ranks that ended this close together are told apart by exit code
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, node: str) -> None:
         self.job_id = job_id
+        self.node = node
         self.alive: dict[int, int] = {}  # pid -> rank
         self.ended: Ended = []
         self._lock = threading.Lock()
@@ -58,7 +59,7 @@ class RankWatch:
 
     def scan(self) -> None:
         current = {}
-        for pid in procs.job_pids(self.job_id, None):
+        for pid in procs.job_pids(self.job_id, self.node):
             if pid in self._not_ranks:
                 continue
             rank = self.alive.get(pid)

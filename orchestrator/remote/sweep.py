@@ -2,8 +2,10 @@
 period. STANDARD LIBRARY ONLY (shipped inline).
 
 The agent sweeps its node when the job's command ends (nothing of the job may outlive it)
-or the head is gone; run as a program (`JOB_ID GRACE`, plan/agent_command.py's
-kill_command), it is `orch kill` and the head's teardown on each node it addresses.
+or the head is gone; run as a program (`JOB_ID GRACE NODE`, plan/agent_command.py's
+kill_command), it is `orch kill` and the head's teardown on each node it addresses. Either
+way only this node's processes of the job (remote/procs.py): another node that shares the
+kernel keeps its own.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ def signal_all(pids: list[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
-def stop_job(job_id: str, grace: float, node: str | None = None,
-             proc: str = procs.PROC) -> dict[str, int]:  # fmt: skip
+def stop_job(job_id: str, node: str, grace: float, proc: str = procs.PROC) -> dict[str, int]:
     """TERM every process of the job on this node, KILL what is left after `grace` seconds."""
     found = procs.job_pids(job_id, node, proc)
     signal_all(found, signal.SIGTERM)
@@ -50,10 +51,11 @@ def stop_job(job_id: str, grace: float, node: str | None = None,
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: sweep JOB_ID GRACE", file=sys.stderr)
+    if len(argv) != 3:
+        print("usage: sweep JOB_ID GRACE NODE", file=sys.stderr)
         return 2
-    result = stop_job(argv[0], float(argv[1]))
+    job_id, grace, node = argv[0], float(argv[1]), argv[2]
+    result = stop_job(job_id, node, grace)
     print(json.dumps(result), flush=True)
     return 0 if result["left"] == 0 else 1
 
