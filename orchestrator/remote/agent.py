@@ -138,7 +138,10 @@ class Supervisor:
         if self.rank_channels is not None:  # the launchers find orch-rank on PATH
             start_dir = self.dir / rank_program.START_DIR
             env["PATH"] = os.pathsep.join([str(start_dir), env.get("PATH", "")])
-        for name, value in flight_recorder.flight_recorder_env(str(self.dir)).items():
+        recorder = flight_recorder.flight_recorder_env(
+            str(self.dir), flight_recorder.torch_version()
+        )
+        for name, value in recorder.items():
             env.setdefault(name, value)  # the user's own settings win
         return env
 
