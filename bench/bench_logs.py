@@ -23,6 +23,7 @@ lines found in what the head kept (output file or per-node logs), of nodes x ran
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import queue
 import re
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -148,23 +150,34 @@ class LogRuns:
         )  # fmt: skip
 
 
+def _write_private(job_id: str, hosts: list[str], rank_argv: list[str]) -> str:
+    """The rank's command in each node's private file, as orch writes it before a launch
+    (the sandbox's nodes share this machine's /tmp); its hash, for the agent's spec."""
+    from orchestrator.plan.launch_plan import node_private_text
+    from orchestrator.remote.agent_spec import PRIVATE_FILE, node_dir
+
+    text = node_private_text({}, rank_argv)
+    for host in hosts:
+        directory = Path(node_dir(job_id, host))
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / PRIVATE_FILE).write_text(text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
     """orch's log path alone: the node agent under pdsh, the head's LogRouter; with
     ranks == "ranks", the node's one rank started through orch-rank (rank = node rank)."""
     from orchestrator.logs.sink import LogRouter
     from orchestrator.plan import agent_command
+    from orchestrator.remote.agent_spec import AgentSpec
 
-    spec: dict[str, object] = {
-        "job_id": f"benchlogs-{uuid.uuid4().hex[:8]}",
-        "workdir": workdir,
-        "env": {},
-        "grace": 5.0,
-        "files": {},
-        "command": [PYTHON, *job],
-    }
+    spec = AgentSpec(
+        job_id=f"benchlogs-{uuid.uuid4().hex[:8]}", workdir=workdir, command=(PYTHON, *job)
+    )
     if ranks == "ranks":
-        spec["rank_argv"] = [PYTHON, *job]
-        spec["shell"] = 'RANK="$ORCH_NODE_RANK" LOCAL_RANK=0 exec orch-rank'
+        private = _write_private(spec.job_id, hosts.split(","), [PYTHON, *job])
+        spec = replace(spec, shell='RANK="$ORCH_NODE_RANK" LOCAL_RANK=0 exec orch-rank',
+                       private_sha256=private)  # fmt: skip
     remote = agent_command.agent_command(PYTHON, spec)
     argv = ["pdsh", "-R", "ssh", "-f", "64", "-w", hosts, remote]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -186,7 +199,7 @@ def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
                 if record.text == "exit":
                     exits[node] = int(record.fields.get("code", 1))
     code = process.wait()
-    subprocess.run(["rm", "-rf", f"/tmp/orch-runs/{spec['job_id']}"], check=False)
+    subprocess.run(["rm", "-rf", f"/tmp/orch-runs/{spec.job_id}"], check=False)
     return code or max(exits.values(), default=1)
 
 

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
 PURE = ("errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "run/verdict")
 IMPURE_MODULES = ("subprocess", "socket", "paramiko")
 JOB_STACK = ("torch", "accelerate", "yaml")  # what a node's job interpreter has anyway
+SHIPPED_PREFIX = "orch_"  # remote/<name>.py as a node loads it, beside a program
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def _import_rules(root: Path, item: Import) -> Iterator[str]:
     module = item.module
     if top == "paramiko" and not _inside(module, "ssh"):
         yield f"{where} (paramiko only under ssh/)"
-    if _inside(module, "remote"):
+    if _inside(module, "remote") and not _shipped_twin(root, top):
         yield from _remote_rule(item, where, own, top)
     elif any(_inside(module, pure) for pure in PURE) and top in IMPURE_MODULES:
         yield f"{where} ({_pure_name(root, module)} is pure)"
@@ -182,6 +183,14 @@ def _import_rules(root: Path, item: Import) -> Iterator[str]:
 def _pure_name(root: Path, module: str) -> str:
     prefix = next(p for p in PURE if _inside(module, p))
     return f"{prefix}/" if (root / prefix).is_dir() else f"{prefix}.py"
+
+
+def _shipped_twin(root: Path, top: str) -> bool:
+    """Whether `top` is orch_<name>: remote/<name>.py as plan/agent_command.py's bootstrap
+    loads it beside a program on a node (the remote module imports its package's copy when
+    that name is not there)."""
+    name = top.removeprefix(SHIPPED_PREFIX)
+    return name != top and (root / "remote" / f"{name}.py").is_file()
 
 
 def _remote_rule(item: Import, where: str, own: str | None, top: str) -> Iterator[str]:

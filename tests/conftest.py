@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from orchestrator.remote.agent import RUNS_ROOT
+from orchestrator.remote.agent_spec import RUNS_ROOT
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.state import SandboxState
 

@@ -33,6 +33,11 @@ CLEAN = {
         "import os\n\ndef load():\n    import torch\n    from orchestrator.remote import logwire\n"
     ),
     "remote/logwire.py": "import json\n",
+    # A node loads remote/logwire.py beside the program as orch_logwire.
+    "remote/channel.py": (
+        "try:\n    import orch_logwire as logwire\nexcept ImportError:\n"
+        "    from orchestrator.remote import logwire\n"
+    ),
     "ssh/connect.py": (
         "import socket\n\nimport paramiko\n\nfrom orchestrator.errors import OrchError\n"
     ),
@@ -74,6 +79,11 @@ def test_a_tree_that_keeps_the_rules_passes(tmp_path):
             {"remote/logwire.py": "def f():\n    import requests\n"},
             "orchestrator/remote/logwire.py:2 imports requests "
             "(remote/ imports only the standard library)",
+        ),
+        (
+            {"remote/channel.py": "import orch_nothing\n"},
+            "orchestrator/remote/channel.py:1 imports orch_nothing "
+            "(remote/ imports only the standard library at module level)",
         ),
         (
             {"remote/logwire.py": "from orchestrator.errors import OrchError\n"},

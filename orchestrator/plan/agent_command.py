@@ -1,24 +1,17 @@
 """The head's half of the node agent: the shell command that starts remote/agent.py on a
-node, with remote/logwire.py beside it, inline (`python -c <zlib+base64 blob>`), so a node
-needs no orch install. Pure: builds strings from the shipped sources and the job spec.
+node, with the remote/ modules it imports beside it, inline (`python -c <zlib+base64
+blob>`), so a node needs no orch install. Pure: builds strings from the shipped sources and
+the agent's spec.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import shlex
 import zlib
 
-from orchestrator.remote import program_source
-
-
-def encode_spec(spec: dict) -> str:
-    """The job spec as one shell-safe word. Compressed: it travels in the remote command
-    line, which Linux caps at 128 KiB per argument, and the standard launcher's configs
-    (one per machine, differing in one line) shrink a hundredfold."""
-    return base64.b64encode(zlib.compress(json.dumps(spec).encode(), 9)).decode()
-
+from orchestrator.remote import agent_spec, program_source
+from orchestrator.remote.agent_spec import AgentSpec
 
 _BOOT = """\
 import sys, types
@@ -34,21 +27,28 @@ sys.exit(_load(%r, %r).main(sys.argv[1:]))
 
 
 def _boot_blob(helpers: tuple[str, ...], program: str) -> str:
-    """remote/<program>.py run with each remote/<helper>.py loaded beside it (as orch_<name>)."""
+    """remote/<program>.py run with each remote/<helper>.py loaded beside it (as orch_<name>,
+    which is what they import each other by), in order: a helper after those it imports."""
     first = "\n".join(f"_load({f'orch_{name}'!r}, {program_source(name)!r})" for name in helpers)
     payload = _BOOT % (first, f"orch_{program}", program_source(program))
     return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
 
 
+# The agent's parts (a part after those it imports), and the per-rank program and
+# sitecustomize it writes for the ranks.
+_AGENT_PARTS = (
+    "logwire", "agent_spec", "procs", "sweep", "rank_watch", "channel", "rank_streams",
+    "flight_recorder", "rank", "rank_site",
+)  # fmt: skip
+
+
 def _blob() -> str:
-    # The agent with the wire format, and the per-rank program and sitecustomize it writes.
-    return _boot_blob(("logwire", "rank", "rank_site"), "agent")
+    return _boot_blob(_AGENT_PARTS, "agent")
 
 
 def _stacks_blob() -> str:
-    # `orch stacks`: the agent is loaded, not run, for its job_pids and _rank_of; rank_site
-    # for where a rank's faulthandler writes.
-    return _boot_blob(("agent", "rank_site"), "stacks")
+    # `orch stacks`: procs finds the ranks; rank_site says where a rank's faulthandler writes.
+    return _boot_blob(("agent_spec", "procs", "rank_site"), "stacks")
 
 
 def _boot_code(blob: str) -> str:
@@ -68,25 +68,26 @@ def _with_any_python3(python: str, blob: str, words: tuple[str, ...]) -> str:
     return fallback + f"{_python_c('$P', blob)} " + " ".join(map(shlex.quote, words))
 
 
-def agent_command(python: str, spec: dict) -> str:
+def agent_command(python: str, spec: AgentSpec) -> str:
     """The remote shell command (for pdsh) that runs the agent; %h/%n filled in by pdsh."""
-    encoded = encode_spec(spec)
-    return f"{_python_c(python, _blob())} run {encoded} %h %n"
+    return f"{_python_c(python, _blob())} run {agent_spec.encode(spec)} %h %n"
 
 
-def agent_argv(python: str, spec: dict) -> list[str]:
+def agent_argv(python: str, spec: AgentSpec) -> list[str]:
     """The agent as an argv, for srun (no shell on the node): node name and node rank `-`
     are Slurm's (SLURMD_NODENAME, its place in the spec's `hosts`)."""
-    return [python, "-c", _boot_code(_blob()), "run", encode_spec(spec), "-", "-"]
+    return [python, "-c", _boot_code(_blob()), "run", agent_spec.encode(spec), "-", "-"]
 
 
 def kill_command(python: str, job_id: str, grace: float) -> str:
-    """The remote shell command that stops every process of the job on a node.
+    """The remote shell command (for pdsh, which fills in %h) that stops every process of the
+    job on a node, and only that node's: nodes may share one kernel.
 
-    The kill program needs only the standard library: when the job's interpreter
+    The sweep program needs only the standard library: when the job's interpreter
     is missing on a node, any python3 there does.
     """
-    return _with_any_python3(python, _blob(), ("kill", job_id, f"{grace:g}"))
+    return _with_any_python3(python, _boot_blob(("procs",), "sweep"),
+                             (job_id, f"{grace:g}", "%h"))  # fmt: skip
 
 
 def stacks_command(

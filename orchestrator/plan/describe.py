@@ -66,7 +66,7 @@ def plan_summary(plan: LaunchPlan) -> dict:
             {"node": node, "node_rank": rank, "runs": node_runs(plan, rank)}
             for rank, node in enumerate(plan.hosts)
         ],
-        "agent_spec": dict(plan.agent_spec),  # holds no value of the job's env
+        "agent_spec": plan.agent_spec.to_dict(),  # holds no value of the job's env
         "node_private": {"env": plan.redacted_env, "rank_argv": list(plan.rank_command)},
         "teardown_command": kill_command(plan.python, plan.job_id, plan.grace),
         "workers_wait_for_main_port": plan.wait_for_main,

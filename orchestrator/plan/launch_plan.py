@@ -42,6 +42,7 @@ from orchestrator.plan.pdsh_command import (
 from orchestrator.plan.srun_command import LINGER_S, build_srun_argv
 from orchestrator.remote import program_source
 from orchestrator.remote.agent import RANK_PROGRAM
+from orchestrator.remote.agent_spec import AgentSpec
 from orchestrator.specs.constants import (
     DEFAULT_LAUNCHER,
     DEFAULT_MAIN_PORT,
@@ -134,7 +135,7 @@ class LaunchPlan:
     files: tuple[PlannedFile, ...]
     run_dir: str  # runs/<id>/ on the head
     private_dir: str  # the job's private directory on the head (PRIVATE files)
-    agent_spec: Mapping[str, object]  # what every node's agent gets (never mutated)
+    agent_spec: AgentSpec  # what every node's agent gets
     fanout: HeadProcess  # what the head starts
     head_command: tuple[str, ...] = ()  # pdsh launcher: run on the head
     node_command: tuple[str, ...] = ()  # standard/torchrun: run by the agent on each node
@@ -375,7 +376,7 @@ class _LauncherShape:
     """What differs between launchers: files, what the head starts, what nodes run."""
 
     files: tuple[PlannedFile, ...]
-    agent_spec: Mapping[str, object]
+    agent_spec: AgentSpec
     fanout: HeadProcess
     head_command: tuple[str, ...] = ()
     node_command: tuple[str, ...] = ()
@@ -390,20 +391,33 @@ def node_private_text(job_env: Mapping[str, str], rank_argv: Sequence[str]) -> s
     return json.dumps({"env": dict(job_env), "rank_argv": list(rank_argv)}, sort_keys=True)
 
 
-def _agent_spec(job: _JobShape, node_files: Sequence[PlannedFile], wait_for_main: bool) -> dict:
-    """What every node's agent gets on its command line, apart from the command it runs:
-    no value of the job's environment, no word the user typed."""
+def _agent_spec(
+    job: _JobShape,
+    node_files: Sequence[PlannedFile],
+    wait_for_main: bool,
+    node_command: tuple[str, ...] = (),
+    per_node: tuple[tuple[str, ...], ...] = (),
+) -> AgentSpec:
+    """What every node's agent gets on its command line: no value of the job's environment,
+    no word the user typed. It runs `node_command`, or its node rank's command of
+    `per_node` when the nodes' differ (none on the pdsh launcher: the shim adds it)."""
     private = node_private_text(job.env, (job.python, job.script, *job.args))
-    spec: dict = {
-        "job_id": job.job_id,
-        "workdir": job.workdir,
-        "grace": job.grace,
-        "files": {f.name: f.content for f in node_files},
-        "private_sha256": hashlib.sha256(private.encode()).hexdigest(),
-    }
-    if wait_for_main:
-        spec["wait_for"] = [job.hostfile.names[0], job.main_port]
-    return spec
+    srun = job.fanout == "srun"
+    return AgentSpec(
+        job_id=job.job_id,
+        workdir=job.workdir,
+        grace=job.grace,
+        files=tuple((f.name, f.content) for f in node_files),
+        private_sha256=hashlib.sha256(private.encode()).hexdigest(),
+        wait_for=(job.hostfile.names[0], job.main_port) if wait_for_main else None,
+        command=node_command,
+        commands=per_node,
+        # srun prints its tasks' lines as they come: each agent names its node on every
+        # line, as pdsh would, and finds its node rank by its Slurm node name.
+        hosts=tuple(job.hostfile.names) if srun else (),
+        label_lines=srun,
+        linger_s=LINGER_S if srun else 0.0,
+    )
 
 
 def _torchrun_command(
@@ -452,14 +466,8 @@ def _node_side(
 ) -> _LauncherShape:
     """standard and torchrun: orch's pdsh runs the agent on every node, which runs
     `node_command`, or its node rank's command of `per_node` when the nodes' differ."""
-    spec = {**_agent_spec(job, node_files, wait_for_main), "command": list(node_command)}
-    if per_node:
-        spec["commands"] = [list(command) for command in per_node]
+    spec = _agent_spec(job, node_files, wait_for_main, node_command, per_node)
     if job.fanout == "srun":
-        # srun prints its tasks' lines as they come: each agent names its node on every line,
-        # as pdsh would, and finds its node rank by its Slurm node name.
-        spec = {**spec, "hosts": list(job.hostfile.names), "label_lines": True,
-                "linger_s": LINGER_S}  # fmt: skip
         argv = build_srun_argv(
             job.hostfile.names,
             agent_argv(job.python, spec),
@@ -509,7 +517,8 @@ def _head_side(
             "--config_file", config_path, "--no_python", RANK_PROGRAM)  # fmt: skip
     agent = _agent_spec(job, (), wait_for_main=False)
     shim_dir = f"{job.private_dir}/{SHIM_DIR}"
-    shim_config = {"job_id": job.job_id, "python": job.python, "real_pdsh": pdsh, "agent": agent}
+    shim_config = {"job_id": job.job_id, "python": job.python, "real_pdsh": pdsh,
+                   "agent": agent.to_dict()}  # fmt: skip
     files = (
         PlannedFile(HEAD_LAUNCHER_NAME, program_source("accelerate_head")),
         PlannedFile(PDSH_SPEC_NAME, json.dumps(config_spec, indent=2, sort_keys=True) + "\n"),

@@ -4,8 +4,10 @@ runs (run/pdsh.py). Pure."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from orchestrator.errors import OrchError
+from orchestrator.remote.agent_spec import AgentSpec
 
 DEFAULT_FANOUT = 64
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -105,8 +107,8 @@ _NODE_LAUNCH_MODULE = "deepspeed.launcher.launch"
 
 
 def node_launcher_spec(
-    agent: Mapping[str, object], words: Sequence[str], environ: Mapping[str, str]
-) -> dict[str, object]:
+    agent: AgentSpec, words: Sequence[str], environ: Mapping[str, str]
+) -> AgentSpec:
     """The agent's spec for DeepSpeed's per-node launcher, from the words DeepSpeed's runner
     gave pdsh: `export ...; ` (the head's whole environment), `cd DIR;`, then the launcher's
     argv. The launcher's argv is kept as words (pdsh's `%n` becomes the node's rank in the
@@ -114,13 +116,13 @@ def node_launcher_spec(
     file orch wrote on the node), plus accelerate's settings for its ranks, read from this
     process's environment (which is the runner's) rather than parsed out of a shell string."""
     start = _launcher_start(words)
-    env = {name: value for name, value in environ.items() if name.startswith(LAUNCHER_ENV_PREFIXES)}
+    env = tuple((k, v) for k, v in environ.items() if k.startswith(LAUNCHER_ENV_PREFIXES))
     # accelerate puts the working directory first on the ranks' PYTHONPATH.
-    shape = {**agent, "env": env, "path_first": {"PYTHONPATH": agent.get("workdir", "")}}
+    shape = replace(agent, env=env, path_first=(("PYTHONPATH", agent.workdir),))
     if start is None:
         # Not the runner's usual words: run them as DeepSpeed meant (a shell string).
-        return {**shape, "shell": " ".join(words).replace("%n", "$ORCH_NODE_RANK")}
-    return {**shape, "command": list(words[start:]), "node_rank_word": "%n"}
+        return replace(shape, shell=" ".join(words).replace("%n", "$ORCH_NODE_RANK"))
+    return replace(shape, command=tuple(words[start:]), node_rank_word="%n")
 
 
 def _launcher_start(words: Sequence[str]) -> int | None:

@@ -1,14 +1,14 @@
 """The node side of `orch stacks`: every rank's Python stack, or a sampling profile of it.
 
-STANDARD LIBRARY ONLY. Shipped inline beside remote/agent.py (whose job_pids and
-_rank_of it reuses) and run with the job's interpreter, or any python3 when that is
-missing. It prints one JSON document on stdout and exits 0 whenever it could look:
-a missing py-spy, a refused ptrace or a rank that is gone are reported in the
-document (as a `kind` the head turns into a fix), never as a traceback.
+STANDARD LIBRARY ONLY. Shipped inline beside remote/procs.py and run with the job's
+interpreter, or any python3 when that is missing. It prints one JSON document on stdout
+and exits 0 whenever it could look: a missing py-spy, a refused ptrace or a rank that is
+gone are reported in the document (as a `kind` the head turns into a fix), never as a
+traceback.
 
-A rank is a process of the job (ORCH_JOB_ID) started on this node (ORCH_NODE) with
-RANK in its environment whose parent does not carry the same RANK: a rank's own
-children (data loader workers, a forkserver) inherit its RANK and are left out.
+The ranks are the job's ranks started on this node, found by remote/procs.py (RANK in
+their environment, not inherited from a parent rank; another node's ranks on a shared
+kernel left out).
 py-spy is looked for beside the job's interpreter, beside this interpreter, then on
 PATH. Where it is missing, or ptrace is refused, a rank's stack is taken without
 ptrace: the rank's sitecustomize (remote/rank_site.py) registered faulthandler on
@@ -29,7 +29,13 @@ import sys
 import tempfile
 import time
 
-NODE_VAR = "ORCH_NODE"
+try:  # shipped inline: loaded beside this program as orch_<name>
+    import orch_agent_spec as agent_spec
+    import orch_procs as procs
+    import orch_rank_site as rank_site
+except ImportError:
+    from orchestrator.remote import agent_spec, procs, rank_site
+
 # Beyond its own timeout, a py-spy run is killed: the node always answers in time.
 DUMP_TIMEOUT_S = 20.0
 STARTUP_SLACK_S = 15.0
@@ -43,51 +49,6 @@ SIGNAL_MAX_RATE = 20  # samples per second and rank when sampling by signal
 POLL_S, SETTLE_POLLS = 0.015, 2  # a dump is whole once its file stood still this long
 _FH_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
-
-
-def _agent():
-    if "orch_agent" in sys.modules:  # shipped inline by the bootstrap
-        return sys.modules["orch_agent"]
-    from orchestrator.remote import agent
-
-    return agent
-
-
-def _rank_site():
-    if "orch_rank_site" in sys.modules:
-        return sys.modules["orch_rank_site"]
-    from orchestrator.remote import rank_site
-
-    return rank_site
-
-
-def _environ_value(pid: int, name: str) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    prefix = name.encode() + b"="
-    for item in raw.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :].decode(errors="replace")
-    return None
-
-
-def rank_processes(job_id: str, node: str) -> list[tuple[int, int]]:
-    """(rank, pid) of the job's ranks started on this node, by rank."""
-    agent = _agent()
-    found = []
-    for pid in agent.job_pids(job_id):
-        # Sandbox nodes may share one /proc: a process started for another node is not ours.
-        started_on = _environ_value(pid, NODE_VAR)
-        if started_on is not None and started_on != node:
-            continue
-        rank = agent._rank_of(pid)
-        if rank is None or agent._rank_of(agent._parent_of(pid)) == rank:
-            continue
-        found.append((rank, pid))
-    return sorted(found)
 
 
 def find_py_spy(job_python: str) -> str | None:
@@ -290,10 +251,10 @@ def _refusal(rank: int, pid: int, path: str, signum: int) -> dict | None:
 
 
 def _signal_all(ranks: Ranks, node_dir: str) -> tuple[list[_Signalled], list[dict]]:
-    signum = int(_rank_site().STACK_SIGNAL)
+    signum = int(rank_site.STACK_SIGNAL)
     asked, refused = [], []
     for rank, pid in ranks:
-        path = _rank_site().stack_file(node_dir, pid)
+        path = rank_site.stack_file(node_dir, pid)
         refusal = _refusal(rank, pid, path, signum)
         if refusal is not None:
             refused.append(refusal)
@@ -411,7 +372,7 @@ def report(
     job_id: str, node: str, job_python: str, seconds: float, rate: int, method: str = "auto"
 ) -> dict:
     doc: dict = {"node": node, "job_id": job_id, "mode": "profile" if seconds else "dump"}
-    ranks = rank_processes(job_id, node)
+    ranks = procs.job_ranks(job_id, node)
     py_spy = find_py_spy(job_python)
     doc["py_spy"] = py_spy
     doc["method"] = method
@@ -420,7 +381,7 @@ def report(
     if not ranks:
         doc.update(error=f"no rank of job {job_id} runs on this node", kind=NO_RANKS)
         return doc
-    node_dir = _agent().node_dir(job_id, node)
+    node_dir = agent_spec.node_dir(job_id, node)
     if method == "faulthandler":
         doc["ranks"] = [
             {**item, "method": method} for item in _with_signal(ranks, node_dir, seconds, rate)

@@ -229,6 +229,7 @@ def shim_main(config_path: str, args: list[str]) -> int:
     # Imported here: the shim runs in its own process, after the runner started it.
     from orchestrator.plan.agent_command import agent_command, kill_command
     from orchestrator.plan.pdsh_command import node_launcher_spec
+    from orchestrator.remote.agent_spec import AgentSpec
 
     config = json.loads(Path(config_path).read_text())
     options, hosts, words = split_pdsh_args(args)
@@ -237,9 +238,8 @@ def shim_main(config_path: str, args: list[str]) -> int:
         # jobs on the same nodes; stop this job by its id instead.
         remote = kill_command(config["python"], config["job_id"], grace=3.0)
     else:
-        remote = agent_command(
-            config["python"], node_launcher_spec(config["agent"], words, os.environ)
-        )
+        agent = AgentSpec.from_dict(config["agent"])
+        remote = agent_command(config["python"], node_launcher_spec(agent, words, os.environ))
     real = config["real_pdsh"]
     argv = [real, *options, "-w", ",".join(hosts), remote]
     env = pdsh_environment(os.environ)

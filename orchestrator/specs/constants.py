@@ -13,7 +13,7 @@ PORT_RANGE = (1, 65535)
 CHOSEN_PORT_RANGE = (DEFAULT_MAIN_PORT, DEFAULT_MAIN_PORT + 999)
 
 # Set on every process of a job on every node; the only way orch finds them again.
-# remote/agent.py carries its own copy (it is shipped alone); a test holds them equal.
+# remote/procs.py carries its own copy (it is shipped alone); a test holds them equal.
 JOB_ID_VAR = "ORCH_JOB_ID"
 
 

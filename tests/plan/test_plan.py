@@ -28,7 +28,7 @@ from orchestrator.plan.launch_plan import (
     standard_spec_name,
 )
 from orchestrator.plan.pdsh_command import node_launcher_spec
-from orchestrator.remote.agent import decode_spec
+from orchestrator.remote.agent_spec import AgentSpec, decode
 from orchestrator.run.launch import write_private_files
 from orchestrator.specs.inventory import make_hostfile
 from orchestrator.specs.jobenv import JOB_ID_VAR
@@ -92,7 +92,7 @@ def test_pdsh_plan_runs_accelerate_on_the_head_with_its_files():
     assert plan.file(HOSTFILE_NAME).content == "n1 slots=2\nn2 slots=2\nn3 slots=2\n"
     # The job's env reaches the nodes in node_private only, never in a spec or a file here.
     assert json.loads(plan.node_private)["env"][JOB_ID_VAR] == "job-1"
-    assert "env" not in plan.agent_spec
+    assert plan.agent_spec.env == ()
 
 
 def test_pdsh_head_launcher_writes_the_config_the_dry_run_shows(tmp_path):
@@ -190,8 +190,8 @@ def test_plan_is_frozen():
 HEAD = HeadContext(pdsh="/usr/bin/pdsh", private_dir="/tmp/orch-job-1", orch_python="/venv/py")
 
 
-def _remote_spec(remote_command: str) -> dict:
-    return decode_spec(remote_command.split()[-3])  # ... run SPEC %h %n
+def _remote_spec(remote_command: str) -> AgentSpec:
+    return decode(remote_command.split()[-3])  # ... run SPEC %h %n
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "standard"])
@@ -202,9 +202,10 @@ def test_node_side_launchers_plan_the_exact_pdsh_argv_and_what_the_agent_runs(la
     assert argv[argv.index("-w") + 1] == "n1,n2,n3"
     assert int(argv[argv.index("-f") + 1]) >= 3  # every node starts at once
     assert plan.fanout.cwd == "/work/x"
-    assert _remote_spec(argv[-1]) == {**plan.agent_spec, "command": list(plan.node_command)}
+    assert _remote_spec(argv[-1]) == plan.agent_spec
+    assert plan.agent_spec.command == plan.node_command
     assert json.loads(plan.node_private)["env"] == dict(plan.env)
-    assert "env" not in plan.agent_spec and "rank_argv" not in plan.agent_spec
+    assert plan.agent_spec.env == ()  # the job's env is in node_private only
     assert ("PDSH_RCMD_TYPE", "ssh") in plan.fanout.set_env
     assert not any(f.where == PRIVATE for f in plan.files)
 
@@ -223,7 +224,7 @@ def test_pdsh_launcher_plans_the_head_process_its_environment_and_the_shim():
     assert "/tmp/orch-job-1/bin/pdsh-shim.json" in shim.content
     config = json.loads(plan.file("bin/pdsh-shim.json").content)
     assert config["real_pdsh"] == "/usr/bin/pdsh"
-    assert config["agent"] == plan.agent_spec
+    assert AgentSpec.from_dict(config["agent"]) == plan.agent_spec
 
 
 def test_process_environment_drops_sets_and_puts_the_shim_first_on_path():
@@ -251,7 +252,7 @@ def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
     # The JSON form's argv is the one that runs: no value of the job's env is in it at all.
     argv = plan_summary(plan)["head_process"]["argv"]
     assert argv == list(plan.fanout.argv)
-    assert "env" not in _remote_spec(argv[-1]) and "hunter22" not in json.dumps(argv)
+    assert _remote_spec(argv[-1]).env == () and "hunter22" not in json.dumps(argv)
     assert plan_summary(plan)["node_private"]["env"]["HF_TOKEN"] == "***"
 
 
@@ -282,9 +283,9 @@ def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_h
         "--no_python", "--no_local_rank", "orch-rank",
     ]  # fmt: skip
     environ = {"ACCELERATE_MIXED_PRECISION": "no", "DATABASE_URL": "postgres://u:pw@db"}
-    spec = node_launcher_spec({"job_id": "j", "workdir": "/work"}, words, environ)
-    assert spec["command"] == words[2:]
-    assert spec["node_rank_word"] == "%n"
-    assert spec["env"] == {"ACCELERATE_MIXED_PRECISION": "no"}
-    assert spec["path_first"] == {"PYTHONPATH": "/work"}
-    assert "pw@db" not in json.dumps(spec)
+    spec = node_launcher_spec(AgentSpec("j", workdir="/work"), words, environ)
+    assert spec.command == tuple(words[2:])
+    assert spec.node_rank_word == "%n" and "--node_rank=2" in spec.node_argv("2")
+    assert spec.env == (("ACCELERATE_MIXED_PRECISION", "no"),)
+    assert spec.path_first == (("PYTHONPATH", "/work"),)
+    assert "pw@db" not in json.dumps(spec.to_dict())

@@ -11,14 +11,10 @@ import pytest
 
 from orchestrator.plan.agent_command import agent_command, kill_command
 from orchestrator.plan.launch_plan import build_plan
-from orchestrator.remote import agent
-from orchestrator.remote.agent import (
-    decode_spec,
-    failure_from_text,
-    first_failed_rank,
-    node_dir,
-)
+from orchestrator.remote import agent, procs
+from orchestrator.remote.agent_spec import AgentSpec, decode, node_dir
 from orchestrator.remote.logwire import decode_wire
+from orchestrator.remote.rank_watch import failure_from_text, first_failed_rank
 from orchestrator.run.pdsh import run_pdsh
 from orchestrator.specs import constants
 from orchestrator.specs.inventory import make_hostfile
@@ -60,13 +56,13 @@ def test_agent_frames_output_tees_raw_logs_and_reports_the_exit_code(sandbox):
     _box, state = sandbox
     node = state.nodes[0].name
     job_id = f"t-{uuid.uuid4().hex[:8]}"
-    spec = {
-        "job_id": job_id,
-        "workdir": "/tmp",
-        "env": {"GREETING": "it's \"quoted\" $HOME"},
-        "command": ["sh", "-c", 'echo "$GREETING $ORCH_JOB_ID $ORCH_NODE"; '
-                    "printf '10%%\\r50%%\\r100%%\\n' >&2; exit 3"],
-    }  # fmt: skip
+    spec = AgentSpec(
+        job_id,
+        workdir="/tmp",
+        env=(("GREETING", "it's \"quoted\" $HOME"),),
+        command=("sh", "-c", 'echo "$GREETING $ORCH_JOB_ID $ORCH_NODE"; '
+                 "printf '10%%\\r50%%\\r100%%\\n' >&2; exit 3"),
+    )  # fmt: skip
     run = run_pdsh([node], agent_command(sys.executable, spec), timeout=60)
     lines = [r.text for r in _records(run, node) if r.kind == "line"]
     assert f'it\'s "quoted" $HOME {job_id} {node}' in lines
@@ -83,16 +79,19 @@ def test_agent_frames_output_tees_raw_logs_and_reports_the_exit_code(sandbox):
 def test_agent_reports_a_missing_working_directory(sandbox):
     _box, state = sandbox
     node = state.nodes[1].name
-    spec = {"job_id": f"t-{uuid.uuid4().hex[:8]}", "workdir": "/no/such/dir", "command": ["true"]}
+    spec = AgentSpec(f"t-{uuid.uuid4().hex[:8]}", workdir="/no/such/dir", command=("true",))
     run = run_pdsh([node], agent_command(sys.executable, spec), timeout=60)
     [exit_fields] = _control(run, node, "exit")
     assert exit_fields["code"] != 0
     assert "/no/such/dir does not exist" in exit_fields["error"]
 
 
-def _start_tagged_sleep(node: str, job_id: str) -> None:
+def _start_tagged_sleep(node: str, job_id: str, started_for: str = "") -> None:
+    """A process of the job on `node`; with `started_for`, marked as another node's."""
+    marker = f"ORCH_NODE={started_for} " if started_for else ""
     subprocess.run(
-        ["ssh", node, f"ORCH_JOB_ID={job_id} setsid sleep 300 >/dev/null 2>&1 < /dev/null &"],
+        ["ssh", node, f"ORCH_JOB_ID={job_id} {marker}setsid sleep 300 >/dev/null 2>&1 "
+                      "< /dev/null &"],
         timeout=30, check=True,
     )  # fmt: skip
 
@@ -127,6 +126,25 @@ def test_kill_by_job_id_stops_only_that_job(sandbox):
     assert all(_count(n, other) == 0 for n in nodes)
 
 
+@pytest.mark.sandbox
+def test_kill_on_a_node_leaves_the_jobs_processes_of_another_node_on_the_same_kernel(sandbox):
+    # As where nodes share one kernel: this node's process of the job, and another's.
+    _box, state = sandbox
+    node = state.nodes[0].name
+    job_id = f"s-{uuid.uuid4().hex[:8]}"
+    _start_tagged_sleep(node, job_id, started_for=node)
+    _start_tagged_sleep(node, job_id, started_for="elsewhere")
+    try:
+        run = run_pdsh([node], kill_command(sys.executable, job_id, grace=2), timeout=30)
+        report = json.loads(run.lines_of(node)[-1])
+        assert report["found"] == 1 and report["left"] == 0
+        assert _count(node, job_id) == 1
+    finally:  # what the other node's own sweep would do (pdsh fills in %h there)
+        elsewhere = kill_command(sys.executable, job_id, grace=1).replace("%h", "elsewhere")
+        subprocess.run(["ssh", node, elsewhere], timeout=30, check=False)
+    assert _count(node, job_id) == 0
+
+
 # (time, rank, exit code or None when the launcher reaped the rank before it was seen)
 @pytest.mark.parametrize(
     ("ended", "node_code", "expected"),
@@ -155,15 +173,15 @@ def test_the_agent_command_for_256_standard_configs_fits_in_one_argument():
                       python="/usr/bin/python3", workdir="/w", run_dir="/r/j1")  # fmt: skip
     files = {f.name: f.content for f in plan.files if f.ship}
     assert len(files) == 257  # a config spec per machine, and the program that writes it
-    spec = {"job_id": "j1", "files": files, "command": list(plan.node_command)}
+    spec = AgentSpec("j1", files=tuple(files.items()), command=plan.node_command)
     command = agent_command("/usr/bin/python3", spec)
     assert len(command.encode()) < 128 * 1024
     word = command.split()[-3]  # ... run SPEC %h %n
-    assert decode_spec(word) == spec
+    assert decode(word) == spec
 
 
 def test_the_agent_names_the_variables_the_head_plans_with():
-    # The agent is shipped alone, so it carries its own copies of these names.
-    assert agent.JOB_ID_VAR == constants.JOB_ID_VAR
+    # The agent is shipped without orch, so it carries its own copies of these names.
+    assert procs.JOB_ID_VAR == agent.JOB_ID_VAR == constants.JOB_ID_VAR
     assert agent.NODE_RANK_VAR == constants.NODE_RANK_VAR
     assert agent.NODE_DIR_VAR == constants.NODE_DIR_VAR

@@ -17,9 +17,10 @@ import pytest
 
 from orchestrator.plan.agent_command import stacks_command
 from orchestrator.remote import program_source
-from orchestrator.remote.agent import node_dir
+from orchestrator.remote.agent_spec import node_dir
+from orchestrator.remote.procs import job_ranks
 from orchestrator.remote.rank import SITE_DIR, use_site
-from orchestrator.remote.stacks import GONE, OTHER, PTRACE, _failure, rank_processes
+from orchestrator.remote.stacks import GONE, OTHER, PTRACE, _failure
 from orchestrator.stacks.model import (
     NO_HANDLER,
     NO_PY_SPY,
@@ -102,7 +103,7 @@ def _node_says(
 
 def test_only_the_nodes_rank_processes_are_ranks(job) -> None:
     job_id, rank = job
-    assert rank_processes(job_id, "n1") == [(3, rank.pid)]
+    assert job_ranks(job_id, "n1") == [(3, rank.pid)]
 
 
 def test_the_shipped_program_dumps_every_thread_of_the_rank(job) -> None:

@@ -17,7 +17,8 @@ from orchestrator.plan.agent_command import agent_argv
 from orchestrator.plan.launch_plan import build_plan
 from orchestrator.plan.sbatch_script import batch_request, render_batch_script
 from orchestrator.plan.srun_command import build_srun_argv
-from orchestrator.remote.agent import decode_spec, slurm_node_and_rank, without_step_variables
+from orchestrator.remote.agent import slurm_node_and_rank, without_step_variables
+from orchestrator.remote.agent_spec import AgentSpec, decode
 from orchestrator.run.records import JobRecord, batch_state
 from orchestrator.run.verdict import Failure, JobVerdict, NodeExited, WatchSettings, in_slurm_words
 from orchestrator.sandbox.slurm import SlurmNode, render_conf
@@ -140,8 +141,8 @@ def test_an_srun_plan_starts_the_agent_in_one_step_with_nothing_the_user_typed()
     dash = argv.index("--")
     assert argv[dash + 1 : dash + 3] == ("/opt/py/bin/python", "-c")
     assert argv[-4] == "run" and argv[-2:] == ("-", "-")
-    spec = decode_spec(argv[-3])
-    assert spec["hosts"] == ["n1", "n2"] and spec["label_lines"] is True
+    spec = decode(argv[-3])
+    assert spec.hosts == ("n1", "n2") and spec.label_lines is True
     text = " ".join(argv)
     for typed in ("it's $HOME", "hf_secret", "WANDB_API_KEY", "=k"):
         assert typed not in text
@@ -160,13 +161,14 @@ def test_srun_needs_an_allocation_and_a_launcher_whose_nodes_orch_starts():
 def test_the_agent_under_srun_takes_its_name_from_slurm_and_its_rank_from_the_plan(monkeypatch):
     monkeypatch.setenv("SLURMD_NODENAME", "n2")
     monkeypatch.setenv("SLURM_NODEID", "0")  # Slurm's order is not the plan's
-    assert slurm_node_and_rank({"hosts": ["n1", "n2"]}, "-", "-") == ("n2", "1")
-    assert slurm_node_and_rank({"hosts": ["n1", "n2"]}, "n1", "0") == ("n1", "0")
+    spec = AgentSpec("j", hosts=("n1", "n2"))
+    assert slurm_node_and_rank(spec, "-", "-") == ("n2", "1")
+    assert slurm_node_and_rank(spec, "n1", "0") == ("n1", "0")
 
 
 def test_the_agent_labels_every_line_with_its_node_under_srun():
     code = (
-        "from orchestrator.remote.agent import Channel\n"
+        "from orchestrator.remote.channel import Channel\n"
         "c = Channel(b'n2: ')\nc.send(b'one\\ntwo\\n')\nc.send(b'three\\n')\nc.close()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30,
@@ -175,9 +177,9 @@ def test_the_agent_labels_every_line_with_its_node_under_srun():
 
 
 def test_agent_argv_needs_no_shell():
-    argv = agent_argv("/opt/py/bin/python", {"job_id": "j"})
+    argv = agent_argv("/opt/py/bin/python", AgentSpec("j"))
     assert argv[0] == "/opt/py/bin/python" and argv[1] == "-c" and argv[3] == "run"
-    assert decode_spec(argv[4]) == {"job_id": "j"}
+    assert decode(argv[4]) == AgentSpec("j")
 
 
 def test_the_batch_script_asks_for_the_allocation_and_runs_orch_in_it():

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from orchestrator.remote.agent import HEARTBEAT_S
+from orchestrator.remote.channel import HEARTBEAT_S
 from orchestrator.run.verdict import (
     HANG_EXIT_CODE,
     Decision,

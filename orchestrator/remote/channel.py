@@ -1,0 +1,142 @@
+"""The agent's channel to the head: its stdout (the ssh channel, or srun's), carrying wire
+lines (remote/logwire.py): the job's output, framed, and the agent's control messages
+(started, heartbeat, rank, exit). STANDARD LIBRARY ONLY (shipped inline beside the agent).
+
+A heartbeat goes out every HEARTBEAT_S while the job runs. A write to the head that stays
+blocked for STALL_S, or fails, means the head is gone: the agent then tears its job down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+try:  # shipped inline: loaded beside the agent as orch_<name>
+    import orch_logwire as logwire
+except ImportError:
+    from orchestrator.remote import logwire
+
+HEARTBEAT_S = 2.0
+# A write to the head blocked this long means the head is gone (frozen, or its
+# network is): tear the job down rather than leave it holding the node.
+STALL_S = 30.0
+TAIL_BYTES = 64 * 1024
+
+
+class Channel:
+    """Writes wire lines to fd 1 from one thread; notices when the head is gone. With a
+    `label` (under srun, which does not name the node as pdsh does), every line starts
+    with it."""
+
+    def __init__(self, label: bytes = b"") -> None:
+        self.label = label
+        # Items are whole reads of a rank's output (up to 64 KiB of wire lines):
+        # 256 of them bound the agent's memory to ~16 MiB before ranks block.
+        self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=256)
+        self.broken = threading.Event()
+        self.busy_since: float | None = None
+        self._last_beat = 0.0
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def send(self, line: bytes) -> None:
+        while not self.broken.is_set():
+            try:
+                self.lines.put(line, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
+    def control(self, kind: str, **fields: object) -> None:
+        self.send(logwire.encode_control(kind, **fields))
+
+    def heartbeat(self, **fields: object) -> None:
+        """A heartbeat, when the last one is HEARTBEAT_S old; call it as often as you like."""
+        if time.monotonic() - self._last_beat >= HEARTBEAT_S:
+            self.control("heartbeat", **fields)
+            self._last_beat = time.monotonic()
+
+    def stalled(self) -> bool:
+        since = self.busy_since
+        return since is not None and time.monotonic() - since > STALL_S
+
+    def gone(self) -> bool:
+        """Whether the head is gone: a write failed, or stays blocked."""
+        return self.broken.is_set() or self.stalled()
+
+    def close(self, timeout: float = 5.0) -> None:
+        with contextlib.suppress(queue.Full):
+            self.lines.put(None, timeout=timeout)
+        self.thread.join(timeout)
+
+    def _pump(self) -> None:
+        while True:
+            line = self.lines.get()
+            if line is None:
+                return
+            self.busy_since = time.monotonic()
+            if self.label:
+                line = self.label + line[:-1].replace(b"\n", b"\n" + self.label) + line[-1:]
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(1, view) :]
+            except OSError:
+                self.broken.set()
+                return
+            finally:
+                self.busy_since = None
+
+
+class Tail:
+    """The end of the launcher's output, to find its failure report in."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._lock = threading.Lock()
+
+    def add(self, data: bytes) -> None:
+        with self._lock:
+            self._data += data
+            del self._data[:-TAIL_BYTES]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._data.decode(errors="replace")
+
+
+class OutputPump:
+    """Copies one output stream (the launcher's pipe, or a rank's connection) to its raw file
+    and, framed by logwire, to the head, until the stream ends."""
+
+    def __init__(
+        self, channel: Channel, framer: logwire.WireFramer, raw: Path, tail: Tail | None
+    ) -> None:
+        self.channel = channel
+        self.framer = framer
+        self.raw = raw
+        self.tail = tail
+
+    def run(self, read: Callable[[], bytes]) -> None:
+        with self.raw.open("ab") as log:
+            while True:
+                try:
+                    data = read()
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                log.write(data)
+                log.flush()
+                if self.tail is not None:
+                    self.tail.add(data)
+                wire = self.framer.feed(data)
+                if wire:  # one hand-off per read, not per line: the rank is not slowed
+                    self.channel.send(b"".join(wire))
+        for line in self.framer.flush():
+            self.channel.send(line)

@@ -1,0 +1,129 @@
+"""A job's processes on this node, found under /proc. STANDARD LIBRARY ONLY (shipped inline
+beside the agent and the stacks program).
+
+A process belongs to a job on a node when its environment carries the job's id (JOB_ID_VAR)
+and, when it names a node (NODE_VAR, which the agent sets beside the id), that node: nodes
+may share one kernel (two hostfile entries on one machine, several slurmd on one host,
+containers that share the host's process table), and one node's agent must not take the
+other nodes' processes for its own. Processes are found by their environment, never by a
+command-line pattern.
+
+A rank is such a process with RANK in its environment whose parent does not carry the same
+RANK: a rank's own children (data loader workers, a forkserver) inherit its RANK.
+
+Every function takes the /proc directory to read (`proc`), so the rules are tested on
+fabricated trees.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+JOB_ID_VAR = "ORCH_JOB_ID"
+NODE_VAR = "ORCH_NODE"
+RANK_VAR = "RANK"
+PROC = "/proc"
+
+
+# ----- the rules, on values ---------------------------------------------------------
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """/proc/<pid>/environ's NUL-separated NAME=VALUE entries."""
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            env[name.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def started_for(env: Mapping[str, str], job_id: str, node: str) -> bool:
+    """Whether a process with this environment was started for the job on this node (one
+    that names no node is taken as this node's: nothing tells it apart)."""
+    if env.get(JOB_ID_VAR) != job_id:
+        return False
+    started_on = env.get(NODE_VAR)
+    return started_on is None or started_on == node
+
+
+def own_rank(env: Mapping[str, str] | None, parent_env: Mapping[str, str] | None) -> int | None:
+    """The rank a process with this environment is, or None: no RANK, or its parent's
+    (a rank's child inherits it)."""
+    rank = _rank_in(env)
+    return None if rank is None or _rank_in(parent_env) == rank else rank
+
+
+def _rank_in(env: Mapping[str, str] | None) -> int | None:
+    value = (env or {}).get(RANK_VAR, "")
+    return int(value) if value.isdigit() else None
+
+
+# ----- reading /proc ----------------------------------------------------------------
+def all_pids(proc: str = PROC) -> list[int]:
+    return [int(entry) for entry in os.listdir(proc) if entry.isdigit()]
+
+
+def _read_environ(pid: int, proc: str) -> bytes | None:
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as handle:
+            return handle.read()
+    except OSError:  # gone, a zombie, or another user's
+        return None
+
+
+def environ_of(pid: int, proc: str = PROC) -> dict[str, str] | None:
+    raw = _read_environ(pid, proc)
+    return None if raw is None else parse_environ(raw)
+
+
+def job_pids(job_id: str, node: str, proc: str = PROC) -> list[int]:
+    """Every live process of the job started on this node, this one left out."""
+    needle = f"\0{JOB_ID_VAR}={job_id}\0".encode()
+    me = os.getpid()
+    found = []
+    for pid in all_pids(proc):
+        raw = _read_environ(pid, proc) if pid != me else None
+        # Most processes are not the job's: look for its id before parsing anything.
+        if raw is None or needle not in b"\0" + raw + b"\0":
+            continue
+        if started_for(parse_environ(raw), job_id, node):
+            found.append(pid)
+    return found
+
+
+def _stat_fields(pid: int, proc: str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces)."""
+    try:
+        with open(f"{proc}/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def parent_of(pid: int, proc: str = PROC) -> int:
+    fields = _stat_fields(pid, proc)
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
+def rank_at(pid: int, proc: str = PROC) -> int | None:
+    """The rank process `pid` is (own_rank's rule), or None."""
+    env = environ_of(pid, proc)
+    if _rank_in(env) is None:
+        return None
+    return own_rank(env, environ_of(parent_of(pid, proc), proc))
+
+
+def job_ranks(job_id: str, node: str, proc: str = PROC) -> list[tuple[int, int]]:
+    """(rank, pid) of the job's ranks started on this node, by rank."""
+    found = [(rank_at(pid, proc), pid) for pid in job_pids(job_id, node, proc)]
+    return sorted((rank, pid) for rank, pid in found if rank is not None)
+
+
+def zombie_exit_code(pid: int, proc: str = PROC) -> int | None:
+    """The exit code of a process that ended but is not reaped yet (Linux >= 3.5), negative
+    for a signal."""
+    fields = _stat_fields(pid, proc)
+    if len(fields) < 50 or fields[0] != "Z":
+        return None
+    status = int(fields[-1])
+    return status >> 8 if status & 0x7F == 0 else -(status & 0x7F)

@@ -1,0 +1,119 @@
+"""The ranks' own output: each rank's orch-rank (remote/rank.py) connects its stdout and
+stderr to the agent over a unix socket in the node directory; the agent tees each stream
+into rank<R>.{stdout,stderr}.raw and frames it to the head labelled with its rank.
+STANDARD LIBRARY ONLY (shipped inline beside the agent)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+try:  # shipped inline: loaded beside the agent as orch_<name>
+    import orch_channel as channel
+    import orch_logwire as logwire
+except ImportError:
+    from orchestrator.remote import channel, logwire
+
+RANK_SOCKET = "ranks.sock"
+_SOCKET_PATH_MAX = 100  # AF_UNIX paths are capped at 108 bytes
+_HEADER_MAX = 4096
+_RAW_NAME = {"out": "stdout.raw", "err": "stderr.raw"}
+
+
+def socket_path(directory: Path) -> str:
+    """Where the ranks reach the agent: in the node directory, or, when that path is too
+    long for a unix socket, a private directory of its own."""
+    path = str(directory / RANK_SOCKET)
+    if len(path.encode()) <= _SOCKET_PATH_MAX:
+        return path
+    return os.path.join(tempfile.mkdtemp(prefix="orch-"), RANK_SOCKET)
+
+
+class RankChannels:
+    """Accepts the ranks' own connections (remote/rank.py opens two per rank: stdout and
+    stderr) and pumps each into its raw file in `directory` and to the head, labelled with
+    its rank; the first connection of a rank announces it (`rank` control message)."""
+
+    def __init__(self, head: channel.Channel, directory: Path, node: str, path: str) -> None:
+        self.head = head
+        self.directory = directory
+        self.node = node
+        self.path = path
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        os.chmod(path, 0o600)
+        self.server.listen(256)
+        self.pumps: list[threading.Thread] = []
+        self._announced: set[int] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _addr = self.server.accept()
+            except OSError:
+                return  # closed
+            pump = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self._lock:
+                self.pumps.append(pump)
+            pump.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            header = _read_header(conn)
+            if header is None:
+                return
+            rank, local_rank, stream, first_bytes = header
+            with self._lock:
+                first = rank not in self._announced
+                self._announced.add(rank)
+            if first:
+                self.head.control("rank", rank=rank, local_rank=local_rank, node=self.node)
+            framer = logwire.WireFramer(stream, f"{rank}/{local_rank}")
+            raw = self.directory / f"rank{rank}.{_RAW_NAME[stream]}"
+            pending = [first_bytes] if first_bytes else []
+
+            def read() -> bytes:
+                return pending.pop() if pending else conn.recv(65536)
+
+            channel.OutputPump(self.head, framer, raw, None).run(read)
+
+    def close(self, timeout: float) -> None:
+        """Stop accepting; wait (at most `timeout` s) for the ranks' streams to end."""
+        with contextlib.suppress(OSError):
+            self.server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            pumps = list(self.pumps)
+        for pump in pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+
+
+def _read_header(conn: socket.socket) -> tuple[int, int, str, bytes] | None:
+    """The first line a rank sends: who it is and which of its streams this is."""
+    conn.settimeout(10.0)
+    data = b""
+    try:
+        while b"\n" not in data and len(data) < _HEADER_MAX:
+            chunk = conn.recv(_HEADER_MAX)
+            if not chunk:
+                return None
+            data += chunk
+        conn.settimeout(None)
+        line, _, rest = data.partition(b"\n")
+        doc = json.loads(line)
+        rank, local_rank, stream = int(doc["rank"]), int(doc["local_rank"]), str(doc["stream"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if stream not in _RAW_NAME:
+        return None
+    return rank, local_rank, stream, rest  # rest: the rank's first bytes, when they came along

@@ -1,0 +1,146 @@
+"""Which rank failed on this node: the ranks' ends as they happen, and torchrun's own report.
+STANDARD LIBRARY ONLY (shipped inline beside the agent)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import threading
+import time
+
+try:  # shipped inline: loaded beside the agent as orch_<name>
+    import orch_procs as procs
+except ImportError:
+    from orchestrator.remote import procs
+
+Ended = list[tuple[float, int, int | None]]  # (time, rank, exit code or None if unseen)
+
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.MULTILINE)
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def failure_from_text(text: str) -> tuple[int | None, int | None]:
+    """(rank, exit code) of the root-cause failure in torchrun's error report, if any."""
+    at = text.rfind("Root Cause")
+    if at < 0:
+        return None, None
+    tail = text[at:]
+    rank = _TORCHRUN_RANK.search(tail)
+    code = _TORCHRUN_EXIT.search(tail)
+    return (
+        int(rank.group(1)) if rank else None,
+        int(code.group(1)) if code else None,
+    )
+
+
+class RankWatch:
+    """Remembers the job's ranks on this node (remote/procs.py) and the order they ended in.
+
+    Ranks are not the agent's children: their ends are seen through pidfds (woken
+    at the moment a rank exits) and their exit codes read from /proc while their
+    launcher has not reaped them yet. Without pidfds, the periodic scan notices.
+    """
+
+    _TIE_S = 0.3  # ranks that ended this close together are told apart by exit code
+
+    def __init__(self, job_id: str, node: str) -> None:
+        self.job_id = job_id
+        self.node = node
+        self.alive: dict[int, int] = {}  # pid -> rank
+        self.ended: Ended = []
+        self._lock = threading.Lock()
+        self._noted: set[int] = set()
+        self._not_ranks: set[int] = set()
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+        if hasattr(os, "pidfd_open"):
+            threading.Thread(target=self._wait_for_exits, daemon=True).start()
+
+    def scan(self) -> None:
+        current = {}
+        for pid in procs.job_pids(self.job_id, self.node):
+            if pid in self._not_ranks:
+                continue
+            rank = self.alive.get(pid)
+            if rank is None:
+                # Decided once: a rank's child stays one when its rank is gone.
+                rank = procs.rank_at(pid)
+                if rank is None:
+                    self._not_ranks.add(pid)
+                    continue
+            current[pid] = rank
+        with self._lock:
+            for pid in current.keys() - self.alive.keys():
+                self._watch(pid)
+            gone = [(pid, rank) for pid, rank in self.alive.items() if pid not in current]
+            self.alive.update(current)
+        for pid, rank in gone:
+            self._note(pid, rank)
+
+    def _watch(self, pid: int) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self._fds[os.pidfd_open(pid)] = pid
+
+    def _note(self, pid: int, rank: int) -> None:
+        code = procs.zombie_exit_code(pid)
+        with self._lock:
+            if pid in self._noted:
+                return
+            self._noted.add(pid)
+            self.ended.append((time.time(), rank, code))
+
+    def _wait_for_exits(self) -> None:
+        while True:
+            with self._lock:
+                fds = list(self._fds)
+            if not fds:
+                time.sleep(0.1)
+                continue
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            for fd, _event in poller.poll(200):
+                with self._lock:
+                    pid = self._fds.pop(fd, None)
+                    rank = self.alive.get(pid) if pid is not None else None
+                if pid is not None and rank is not None:
+                    self._note(pid, rank)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    @property
+    def gone_at(self) -> float | None:
+        with self._lock:
+            failed = [t for t, _rank, code in self.ended if code != 0]
+        return failed[0] if failed else None
+
+    def first_failed(self, node_code: int) -> tuple[int | None, int | None]:
+        """(rank, its exit code) of the rank that failed first, when the node's command failed."""
+        with self._lock:
+            ended = list(self.ended)
+        return first_failed_rank(ended, node_code, self._TIE_S)
+
+
+def first_failed_rank(
+    ended: Ended, node_code: int, tie_s: float
+) -> tuple[int | None, int | None]:
+    """Which of the ranks that ended (time, rank, exit code or None if unseen) failed first.
+
+    Ranks that ended within `tie_s` of the first failure are told apart by exit code.
+    The node's launcher passes on the failing rank's code, so that code names it. A
+    rank whose code was not seen (its launcher reaped it first) comes next: its code
+    may well be that one, whereas a known different code belongs to a peer that lost
+    the failing rank (exit 1) or that the launcher stopped (-15).
+    """
+    # A rank that finished cleanly before the failure is not a suspect.
+    failed = [entry for entry in ended if entry[2] != 0]
+    if not failed:
+        return None, None
+    first = failed[0][0]
+    batch = [(rank, code) for t, rank, code in failed if t - first <= tie_s]
+    for wanted in (lambda c: c == node_code, lambda c: c is None):
+        for rank, code in batch:
+            if wanted(code):
+                return rank, code
+    return batch[0]
