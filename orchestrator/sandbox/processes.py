@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+from orchestrator.remote.procs import all_pids, environ_of
 from orchestrator.sandbox.render import NODE_ENV, SANDBOX_ENV
 from orchestrator.sandbox.state import SandboxState
 
@@ -20,30 +21,17 @@ def node_pids(state: SandboxState, name: str) -> list[int]:
         if init is None:
             return []
         target = _pid_namespace(init)
-        return [pid for pid in _all_pids() if _pid_namespace(pid) == target]
+        return [pid for pid in all_pids() if _pid_namespace(pid) == target]
     return [
         pid
-        for pid in _all_pids()
+        for pid in all_pids()
         if _environ(pid).get(NODE_ENV) == name
         and _environ(pid).get(SANDBOX_ENV) == state.sandbox_id
     ] + [node.pid]
 
 
-def _all_pids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-
-
 def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
+    return environ_of(pid) or {}
 
 
 def _pid_namespace(pid: int) -> str | None:
@@ -91,7 +79,7 @@ def namespace_init(holder_pid: int) -> int | None:
 def kill_processes_with_env(name: str, value: str) -> list[int]:
     me = os.getpid()
     killed = []
-    for pid in _all_pids():
+    for pid in all_pids():
         if pid != me and _environ(pid).get(name) == value:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
