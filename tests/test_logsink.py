@@ -14,7 +14,6 @@ from orchestrator.logs.sink import (
     LogRouter,
     NodeLogWriter,
     log_file_name,
-    split_pdsh_line,
     strip_terminal_codes,
 )
 from orchestrator.remote.logwire import WireFramer, encode_control
@@ -173,12 +172,6 @@ def test_plain_output_and_pdsh_messages(tmp_path: Path) -> None:
         ("_head", "sys", b"no prefix at all"),
     ]
     assert router.nodes == ["n2"]
-
-
-def test_split_pdsh_line() -> None:
-    assert split_pdsh_line(b"node3: a: b\n") == ("node3", b"a: b")
-    assert split_pdsh_line(b"no prefix here") == ("", b"no prefix here")
-    assert split_pdsh_line(b"pdsh@h: x") == ("", b"pdsh@h: x")
 
 
 def test_strip_terminal_codes_leaves_what_was_shown_last() -> None:

@@ -42,6 +42,7 @@ from orchestrator.run import slurm
 from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.pdsh import (
     StreamingProcess,
+    is_pdsh_own,
     ssh_exit_of,
     start_streaming,
 )
@@ -217,7 +218,7 @@ class _Tracker:
                 if _TRACEBACK_BYTES in data:
                     self._seen += 1
                     self.traceback_at[number] = self._seen
-        if node.startswith("pdsh@"):
+        if is_pdsh_own(node):
             lost = ssh_exit_of(data.decode("utf-8", "replace"))
             if lost is not None and lost[0] in self.hosts:
                 self.ssh_ended.append(lost)
