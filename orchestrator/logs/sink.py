@@ -42,6 +42,7 @@ from orchestrator.remote.logwire import (
     KIND_LINE,
     KIND_PARTIAL,
     STREAM_NAME,
+    ControlKind,
     WireRecord,
     decode_control,
     parse_wire,
@@ -187,7 +188,7 @@ class NodeLogWriter:
         self._write(b"orch", text.encode("utf-8", "backslashreplace"))
 
     def note_control(self, kind: str, fields: dict) -> None:
-        if kind == "heartbeat":
+        if kind == ControlKind.HEARTBEAT:
             return
         details = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(fields.items()))
         self.note(f"{kind} {details}".rstrip())

@@ -249,8 +249,20 @@ class WireFramer:
             self._sent_frame = frame
 
 
+class ControlKind(str, Enum):
+    """What an agent's control message says: a control record's `text`."""
+
+    STARTED = "started"  # the node's launcher started
+    RANK = "rank"  # a rank opened its own output channel to the agent
+    HEARTBEAT = "heartbeat"  # the agent is alive
+    EXIT = "exit"  # the node's launcher ended (fields: code, rank, failed_at, ...)
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def encode_control(kind: str, **fields: object) -> bytes:
-    """One wire line carrying an agent control message (started, heartbeat, exit, ...)."""
+    """One wire line carrying an agent control message (a ControlKind, and its fields)."""
     doc = {"kind": kind, **fields}
     return MAGIC + b"K- " + json.dumps(doc, separators=(",", ":")).encode("ascii") + b"\n"
 
