@@ -153,6 +153,7 @@ def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
     ranks == "ranks", the node's one rank started through orch-rank (rank = node rank)."""
     from orchestrator.logs.sink import LogRouter
     from orchestrator.plan import agent_command
+    from orchestrator.remote.logwire import ControlKind
 
     spec: dict[str, object] = {
         "job_id": f"benchlogs-{uuid.uuid4().hex[:8]}",
@@ -183,7 +184,7 @@ def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
     with LogRouter(Path(workdir) / "logs") as router:
         while data := chunks.get():
             for node, record in router.feed(data):
-                if record.text == "exit":
+                if record.text == ControlKind.EXIT:
                     exits[node] = int(record.fields.get("code", 1))
     code = process.wait()
     subprocess.run(["rm", "-rf", f"/tmp/orch-runs/{spec['job_id']}"], check=False)
