@@ -221,11 +221,14 @@ def test_router_holds_no_unbounded_partial_line(tmp_path: Path) -> None:
 
 
 def test_head_lines_that_look_like_node_prefixes_stay_in_the_head_log(tmp_path: Path) -> None:
-    # accelerate prints `WARNING: Skipping ...` on the head, between pdsh's node lines.
+    # accelerate prints `WARNING: Skipping ...` on the head, between pdsh's node lines;
+    # srun prints its own `srun: error: ...` between its agents' (labelled the same way).
     router = LogRouter(tmp_path, nodes=["n1", "n2"])
     router.feed(b"WARNING: Skipping PDSH_SSH_ARGS_APPEND\nn1: hello\n")
+    router.feed(b"srun: error: n2: task 1: Exited with exit code 3\n")
     router.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_head.log", "n1.log"]
     head = (tmp_path / "_head.log").read_bytes()
     assert b"WARNING: Skipping PDSH_SSH_ARGS_APPEND" in head
+    assert b"sys srun: error: n2: task 1: Exited with exit code 3" in head
     assert b"hello" in (tmp_path / "n1.log").read_bytes()
