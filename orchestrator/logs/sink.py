@@ -3,8 +3,7 @@
 pdsh prints every node's output as `node: payload` (run/pdsh.py's split_node_line reads
 it). Each payload is a wire line (logwire's parse_wire reads it) or plain output from
 outside the job (an ssh error, a shell message). `LogRouter` splits pdsh's stream by
-node, `NodeLogWriter` writes
-`runs/<id>/logs/<node>.log`:
+node, `NodeLogWriter` writes `runs/<id>/logs/<node>.log`:
 
     2026-11-21T23:30:01.123Z out step 10 loss 0.25
     2026-11-21T23:30:01.125Z err 100%|##########| 100/100 [00:01<00:00]
@@ -317,7 +316,7 @@ class LogRouter:
         self._factory = writer_factory
         self._writers: dict[bytes, NodeLogWriter] = {}
         self._names: dict[bytes, str] = {}
-        self._pdsh: set[bytes] = set()  # pdsh's own voices (`pdsh@head`)
+        self._pdsh_sources: set[bytes] = set()  # pdsh's own voices (`pdsh@head`)
         self._rest = b""
         self._stamps = _Timestamps(time.time, per_write=False)
         self._flushed_at = 0.0
@@ -338,7 +337,7 @@ class LogRouter:
         # view still sees who said it, so it can tell pdsh's voice from a node's.
         writer = self._writers.get(b"") or self._new_writer(b"", HEAD_NODE)
         if node:
-            self._pdsh.add(node)
+            self._pdsh_sources.add(node)
             self._writers[node] = writer
             self._names[node] = name
         return writer
@@ -356,7 +355,7 @@ class LogRouter:
 
     @property
     def nodes(self) -> list[str]:
-        return [self._names[n] for n in self._writers if n and n not in self._pdsh]
+        return [self._names[n] for n in self._writers if n and n not in self._pdsh_sources]
 
     def feed(self, data: bytes) -> list[tuple[str, WireRecord]]:
         """pdsh's output, in chunks of any size."""
@@ -424,7 +423,7 @@ class LogRouter:
 
     def _plain(self, node: bytes, writer: NodeLogWriter, payload: bytes) -> None:
         writer.write_plain(payload)
-        if node in self._pdsh:
+        if node in self._pdsh_sources:
             # `n2: ssh exited with exit code 255` also belongs in n2's own log.
             target = self._writers.get(split_node_line(payload)[0])
             if target is not None and target is not writer:

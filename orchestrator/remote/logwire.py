@@ -249,16 +249,20 @@ class WireFramer:
             self._sent_frame = frame
 
 
-class ControlKind(str, Enum):
+class _Word(str, Enum):
+    """An enum whose members are their words wherever they are shown or written."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ControlKind(_Word):
     """What an agent's control message says: a control record's `text`."""
 
     STARTED = "started"  # the node's launcher started
     RANK = "rank"  # a rank opened its own output channel to the agent
     HEARTBEAT = "heartbeat"  # the agent is alive
     EXIT = "exit"  # the node's launcher ended (fields: code, rank, failed_at, ...)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def encode_control(kind: str, **fields: object) -> bytes:
@@ -267,16 +271,13 @@ def encode_control(kind: str, **fields: object) -> bytes:
     return MAGIC + b"K- " + json.dumps(doc, separators=(",", ":")).encode("ascii") + b"\n"
 
 
-class WireKind(str, Enum):
+class WireKind(_Word):
     """What a decoded wire record is."""
 
     LINE = "line"
     FRAME = "frame"
     CHUNK = "chunk"  # a piece of a long segment, continued in the next record
     CONTROL = "control"  # an agent's control message
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _KIND_NAME = {
