@@ -170,6 +170,7 @@ def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
     from orchestrator.logs.sink import LogRouter
     from orchestrator.plan import agent_command
     from orchestrator.remote.agent_spec import AgentSpec
+    from orchestrator.remote.logwire import ControlKind
 
     spec = AgentSpec(
         job_id=f"benchlogs-{uuid.uuid4().hex[:8]}", workdir=workdir, command=(PYTHON, *job)
@@ -196,7 +197,7 @@ def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
     with LogRouter(Path(workdir) / "logs") as router:
         while data := chunks.get():
             for node, record in router.feed(data):
-                if record.text == "exit":
+                if record.text == ControlKind.EXIT:
                     exits[node] = int(record.fields.get("code", 1))
     code = process.wait()
     subprocess.run(["rm", "-rf", f"/tmp/orch-runs/{spec.job_id}"], check=False)

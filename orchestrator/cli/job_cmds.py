@@ -51,7 +51,7 @@ from orchestrator.run.records import (
 from orchestrator.run.slurm import ACTIVE_STATES, cancel, job_state, submit_batch
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.teardown import KILL_MARKER, teardown_job
-from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
+from orchestrator.run.verdict import HANG_EXIT_CODE, JobState, WatchSettings
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.options import check_launcher
 from orchestrator.specs.recipe import Recipe
@@ -194,7 +194,7 @@ def _print_summary(result: LaunchResult) -> None:
     codes = ", ".join(
         f"{node}={'-' if code is None else code}" for node, code in result.node_exit_codes.items()
     )
-    if result.state == "succeeded":
+    if result.state == JobState.SUCCEEDED:
         err.print(f"[green]job {result.job_id} succeeded[/] (nodes: {codes})")
     else:
         failure = result.first_failure
@@ -487,7 +487,7 @@ def _submit_batch(recipe: Path, loaded: Recipe, root: Path, settings: dict, requ
     script = run.write_file(SCRIPT_NAME, text)
     slurm_job = submit_batch(str(script), cwd=batch.workdir)
     record = JobRecord(
-        id=job_id, state="queued", launcher=loaded.launcher, command=batch.command, hosts=(),
+        id=job_id, state=JobState.QUEUED, launcher=loaded.launcher, command=batch.command, hosts=(),
         workdir=batch.workdir, started_at=now_iso(), head_pid=0, head_start=None,
         recipe=str(recipe), fanout=chosen_fanout(settings["fanout"], loaded.launcher, True),
         slurm_job_id=slurm_job,
@@ -538,8 +538,8 @@ def status(
         return
     out = Console(highlight=False, soft_wrap=True)
     state = shown_state(record)
-    out.print(f"job {record.id}: {state}" + (
-        f" (head process {record.head_pid} is gone)" if state == "head-died" else ""))  # fmt: skip
+    gone = f" (head process {record.head_pid} is gone)" if state == JobState.HEAD_DIED else ""
+    out.print(f"job {record.id}: {state}{gone}")
     out.print(f"launcher: {record.launcher}  started: {record.started_at}  "
               f"ended: {record.ended_at or '-'}  exit code: {record.exit_code}")  # fmt: skip
     out.print("command: " + " ".join(record.command), markup=False)
@@ -598,7 +598,7 @@ def kill(
     if record.state not in FINAL_STATES:
         # The head is gone (or never answered): record the kill ourselves.
         (run.path / KILL_MARKER).touch()
-        record = finished(record, state="killed", exit_code=128 + signal.SIGTERM)
+        record = finished(record, state=JobState.KILLED, exit_code=128 + signal.SIGTERM)
         run.save(record)
     err.print(f"job {record.id}: {shown_state(record)}")
     raise typer.Exit(0 if ok else 1)

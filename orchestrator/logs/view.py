@@ -34,7 +34,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.logs.sink import HEAD_NODE, strip_terminal_codes
-from orchestrator.remote.logwire import global_rank
+from orchestrator.remote.logwire import ControlKind, global_rank
+from orchestrator.run.pdsh import is_pdsh_own
 
 MAX_SHOWN_CHARS = 2000  # a 1 MiB line goes to the log file, not to the screen
 _HEAD = "head"
@@ -48,7 +49,7 @@ def _display_text(data: bytes, limit: int = MAX_SHOWN_CHARS) -> str:
 
 
 def _is_fanout(node: str) -> bool:
-    return node == HEAD_NODE or node.startswith("pdsh@") or not node
+    return node == HEAD_NODE or is_pdsh_own(node) or not node
 
 
 def _label(node: str, rank: str = "") -> str:
@@ -255,9 +256,9 @@ class LiveView:
 
     def control(self, node: str, kind: str, fields: dict) -> None:
         row = self._row(node)
-        if kind == "started":
+        if kind == ControlKind.STARTED:
             row.state = "running"
-        elif kind == "exit":
+        elif kind == ControlKind.EXIT:
             code = fields.get("code")
             row.state = "done" if code == 0 else f"exit {code}"
 

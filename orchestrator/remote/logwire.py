@@ -30,15 +30,17 @@ import codecs
 import json
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 
 MAGIC = b"%o1"
 # Raw bytes per wire record. Escaping can grow a chunk at most 4x, which keeps
 # the longest wire line (64 KiB + header) well under pdsh's 128 KiB line buffer.
 CHUNK_BYTES = 16 * 1024
 
+# The kind byte of each record (see the module docstring).
+KIND_LINE, KIND_PARTIAL, KIND_FRAME, KIND_CHUNK, KIND_CONTROL = b"LPFCK"
 _STREAM_CODE = {"out": b"o", "err": b"e"}
-_STREAM_NAME = {ord("o"): "out", ord("e"): "err", ord("-"): ""}
-_KIND_NAME = {ord("L"): "line", ord("P"): "line", ord("F"): "frame", ord("C"): "chunk"}
+STREAM_NAME = {ord("o"): "out", ord("e"): "err", ord("-"): ""}
 _CR_OR_LF = re.compile(rb"[\r\n]")
 _ESCAPE_SEQ = re.compile(rb"\\(\\|x[0-9a-fA-F]{2}|.?)", re.DOTALL)
 # Once the \\\\ pairs are taken out: a backslash escape_payload never writes.
@@ -247,18 +249,49 @@ class WireFramer:
             self._sent_frame = frame
 
 
+class _Word(str, Enum):
+    """An enum whose members are their words wherever they are shown or written."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ControlKind(_Word):
+    """What an agent's control message says: a control record's `text`."""
+
+    STARTED = "started"  # the node's launcher started
+    RANK = "rank"  # a rank opened its own output channel to the agent
+    HEARTBEAT = "heartbeat"  # the agent is alive
+    EXIT = "exit"  # the node's launcher ended (fields: code, rank, failed_at, ...)
+
+
 def encode_control(kind: str, **fields: object) -> bytes:
-    """One wire line carrying an agent control message (started, heartbeat, exit, ...)."""
+    """One wire line carrying an agent control message (a ControlKind, and its fields)."""
     doc = {"kind": kind, **fields}
     return MAGIC + b"K- " + json.dumps(doc, separators=(",", ":")).encode("ascii") + b"\n"
+
+
+class WireKind(_Word):
+    """What a decoded wire record is."""
+
+    LINE = "line"
+    FRAME = "frame"
+    CHUNK = "chunk"  # a piece of a long segment, continued in the next record
+    CONTROL = "control"  # an agent's control message
+
+
+_KIND_NAME = {
+    KIND_LINE: WireKind.LINE, KIND_PARTIAL: WireKind.LINE, KIND_FRAME: WireKind.FRAME,
+    KIND_CHUNK: WireKind.CHUNK,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class WireRecord:
     """One decoded wire line.
 
-    kind: "line", "frame", "chunk" (a piece of a long segment; `more` is True and
-    the text continues in the next record of the same stream) or "control".
+    kind: a line, a frame, a chunk (`more` is True and the text continues in the next
+    record of the same stream) or a control message.
     text: the bytes decoded as UTF-8 with surrogateescape, so invalid bytes are
     kept reversibly (`text.encode("utf-8", "surrogateescape")` gives them back).
     For control records, text is the control kind and fields the rest.
@@ -266,7 +299,7 @@ class WireRecord:
     rank: "<rank>/<local rank>" of the rank that wrote it; "" for the node's launcher.
     """
 
-    kind: str
+    kind: WireKind
     stream: str
     text: str
     fields: dict = field(default_factory=dict)
@@ -287,32 +320,37 @@ def global_rank(label: str) -> int | None:
     return int(label.partition("/")[0])
 
 
-def split_header(payload: bytes) -> tuple[bytes, bytes] | None:
-    """(rank label, escaped body) of a wire line that passed the magic check; None if the
-    header is not one logwire writes."""
-    if payload[5] == 0x20:
-        return b"", payload[6:]
-    if payload[5] != 0x3A:  # ":"
-        return None
-    end = payload.find(b" ", 6, 32)
-    if end < 0:
-        return None
-    return payload[6:end], payload[end + 1 :]
-
-
 def parse_wire(payload: bytes) -> tuple[int, int, bytes, bytes] | None:
-    """Fast path for the head: (kind byte, stream byte, rank label, raw unescaped bytes),
-    or None."""
-    if len(payload) < 6 or payload[:3] != MAGIC:
+    """The one reader of a wire line (without its newline): (kind byte, stream byte, rank
+    label, body), the body unescaped (a control record's JSON as it came); None if it is
+    not a wire line (plain output)."""
+    if payload[:3] != MAGIC or len(payload) < 6:
         return None
-    header = split_header(payload)
-    if header is None:
+    if payload[5] == 0x20:  # the node's launcher: no rank label
+        label, body = b"", payload[6:]
+    elif payload[5] == 0x3A:  # ":<rank>/<local rank> "
+        end = payload.find(b" ", 6, 32)
+        if end < 0:
+            return None
+        label, body = payload[6:end], payload[end + 1 :]
+    else:
         return None
-    label, body = header
     kind = payload[3]
-    if kind == 0x4B:  # K: JSON, not escaped
-        return kind, payload[4], label, body
-    return kind, payload[4], label, unescape_payload(body)
+    if kind != KIND_CONTROL and body.find(b"\\") >= 0:  # (`in` on bytes is slower)
+        body = unescape_payload(body)
+    return kind, payload[4], label, body
+
+
+def decode_control(body: bytes) -> WireRecord | None:
+    """The control record whose JSON body parse_wire returned; None if it is not one."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    name = str(doc.pop("kind", ""))
+    return WireRecord(WireKind.CONTROL, "", name, doc)
 
 
 def decode_wire(payload: bytes) -> WireRecord | None:
@@ -323,22 +361,14 @@ def decode_wire(payload: bytes) -> WireRecord | None:
     if parsed is None:
         return None
     kind, stream, label, data = parsed
-    if kind == 0x4B:
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            return None
-        if not isinstance(doc, dict):
-            return None
-        doc = dict(doc)
-        name = str(doc.pop("kind", ""))
-        return WireRecord("control", "", name, doc)
+    if kind == KIND_CONTROL:
+        return decode_control(data)
     name = _KIND_NAME.get(kind)
-    stream_name = _STREAM_NAME.get(stream)
+    stream_name = STREAM_NAME.get(stream)
     if name is None or stream_name is None:
         return None
     text = data.decode("utf-8", "surrogateescape")
     return WireRecord(
-        name, stream_name, text, more=kind == 0x43, newline=kind != 0x50,
+        name, stream_name, text, more=kind == KIND_CHUNK, newline=kind != KIND_PARTIAL,
         rank=label.decode("ascii", "replace"),
     )  # fmt: skip

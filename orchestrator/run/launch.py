@@ -37,11 +37,12 @@ from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.remote import agent
-from orchestrator.remote.logwire import global_rank
+from orchestrator.remote.logwire import ControlKind, global_rank
 from orchestrator.run import slurm
 from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.pdsh import (
     StreamingProcess,
+    is_pdsh_own,
     ssh_exit_of,
     start_streaming,
 )
@@ -64,8 +65,10 @@ from orchestrator.run.teardown import (
 from orchestrator.run.verdict import (
     Event,
     Failure,
+    FailureKind,
     HeadExited,
     Interrupted,
+    JobState,
     JobVerdict,
     NodeExited,
     NodeHeard,
@@ -91,7 +94,7 @@ RANK_TAIL_LINES = 300
 class LaunchResult:
     job_id: str
     run_dir: Path
-    state: str
+    state: JobState
     exit_code: int
     node_exit_codes: dict[str, int | None]
     first_failure: FirstFailure | None
@@ -134,7 +137,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
     run.write_file("env.json", json.dumps(plan.redacted_env, indent=2, sort_keys=True) + "\n")
     record = JobRecord(
         id=plan.job_id,
-        state="starting",
+        state=JobState.STARTING,
         launcher=plan.launcher,
         command=plan.command,
         hosts=plan.hosts,
@@ -217,7 +220,7 @@ class _Tracker:
                 if _TRACEBACK_BYTES in data:
                     self._seen += 1
                     self.traceback_at[number] = self._seen
-        if node.startswith("pdsh@"):
+        if is_pdsh_own(node):
             lost = ssh_exit_of(data.decode("utf-8", "replace"))
             if lost is not None and lost[0] in self.hosts:
                 self.ssh_ended.append(lost)
@@ -247,9 +250,9 @@ class _Tracker:
 
     def control(self, node: str, kind: str, fields: dict) -> None:
         self.heard.add(node)
-        if kind == "started" and fields.get("slurm_step"):
+        if kind == ControlKind.STARTED and fields.get("slurm_step"):
             self.slurm_step = str(fields["slurm_step"])
-        if kind == "exit":
+        if kind == ControlKind.EXIT:
             self.exited.append((node, fields))
         if self.forward is not None:
             self.forward.control(node, kind, fields)
@@ -272,7 +275,7 @@ class _Tracker:
 
 def _not_answering(failure: Failure) -> tuple[str, ...]:
     """A node that stopped answering: its stop request is sent, not waited for."""
-    return (failure.node,) if failure.kind == "silent" and failure.node else ()
+    return (failure.node,) if failure.kind == FailureKind.SILENT and failure.node else ()
 
 
 class JobRunner:
@@ -327,7 +330,7 @@ class JobRunner:
 
     # -- the watch loop ----------------------------------------------------------
     def run(self) -> LaunchResult:
-        self.record = replace(self.record, state="running")
+        self.record = replace(self.record, state=JobState.RUNNING)
         self.run_dir.save(self.record)
         try:
             process = self._start()
@@ -438,12 +441,12 @@ class JobRunner:
     def _begin_teardown(self, failure: Failure) -> None:
         # The lines before the failure, not the teardown's own noise that follows it.
         self.tails_at_failure = self.tracker.node_tails()
-        self.record = replace(self.record, state="stopping")
+        self.record = replace(self.record, state=JobState.STOPPING)
         self.run_dir.save(self.record)
 
         def work() -> None:
             try:
-                if failure.kind not in ("signal", "killed"):
+                if failure.kind not in (FailureKind.SIGNAL, FailureKind.KILLED):
                     self._take_stacks(failure)
                 self.teardown = teardown_job(
                     self.plan.hosts,
@@ -464,9 +467,9 @@ class JobRunner:
         """Where the ranks still running stand, kept in the record before they are stopped.
         Bounded by the settings' stacks_timeout; a node that stopped answering is skipped.
         Taking stacks is a help, never a reason to fail: nothing it meets is raised."""
-        gone = (failure.node,) if failure.kind in ("silent", "lost") else ()
+        gone = (failure.node,) if failure.kind in (FailureKind.SILENT, FailureKind.LOST) else ()
         hosts = [h for h in self.plan.hosts if h not in gone]
-        hung = failure.kind == "hang"
+        hung = failure.kind == FailureKind.HANG
         timeout = self.settings.hang_stacks_timeout if hung else self.settings.stacks_timeout
         try:
             reports = gather_stacks(hosts, self.plan.job_id, self.plan.python, timeout)
@@ -502,7 +505,7 @@ class JobRunner:
     def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
         failure = outcome.failure
         first = None
-        if failure is not None and failure.kind == "hang":
+        if failure is not None and failure.kind == FailureKind.HANG:
             failure = hang_culprit(failure, self.stacks)
         if failure is not None and self.plan.fanout_kind == "srun":
             failure = in_slurm_words(
@@ -510,7 +513,8 @@ class JobRunner:
                 slurm.node_problems(self.plan.hosts),
             )  # fmt: skip
         if failure is not None:
-            root = self._root_cause(failure) if failure.kind in ("rank", "lost") else None
+            caused_by_a_rank = failure.kind in (FailureKind.RANK, FailureKind.LOST)
+            root = self._root_cause(failure) if caused_by_a_rank else None
             first = FirstFailure(
                 node=failure.node or "head",
                 rank=failure.rank,

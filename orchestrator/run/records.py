@@ -20,13 +20,14 @@ from pathlib import Path
 
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.run import slurm
+from orchestrator.run.verdict import FailureKind, JobState
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
 JOB_FILE = "job.json"
 
-# States a record can hold; "head-died" is derived when reading a running record.
-RUNNING_STATES = ("starting", "running", "stopping")
-FINAL_STATES = ("succeeded", "failed", "killed", "interrupted")
+# States a record can hold (and QUEUED); HEAD_DIED is derived when reading a running record.
+RUNNING_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
+FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.INTERRUPTED)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class FirstFailure:
     exit_code: int | None
     reason: str
     last_lines: tuple[str, ...] = ()
-    kind: str = "rank"  # rank | silent | lost | hang | head | signal | killed
+    kind: FailureKind = FailureKind.RANK
     # The rank whose own Python traceback is the root cause, ranked above the cascades it
     # caused on other ranks (lost peers, watchdog aborts, the teardown's SIGTERM).
     root_cause_rank: int | None = None
@@ -47,13 +48,14 @@ class FirstFailure:
 
 def _failure_from_json(data: Mapping) -> FirstFailure:
     lists = {name: tuple(data.get(name, ())) for name in ("last_lines", "traceback")}
-    return FirstFailure(**{**data, **lists})
+    kind = FailureKind(data.get("kind", FailureKind.RANK))
+    return FirstFailure(**{**data, **lists, "kind": kind})
 
 
 @dataclass(frozen=True)
 class JobRecord:
     id: str
-    state: str
+    state: JobState
     launcher: str
     command: tuple[str, ...]
     hosts: tuple[str, ...]
@@ -89,7 +91,7 @@ class JobRecord:
         failure = data.get("first_failure")
         return cls(
             id=str(data["id"]),
-            state=str(data["state"]),
+            state=JobState(data["state"]),
             launcher=str(data.get("launcher", "")),
             command=tuple(data.get("command", ())),
             hosts=tuple(data.get("hosts", ())),
@@ -153,19 +155,21 @@ def shown_state(record: JobRecord) -> str:
     if record.slurm_batch and record.slurm_job_id and record.state not in FINAL_STATES:
         return batch_state(record, slurm.job_state(record.slurm_job_id))
     if record.state in RUNNING_STATES and not head_alive(record):
-        return "head-died"
+        return JobState.HEAD_DIED
     return record.state
 
 
 def batch_state(record: JobRecord, slurm_state: str | None) -> str:
+    """A batch job's state; `slurm-<state>` (Slurm's own word) when it ended before orch
+    started in it."""
     if slurm_state in slurm.ACTIVE_STATES:
         if slurm_state == "PENDING":
-            return "queued"
+            return JobState.QUEUED
         # Slurm runs it, and orch inside has not written its own record yet.
-        return "starting" if record.state == "queued" else record.state
-    if record.state == "queued":  # ended before orch started in it
+        return JobState.STARTING if record.state == JobState.QUEUED else record.state
+    if record.state == JobState.QUEUED:  # ended before orch started in it
         return f"slurm-{(slurm_state or 'gone').lower()}"
-    return "head-died"
+    return JobState.HEAD_DIED
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
-from orchestrator.run.pdsh import run_pdsh, send_pdsh, ssh_exit_of
+from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
 
 # `orch kill` leaves this file in the run directory, so the head reports "killed".
 KILL_MARKER = "kill-requested"
@@ -68,16 +68,16 @@ def _not_waited_for(host: str, log: Path | None) -> NodeResult[StopReport]:
 def stop_results(
     hosts: Sequence[str], output: Sequence[tuple[str, str]], *, timed_out: bool
 ) -> GroupResult[StopReport]:
-    """Each host's result from pdsh's output of the kill program: (node, line) pairs, node
-    "" for pdsh's own messages."""
+    """Each host's result from pdsh's output of the kill program: (source, line) pairs as
+    run_pdsh splits them."""
     found: dict[str, NodeResult[StopReport]] = {}
     for node, line in output:
         if node in hosts and node not in found:
             report = _stop_report(line)
             if report is not None:
                 found[node] = succeeded(node, report)
-        elif node == "":
-            lost = ssh_exit_of(line.split(": ", 1)[-1])
+        elif is_pdsh_own(node):
+            lost = ssh_exit_of(line)
             if lost is not None and lost[0] in hosts and lost[0] not in found:
                 found[lost[0]] = _ssh_failure(*lost)
     for host in hosts:

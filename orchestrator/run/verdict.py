@@ -26,6 +26,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from orchestrator.stacks.report import StacksResult
 
@@ -141,13 +142,45 @@ Event = (
 
 
 # ----- decisions and the outcome -----------------------------------------------------------
+class _Word(str, Enum):
+    """An enum whose members are their words wherever they are shown or written (job.json,
+    f-strings), as the plain strings were."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FailureKind(_Word):
+    RANK = "rank"  # a rank (or its node's launcher) exited non-zero
+    SILENT = "silent"  # a node stopped answering, or never started
+    LOST = "lost"  # a node's ssh ended, or Slurm took it out, before it reported its exit
+    HANG = "hang"  # no rank wrote anything for hang_timeout
+    HEAD = "head"  # the head launcher failed, or srun refused the step
+    SIGNAL = "signal"  # SIGINT or SIGTERM on the head
+    KILLED = "killed"  # `orch kill`
+
+
+class JobState(_Word):
+    """A job's state, as its record holds it (run/records.py)."""
+
+    QUEUED = "queued"  # submitted with --sbatch, not started yet
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    INTERRUPTED = "interrupted"
+    HEAD_DIED = "head-died"  # never written: shown for a running record whose head is gone
+
+
 @dataclass(frozen=True)
 class Failure:
     node: str  # "" for the head itself
     reason: str
     exit_code: int
     rank: int | None = None
-    kind: str = "rank"  # rank | silent | lost | hang | head | signal | killed
+    kind: FailureKind = FailureKind.RANK
     when: float = 0.0  # the agent's failed_at, or when the report arrived (wall clock)
 
 
@@ -162,7 +195,7 @@ KEEP_GOING = Decision()
 
 @dataclass(frozen=True)
 class Outcome:
-    state: str  # succeeded | failed | interrupted | killed
+    state: JobState  # succeeded, failed, interrupted or killed
     exit_code: int
     failure: Failure | None
     node_exit_codes: dict[str, int | None] = field(default_factory=dict)
@@ -287,12 +320,12 @@ class JobVerdict:
             last = self.last_seen.get(node)
             if node not in self.exits and last is not None and now - last > timeout:
                 reason = f"stopped answering (no heartbeat for {now - last:.0f} s)"
-                return Failure(node, reason, 1, kind="silent")
+                return Failure(node, reason, 1, kind=FailureKind.SILENT)
         first = self.first_heard_at
         if first is not None and now - first > self.settings.start_timeout:
             for node in self.hosts:
                 if node not in self.last_seen:
-                    return Failure(node, "never started", 1, kind="silent")
+                    return Failure(node, "never started", 1, kind=FailureKind.SILENT)
         return None
 
     def _lost_node(self) -> Failure | None:
@@ -300,10 +333,11 @@ class JobVerdict:
             if node in self.exits:
                 continue
             if code == SSH_LOST:
-                return Failure(node, "lost its ssh connection (ssh exit 255)", 1, kind="lost")
+                reason = "lost its ssh connection (ssh exit 255)"
+                return Failure(node, reason, 1, kind=FailureKind.LOST)
             # The agent never ran (e.g. no such interpreter): the remote shell's code.
             return Failure(node, f"the remote command failed with exit code {code}", code,
-                           kind="lost")  # fmt: skip
+                           kind=FailureKind.LOST)  # fmt: skip
         return None
 
     def _ended_early(self) -> Failure | None:
@@ -311,7 +345,8 @@ class JobVerdict:
             return None
         missing = [h for h in self.hosts if h not in self.exits]
         if self.last_seen or not self.head_launcher:
-            return Failure(missing[0], "ended without reporting an exit code", 1, kind="lost")
+            reason = "ended without reporting an exit code"
+            return Failure(missing[0], reason, 1, kind=FailureKind.LOST)
         return _head_failed(self.head_code)
 
     def _hung(self, now: float) -> Failure | None:
@@ -324,11 +359,12 @@ class JobVerdict:
         if self.all_exited():  # every rank is done: quiet, not hung
             return None
         reason = f"hang: no rank wrote anything for {now - quiet_since:.0f} s"
-        return Failure("", reason, HANG_EXIT_CODE, kind="hang")
+        return Failure("", reason, HANG_EXIT_CODE, kind=FailureKind.HANG)
 
     def _every_answering_node_exited(self) -> bool:
         failure = self.failure
-        silent = failure.node if failure is not None and failure.kind == "silent" else None
+        stopped = failure is not None and failure.kind == FailureKind.SILENT
+        silent = failure.node if failure is not None and stopped else None
         return all(h in self.exits or h == silent for h in self.hosts)
 
     def all_exited(self) -> bool:
@@ -349,20 +385,24 @@ class JobVerdict:
             # Every node said 0 but the head launcher failed: still a failure.
             failure = _head_failed(head_code)
         if failure is None:
-            return Outcome("succeeded", 0, None, node_codes)
-        state = {"signal": "interrupted", "killed": "killed"}.get(failure.kind, "failed")
+            return Outcome(JobState.SUCCEEDED, 0, None, node_codes)
+        state = _ENDED_BY.get(failure.kind, JobState.FAILED)
         return Outcome(state, failure.exit_code, failure, node_codes)
+
+
+_ENDED_BY = {FailureKind.SIGNAL: JobState.INTERRUPTED, FailureKind.KILLED: JobState.KILLED}
 
 
 def _interrupted(event: Interrupted) -> Failure:
     name = signal.Signals(event.signum).name
     reason = "killed by `orch kill`" if event.killed else f"interrupted by {name}"
-    kind = "killed" if event.killed else "signal"
+    kind = FailureKind.KILLED if event.killed else FailureKind.SIGNAL
     return Failure(node="", reason=reason, exit_code=128 + event.signum, kind=kind)
 
 
 def _head_failed(code: int | None) -> Failure:
-    return Failure("", f"the head launcher exited with code {code}", code or 1, kind="head")
+    reason = f"the head launcher exited with code {code}"
+    return Failure("", reason, code or 1, kind=FailureKind.HEAD)
 
 
 def _as_int(value: object, default: int) -> int:
@@ -428,10 +468,10 @@ def in_slurm_words(
     refusals = [line.split(SRUN_ERROR, 1)[1] for line in head_lines if SRUN_ERROR in line]
     if not heard_any and refusals:
         return replace(failure, node="", reason=f"srun refused the step: {refusals[0]}",
-                       rank=None, kind="head")  # fmt: skip
+                       rank=None, kind=FailureKind.HEAD)  # fmt: skip
     for node, problem in node_problems.items():
         # A drained node keeps its running jobs: a rank's own exit stays the cause then.
-        if failure.kind != "rank" or "DOWN" in problem.upper():
-            return replace(failure, node=node, rank=None, kind="lost",
+        if failure.kind != FailureKind.RANK or "DOWN" in problem.upper():
+            return replace(failure, node=node, rank=None, kind=FailureKind.LOST,
                            reason=f"Slurm took {node} out: {problem}")  # fmt: skip
     return failure

@@ -32,12 +32,33 @@ def test_plain_view_prefixes_lines_and_throttles_frames() -> None:
     assert "\x1b" not in out.getvalue().decode() and "\r" not in out.getvalue().decode()
 
 
-def test_plain_view_survives_a_closed_pipe() -> None:
-    out = io.BytesIO()
+class _PipeToHead(io.BytesIO):
+    """`orch launch ... | head -1`: the reader takes one line, then is gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data) -> int:  # type: ignore[override]
+        self.writes += 1
+        if self.writes > 1:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(data)
+
+    def flush(self) -> None:
+        if self.writes > 1:
+            raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_plain_view_keeps_the_job_going_once_its_reader_is_gone() -> None:
+    out = _PipeToHead()
     view = PlainView(out)
-    out.close()
-    view.line("n1", "out", b"still running")  # must not raise into the job's watch loop
+    for step in range(1, 4):
+        view.line("n1", "out", b"step %d" % step)  # never raises into the job's watch loop
+    view.frame("n1", "err", b"50%")
     view.close()
+    assert out.getvalue() == b"n1: step 1\n"  # what the reader took
+    assert out.writes == 2  # after the broken pipe the view writes nothing more
 
 
 def test_live_view_shows_latest_frame_per_node_and_lines_above() -> None:

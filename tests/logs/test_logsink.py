@@ -14,7 +14,6 @@ from orchestrator.logs.sink import (
     LogRouter,
     NodeLogWriter,
     log_file_name,
-    split_pdsh_line,
     strip_terminal_codes,
 )
 from orchestrator.remote.logwire import WireFramer, encode_control
@@ -175,12 +174,6 @@ def test_plain_output_and_pdsh_messages(tmp_path: Path) -> None:
     assert router.nodes == ["n2"]
 
 
-def test_split_pdsh_line() -> None:
-    assert split_pdsh_line(b"node3: a: b\n") == ("node3", b"a: b")
-    assert split_pdsh_line(b"no prefix here") == ("", b"no prefix here")
-    assert split_pdsh_line(b"pdsh@h: x") == ("", b"pdsh@h: x")
-
-
 def test_strip_terminal_codes_leaves_what_was_shown_last() -> None:
     assert strip_terminal_codes(b"10%\r50%\r   \r") == b"50%"
     assert strip_terminal_codes(b"\x1b[32mok\x1b[0m") == b"ok"
@@ -228,11 +221,14 @@ def test_router_holds_no_unbounded_partial_line(tmp_path: Path) -> None:
 
 
 def test_head_lines_that_look_like_node_prefixes_stay_in_the_head_log(tmp_path: Path) -> None:
-    # accelerate prints `WARNING: Skipping ...` on the head, between pdsh's node lines.
+    # accelerate prints `WARNING: Skipping ...` on the head, between pdsh's node lines;
+    # srun prints its own `srun: error: ...` between its agents' (labelled the same way).
     router = LogRouter(tmp_path, nodes=["n1", "n2"])
     router.feed(b"WARNING: Skipping PDSH_SSH_ARGS_APPEND\nn1: hello\n")
+    router.feed(b"srun: error: n2: task 1: Exited with exit code 3\n")
     router.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_head.log", "n1.log"]
     head = (tmp_path / "_head.log").read_bytes()
     assert b"WARNING: Skipping PDSH_SSH_ARGS_APPEND" in head
+    assert b"sys srun: error: n2: task 1: Exited with exit code 3" in head
     assert b"hello" in (tmp_path / "n1.log").read_bytes()

@@ -7,6 +7,7 @@ import itertools
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from orchestrator.remote.logwire import (
     decode_wire,
     encode_control,
     escape_payload,
+    parse_wire,
     unescape_payload,
 )
 
@@ -152,6 +154,24 @@ def test_plain_output_is_not_wire() -> None:
     assert decode_wire(b"ssh: connect to host n1 port 22: Connection refused\n") is None
     assert decode_wire(b"%o1") is None
     assert decode_wire(b"%o1K- not json") is None
+
+
+@pytest.mark.parametrize(
+    ("line", "parsed"),
+    [
+        (b"%o1Lo step 1", (ord("L"), ord("o"), b"", b"step 1")),
+        (b"%o1Fe:3/1  50%", (ord("F"), ord("e"), b"3/1", b" 50%")),
+        (b"%o1Po a\\\\b \\x00", (ord("P"), ord("o"), b"", b"a\\b \x00")),
+        (b'%o1K- {"kind":"exit","why":"a\\\\b"}',
+         (ord("K"), ord("-"), b"", b'{"kind":"exit","why":"a\\\\b"}')),  # JSON, as it came
+        (b"%o1Lo:3/1", None),  # a label and nothing after it
+        (b"%o1Lo!x", None),
+        (b"%o1L", None),
+        (b"n1: plain output", None),
+    ],
+)  # fmt: skip
+def test_parse_wire_reads_the_header_and_unescapes_the_body(line, parsed) -> None:
+    assert parse_wire(line) == parsed
 
 
 def test_invalid_utf8_text_is_reversible() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +19,7 @@ from orchestrator.run.records import (
     process_start_time,
     shown_state,
 )
+from orchestrator.run.verdict import FailureKind, JobState
 
 
 def _record(job_id: str, **kw) -> JobRecord:
@@ -34,6 +37,21 @@ def test_round_trip_keeps_every_field(tmp_path):
     run = RunDir(tmp_path / "j1").create()
     run.save(record)
     assert run.load() == record
+
+
+def test_job_json_holds_states_and_kinds_as_the_plain_words_they_always_were(tmp_path):
+    failure = FirstFailure("n2", None, 1, "lost its ssh connection", kind=FailureKind.LOST)
+    record = _record("j1", state=JobState.FAILED, first_failure=failure)
+    run = RunDir(tmp_path / "j1").create()
+    run.save(record)
+    written = run.job_file.read_text()
+    as_words = replace(record, state="failed", first_failure=replace(failure, kind="lost"))
+    assert written == json.dumps(as_words.to_json(), indent=2) + "\n"
+    assert '"state": "failed"' in written and '"kind": "lost"' in written
+    loaded = run.load()
+    assert loaded.state is JobState.FAILED and loaded.first_failure.kind is FailureKind.LOST
+    shown = f"job {loaded.id}: {loaded.state} ({loaded.first_failure.kind})"
+    assert shown == "job j1: failed (lost)"
 
 
 def test_running_job_with_a_live_head_is_running_and_a_dead_head_is_shown(tmp_path):

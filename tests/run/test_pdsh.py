@@ -13,7 +13,7 @@ from orchestrator.plan.pdsh_command import (
     pdsh_environment,
     split_pdsh_args,
 )
-from orchestrator.run.pdsh import run_pdsh, split_node_line
+from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, split_node_line, ssh_exit_of
 
 
 def test_argv_runs_over_ssh_on_every_host_with_timeouts():
@@ -59,13 +59,23 @@ def test_split_deepspeed_pdsh_call():
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("n1: hello: world", ("n1", "hello: world")),
-        ("pdsh@head: n2: ssh exited", ("", "pdsh@head: n2: ssh exited")),
-        ("no prefix here", ("", "no prefix here")),
+        (b"n1: hello: world", (b"n1", b"hello: world")),
+        (b"pdsh@head: n2: ssh exited", (b"pdsh@head", b"n2: ssh exited")),
+        (b"no prefix here", (b"", b"no prefix here")),
+        (b"WARNING: a launcher's own line", (b"WARNING", b"a launcher's own line")),
+        (b"a warning: with a space", (b"", b"a warning: with a space")),
+        (b"n1:no space", (b"", b"n1:no space")),
+        (b": empty node", (b"", b"empty node")),
     ],
 )  # fmt: skip
 def test_split_node_line(line, expected):
     assert split_node_line(line) == expected
+
+
+def test_only_pdsh_itself_speaks_as_pdsh_at():
+    assert is_pdsh_own("pdsh@head") and not is_pdsh_own("n1") and not is_pdsh_own("")
+    assert ssh_exit_of("n2: ssh exited with exit code 255") == ("n2", 255)
+    assert ssh_exit_of("n2: hello") is None
 
 
 @pytest.mark.sandbox
@@ -86,7 +96,7 @@ def test_run_pdsh_returns_the_largest_exit_code(sandbox):
     names = [n.name for n in state.nodes[:2]]
     run = run_pdsh(names, "exit %n", timeout=20)
     assert run.exit_code == 1
-    assert any("exit code 1" in line for node, line in run.output if node == "")
+    assert any("exit code 1" in line for node, line in run.output if is_pdsh_own(node))
 
 
 @pytest.mark.sandbox

@@ -41,9 +41,9 @@ def test_for_each_node_runs_nodes_at_once_and_keeps_their_order():
 def test_teardown_reads_each_nodes_answer_and_names_the_ones_it_could_not_reach():
     output = [
         ("n1", '{"found": 3, "killed": 1, "left": 0}'),
-        ("", "pdsh@head: n2: ssh exited with exit code 255"),
+        ("pdsh@head", "n2: ssh exited with exit code 255"),
         ("n3", "Traceback (most recent call last):"),
-        ("", "pdsh@head: n3: ssh exited with exit code 1"),
+        ("pdsh@head", "n3: ssh exited with exit code 1"),
     ]
     group = stop_results(("n1", "n2", "n3", "n4"), output, timed_out=True)
     assert group["n1"].value == StopReport(found=3, killed=1, left=0)

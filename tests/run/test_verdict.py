@@ -11,8 +11,10 @@ from orchestrator.run.verdict import (
     HANG_EXIT_CODE,
     Decision,
     Failure,
+    FailureKind,
     HeadExited,
     Interrupted,
+    JobState,
     JobVerdict,
     NodeExited,
     NodeHeard,
@@ -61,7 +63,7 @@ def test_every_node_exits_zero_the_job_succeeds():
     assert _teardowns(decisions) == []
     assert decisions[-1].stop_reading
     outcome = verdict.outcome(0, stopped_by_us=False)
-    assert (outcome.state, outcome.exit_code, outcome.failure) == ("succeeded", 0, None)
+    assert (outcome.state, outcome.exit_code, outcome.failure) == (JobState.SUCCEEDED, 0, None)
     assert outcome.node_exit_codes == dict.fromkeys(HOSTS, 0)
 
 
@@ -78,7 +80,7 @@ def test_the_earliest_failure_within_the_settle_window_is_the_jobs():
     # A failure reported after the window does not replace the verdict.
     assert _teardowns(_feed(verdict, _exit("n1", 12, 9, rank=0, failed_at=1000.0))) == []
     outcome = verdict.outcome(1, stopped_by_us=True)
-    assert (outcome.state, outcome.exit_code) == ("failed", 7)
+    assert (outcome.state, outcome.exit_code) == (JobState.FAILED, 7)
     assert outcome.failure is not None and outcome.failure.node == "n3"
 
 
@@ -116,7 +118,7 @@ def test_a_silent_node_is_torn_down_after_the_heartbeat_timeout(silent_for, torn
     )
     assert bool(failures) is torn_down
     if torn_down:
-        assert failures[0].node == "n2" and failures[0].kind == "silent"
+        assert failures[0].node == "n2" and failures[0].kind == FailureKind.SILENT
         assert failures[0].reason == "stopped answering (no heartbeat for 15 s)"
 
 
@@ -131,8 +133,17 @@ def test_after_a_frozen_node_reading_ends_once_every_other_node_has_stopped():
     assert verdict.outcome(-15, stopped_by_us=True).failure == failure
 
 
-def test_the_default_heartbeat_timeout_is_five_missed_beats():
-    assert WatchSettings().heartbeat_timeout == 5 * HEARTBEAT_S
+def test_by_default_a_node_is_torn_down_at_its_fifth_missed_heartbeat():
+    # The agent beats every HEARTBEAT_S seconds: four missed beats are a busy node, not a
+    # lost one; the fifth is.
+    verdict = JobVerdict(HOSTS, WatchSettings(), head_launcher=False)
+    _feed(verdict, *_all_heard(0))
+    four, five = 4 * HEARTBEAT_S + 0.4, 5 * HEARTBEAT_S + 0.4
+    others = [NodeHeard(node, at) for at in (four, five) for node in ("n1", "n3")]
+    assert _teardowns(_feed(verdict, *others[:2], Tick(four))) == []
+    [failure] = _teardowns(_feed(verdict, *others[2:], Tick(five)))
+    assert (failure.node, failure.kind) == ("n2", FailureKind.SILENT)
+    assert failure.reason == "stopped answering (no heartbeat for 10 s)"
 
 
 def test_a_node_that_never_started_fails_after_the_start_timeout():
@@ -141,7 +152,8 @@ def test_a_node_that_never_started_fails_after_the_start_timeout():
     for at in range(5, 121, 5):  # n1 and n2 keep talking
         assert _teardowns(_feed(verdict, NodeHeard("n1", at), NodeHeard("n2", at))) == []
     [failure] = _teardowns(_feed(verdict, Tick(120.5)))
-    assert (failure.node, failure.reason, failure.kind) == ("n3", "never started", "silent")
+    assert (failure.node, failure.reason) == ("n3", "never started")
+    assert failure.kind == FailureKind.SILENT
 
 
 @pytest.mark.parametrize(
@@ -155,7 +167,7 @@ def test_a_node_whose_ssh_ended_before_it_reported_failed(ssh_code, exit_code, r
     verdict = _verdict()
     [failure] = _teardowns(_feed(verdict, *_all_heard(), SshEnded("n3", ssh_code, 2)))
     assert (failure.node, failure.exit_code, failure.reason) == ("n3", exit_code, reason)
-    assert verdict.outcome(1, stopped_by_us=True).state == "failed"
+    assert verdict.outcome(1, stopped_by_us=True).state == JobState.FAILED
 
 
 def test_an_ssh_end_after_the_nodes_exit_is_no_failure():
@@ -168,7 +180,7 @@ def test_head_launcher_exits_first_before_any_node_was_heard_is_the_heads_failur
     verdict = _verdict(head_launcher=True)
     decisions = _feed(verdict, OutputEnded(3), HeadExited(2, 3))
     [failure] = _teardowns(decisions)
-    assert (failure.node, failure.kind, failure.exit_code) == ("", "head", 2)
+    assert (failure.node, failure.kind, failure.exit_code) == ("", FailureKind.HEAD, 2)
     assert failure.reason == "the head launcher exited with code 2"
     assert decisions[-1].stop_reading
 
@@ -184,15 +196,15 @@ def test_every_node_exited_zero_but_the_head_launcher_failed():
     verdict = _verdict(head_launcher=True)
     _feed(verdict, *_all_heard(), *(_exit(h, 5) for h in HOSTS), OutputEnded(6), HeadExited(2, 6))
     outcome = verdict.outcome(2, stopped_by_us=False)
-    assert (outcome.state, outcome.exit_code) == ("failed", 2)
-    assert outcome.failure is not None and outcome.failure.kind == "head"
+    assert (outcome.state, outcome.exit_code) == (JobState.FAILED, 2)
+    assert outcome.failure is not None and outcome.failure.kind == FailureKind.HEAD
 
 
 @pytest.mark.parametrize(
     ("signum", "killed", "state", "code", "reason"),
     [
-        (signal.SIGINT, False, "interrupted", 130, "interrupted by SIGINT"),
-        (signal.SIGTERM, True, "killed", 143, "killed by `orch kill`"),
+        (signal.SIGINT, False, JobState.INTERRUPTED, 130, "interrupted by SIGINT"),
+        (signal.SIGTERM, True, JobState.KILLED, 143, "killed by `orch kill`"),
     ],
 )
 def test_ctrl_c_and_orch_kill(signum, killed, state, code, reason):
@@ -207,7 +219,7 @@ def test_an_interrupt_wins_over_a_pending_failure():
     verdict = _verdict()
     _feed(verdict, *_all_heard(), _exit("n1", 1, 3))
     [failure] = _teardowns(_feed(verdict, Interrupted(signal.SIGINT, False, 1.2)))
-    assert failure.kind == "signal"
+    assert failure.kind == FailureKind.SIGNAL
 
 
 def test_the_teardown_is_asked_for_once_and_reading_stops_after_the_drain():
@@ -229,7 +241,7 @@ def test_after_every_node_exited_the_head_launcher_gets_its_wind_down_time():
     assert verdict.feed(Tick(65.1)).stop_reading
     # orch stopped the head launcher itself after every node succeeded: not a failure.
     outcome = verdict.outcome(-15, stopped_by_us=True)
-    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+    assert (outcome.state, outcome.exit_code) == (JobState.SUCCEEDED, 0)
 
 
 def test_events_of_nodes_outside_the_job_are_ignored():
@@ -258,10 +270,10 @@ def test_a_job_whose_ranks_stop_writing_while_every_node_answers_hung(quiet_for,
     assert bool(failures) is hung
     if hung:
         [failure] = failures
-        assert failure.kind == "hang" and failure.exit_code == HANG_EXIT_CODE == 124
+        assert failure.kind == FailureKind.HANG and failure.exit_code == HANG_EXIT_CODE == 124
         assert failure.reason == "hang: no rank wrote anything for 30 s"
         outcome = verdict.outcome(-15, stopped_by_us=True)
-        assert (outcome.state, outcome.exit_code) == ("failed", 124)
+        assert (outcome.state, outcome.exit_code) == (JobState.FAILED, 124)
 
 
 def test_output_keeps_a_job_from_counting_as_hung_and_no_timeout_means_never():
@@ -279,14 +291,14 @@ def test_a_job_that_never_wrote_anything_hangs_from_its_start():
     for at in (0, 5, 10, 15, 20, 25, 30, 30.5):  # heartbeats only
         decisions += _feed(verdict, *_all_heard(at))
     [failure] = _teardowns(decisions)
-    assert failure.kind == "hang"
+    assert failure.kind == FailureKind.HANG
 
 
 def test_a_job_whose_nodes_all_exited_is_quiet_not_hung():
     verdict = _hang_verdict(30)
     _feed(verdict, *_all_heard(0), RankOutput(1), *(_exit(h, 2) for h in HOSTS))
     assert _teardowns(_feed(verdict, Tick(40), Tick(61))) == []
-    assert verdict.outcome(0, stopped_by_us=True).state == "succeeded"
+    assert verdict.outcome(0, stopped_by_us=True).state == JobState.SUCCEEDED
 
 
 def _stacks_with(outliers: tuple[Outlier, ...]) -> StacksResult:
@@ -295,7 +307,8 @@ def _stacks_with(outliers: tuple[Outlier, ...]) -> StacksResult:
 
 
 def test_a_hang_names_the_rank_that_stands_apart_and_where():
-    hang = Failure("", "hang: no rank wrote anything for 31 s", HANG_EXIT_CODE, kind="hang")
+    reason = "hang: no rank wrote anything for 31 s"
+    hang = Failure("", reason, HANG_EXIT_CODE, kind=FailureKind.HANG)
     stuck = Outlier(rank=3, node="n2", frame=Frame("load_batch", "/work/train.py", 42))
     named = hang_culprit(hang, _stacks_with((stuck,)))
     assert (named.node, named.rank, named.exit_code) == ("n2", 3, 124)
