@@ -238,7 +238,7 @@ class Supervisor:
         os.close(err_w)
         step = os.environ.get("SLURM_STEP_ID")
         where = {"slurm_step": f"{os.environ.get('SLURM_JOB_ID')}.{step}"} if step else {}
-        self.channel.control("started", pid=child.pid, node=self.node,
+        self.channel.control(logwire.ControlKind.STARTED, pid=child.pid, node=self.node,
                              node_rank=int(self.rank), **where)  # fmt: skip
         pumps = [
             threading.Thread(target=self._pump_stream, args=(fd, name, self.dir / raw), daemon=True)
@@ -290,7 +290,7 @@ class Supervisor:
             fields["stopped"] = self.stop_reason
         if stopped["killed"]:
             fields["killed_leftovers"] = stopped["killed"]
-        self.channel.control("exit", **fields)
+        self.channel.control(logwire.ControlKind.EXIT, **fields)
         if code != 0 and not self.stop_reason:
             self._linger(self.spec.linger_s)
         self.channel.close()

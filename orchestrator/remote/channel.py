@@ -58,7 +58,7 @@ class Channel:
     def heartbeat(self, **fields: object) -> None:
         """A heartbeat, when the last one is HEARTBEAT_S old; call it as often as you like."""
         if time.monotonic() - self._last_beat >= HEARTBEAT_S:
-            self.control("heartbeat", **fields)
+            self.control(logwire.ControlKind.HEARTBEAT, **fields)
             self._last_beat = time.monotonic()
 
     def stalled(self) -> bool:

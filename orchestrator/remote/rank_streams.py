@@ -75,7 +75,8 @@ class RankChannels:
                 first = rank not in self._announced
                 self._announced.add(rank)
             if first:
-                self.head.control("rank", rank=rank, local_rank=local_rank, node=self.node)
+                self.head.control(logwire.ControlKind.RANK, rank=rank, local_rank=local_rank,
+                                  node=self.node)  # fmt: skip
             framer = logwire.WireFramer(stream, f"{rank}/{local_rank}")
             raw = self.directory / f"rank{rank}.{_RAW_NAME[stream]}"
             pending = [first_bytes] if first_bytes else []
