@@ -15,7 +15,19 @@ from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.errors import UsageError
 from orchestrator.plan.agent_command import agent_argv
 from orchestrator.plan.launch_plan import build_plan
-from orchestrator.plan.sbatch_script import batch_request, render_batch_script
+from orchestrator.plan.request import (
+    HostsRequest,
+    JobRequest,
+    SbatchRequest,
+    WatchRequest,
+    recipe_spec,
+)
+from orchestrator.plan.sbatch_script import (
+    batch_request,
+    render_batch_script,
+    request_batch,
+    submit_argv,
+)
 from orchestrator.plan.srun_command import build_srun_argv
 from orchestrator.remote.agent import decode_spec, slurm_node_and_rank, without_step_variables
 from orchestrator.run.records import JobRecord, batch_state
@@ -194,6 +206,34 @@ def test_the_batch_script_asks_for_the_allocation_and_runs_orch_in_it():
         assert line + "\n" in text
     assert text.endswith("exec /opt/py/bin/python -m orchestrator submit '/r/a b.yaml'\n")
     assert "--account" not in text
+
+
+def _sbatch_request(**kw) -> JobRequest:
+    from orchestrator.specs.recipe import parse_recipe
+
+    recipe = parse_recipe("name: smoke\nscript: t.py\nnproc_per_node: 2\n"
+                          "slurm: {nodes: 2, time: '5', account: acc}\n")  # fmt: skip
+    base = dict(spec=recipe_spec(recipe, "r.yaml"), recipe=recipe, sbatch=SbatchRequest(),
+                hosts=HostsRequest(nodes=recipe.slurm.nodes))  # fmt: skip
+    return JobRequest(**{**base, **kw})
+
+
+def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given():
+    plain = _sbatch_request()
+    argv = submit_argv(plain, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
+    assert argv == ("/py", "-m", "orchestrator", "submit", "/r.yaml", "--slurm", "--job-id", "j1",
+                    "--runs-dir", "/runs")  # fmt: skip
+    watch = WatchRequest(preflight=False, sync=True, heartbeat_timeout=20.0, hang_timeout=30.0)
+    given = _sbatch_request(watch=watch, main_port=29600, fanout="pdsh", extra_args=("a", "b"))
+    argv = submit_argv(given, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
+    assert argv[10:] == ("--no-doctor", "--sync", "--heartbeat-timeout", "20.0",
+                         "--hang-timeout", "30.0", "--main-port", "29600", "--fanout", "pdsh",
+                         "--", "a", "b")  # fmt: skip
+    batch = request_batch(_sbatch_request(sbatch=SbatchRequest(partition="p")), job_id="j1",
+                          cwd="/w", output="/o", command=argv)  # fmt: skip
+    assert (batch.name, batch.nodes, batch.ntasks_per_node, batch.workdir) == (
+        "orch-smoke", 2, 2, "/w")  # fmt: skip
+    assert (batch.time, batch.partition, batch.account) == ("5", "p", "acc")
 
 
 def test_a_batch_job_needs_a_node_count():

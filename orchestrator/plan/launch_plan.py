@@ -39,6 +39,7 @@ from orchestrator.plan.pdsh_command import (
     pdsh_environment,
     shim_script,
 )
+from orchestrator.plan.request import LaunchSpec
 from orchestrator.plan.srun_command import LINGER_S, build_srun_argv
 from orchestrator.remote import program_source
 from orchestrator.remote.agent import RANK_PROGRAM
@@ -55,7 +56,7 @@ from orchestrator.specs.constants import (
 from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
 from orchestrator.specs.jobenv import REDACTED, build_job_env, is_secret
 from orchestrator.specs.options import check_launcher, check_port
-from orchestrator.specs.recipe import AccelerateOptions, Recipe
+from orchestrator.specs.recipe import AccelerateOptions
 
 PDSH_SPEC_NAME = "accelerate_config.json"  # ClusterConfig fields the head launcher renders
 HEAD_LAUNCHER_NAME = "accelerate_head.py"
@@ -116,7 +117,8 @@ class HeadContext:
 
     pdsh: str  # the real pdsh
     private_dir: str  # the job's private directory (created when the job starts)
-    orch_python: str  # the interpreter orch runs on (the pdsh shim's)
+    orch_python: str  # the interpreter orch runs on (the pdsh shim's, the ranks' by default)
+    cwd: str = ""  # orch's working directory (the job's, unless one is given)
 
 
 @dataclass(frozen=True)
@@ -581,44 +583,41 @@ def _standard_node_files(
     return (launcher, *specs)
 
 
-def plan_from_recipe(
-    recipe: Recipe,
+def plan_job(
+    spec: LaunchSpec,
     *,
-    recipe_path: str,
     job_id: str,
     hostfile: Hostfile,
     run_dir: str,
-    default_python: str,
-    default_workdir: str,
-    environ: Mapping[str, str] | None = None,
-    head: HeadContext | None = None,
-    chosen_port: int | None = None,
+    head: HeadContext,
+    environ: Mapping[str, str],
+    main_port: int,
+    main_port_chosen: bool,
     fanout: str = "pdsh",
     slurm_job: str = "",
     slurm_batch: bool = False,
 ) -> LaunchPlan:
-    """A plan from a loaded Recipe (orchestrator.specs.recipe); `head` as for build_plan;
-    `chosen_port` the port orch picked when the recipe gives none."""
-    chosen = recipe.main_port is None and chosen_port is not None
+    """A plan from a request's spec (plan/request.py) on `head`, whose interpreter and
+    working directory stand in for those the spec leaves open; `main_port` resolved."""
     return build_plan(
         job_id=job_id,
         hostfile=hostfile,
-        script=recipe.script,
-        args=list(recipe.args),
-        launcher=recipe.launcher,
-        python=recipe.python or default_python,
-        workdir=recipe.workdir or default_workdir,
+        script=spec.script,
+        args=spec.args,
+        launcher=spec.launcher,
+        python=spec.python or head.orch_python,
+        workdir=spec.workdir or head.cwd,
         run_dir=run_dir,
-        main_port=recipe.main_port or chosen_port or DEFAULT_MAIN_PORT,
-        main_port_chosen=chosen,
-        nproc_per_node=recipe.nproc_per_node,
-        extra_env=dict(recipe.env),
-        passthrough=recipe.passthrough_env,
+        main_port=main_port,
+        main_port_chosen=main_port_chosen,
+        nproc_per_node=spec.nproc_per_node,
+        extra_env=dict(spec.env),
+        passthrough=spec.passthrough,
         environ=environ,
-        accelerate=recipe.accelerate,
-        torchrun_args=tuple(recipe.torchrun.extra_args),
-        rdzv_id=recipe.torchrun.rdzv_id,
-        recipe=recipe_path,
+        accelerate=spec.accelerate,
+        torchrun_args=spec.torchrun_args,
+        rdzv_id=spec.rdzv_id,
+        recipe=spec.recipe,
         head=head,
         fanout=fanout,
         slurm_job=slurm_job,
