@@ -288,3 +288,11 @@ def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_h
     assert spec["env"] == {"ACCELERATE_MIXED_PRECISION": "no"}
     assert spec["path_first"] == {"PYTHONPATH": "/work"}
     assert "pw@db" not in json.dumps(spec)
+
+
+def test_nothing_under_plan_reads_the_heads_environment_itself():
+    # The head's environment is passed in (run/pipeline.py reads it), so a plan is a value
+    # of its inputs alone.
+    plan_dir = Path(__file__).resolve().parents[1] / "orchestrator" / "plan"
+    readers = [p.name for p in plan_dir.glob("*.py") if "os.environ" in p.read_text()]
+    assert readers == []

@@ -250,11 +250,12 @@ def build_plan(
     slurm_batch: bool = False,
 ) -> LaunchPlan:
     """Everything a launch does, decided up front. `run_dir` is where its files will live;
-    `environ` is the head's environment (what the job may forward, what pdsh runs in);
+    `environ` is the head's environment (what the job may forward, what pdsh runs in), as
+    the caller read it: none, when not given;
     `head` what the plan needs to know of the head (run.pipeline.head_context)."""
     _check_launch_inputs(launcher, hostfile, script, main_port)
     _check_fanout(fanout, launcher, slurm_job)
-    environ = environ if environ is not None else os.environ
+    environ = environ if environ is not None else {}
     head = head or HeadContext("pdsh", f"/tmp/orch-{job_id}", sys.executable)
     counts = ranks_per_node(hostfile, nproc_per_node)
     _check_uneven(hostfile, counts, launcher)
