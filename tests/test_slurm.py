@@ -14,10 +14,12 @@ from orchestrator.checks.model import Finding
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.errors import UsageError
 from orchestrator.plan.agent_command import agent_argv
-from orchestrator.plan.launch_plan import build_plan
+from orchestrator.plan.build import build_plan
+from orchestrator.plan.launch_plan import HeadContext, Placement
 from orchestrator.plan.request import (
     HostsRequest,
     JobRequest,
+    LaunchSpec,
     SbatchRequest,
     WatchRequest,
     recipe_spec,
@@ -132,23 +134,22 @@ def test_srun_argv_gives_every_count_and_exports_only_the_login_basics():
     ]  # fmt: skip
 
 
-def _srun_plan(**kw):
-    base = dict(
-        job_id="job-1", hostfile=make_hostfile(["n1", "n2"], 2), script="train.py",
-        args=["--note", "it's $HOME"], launcher="torchrun", python="/opt/py/bin/python",
-        workdir="/work/x", run_dir="/runs/job-1", main_port=29511,
-        environ={"PATH": "/bin", "HF_TOKEN": "hf_secret"}, extra_env={"WANDB_API_KEY": "k"},
-        fanout="srun", slurm_job="77",
-    )  # fmt: skip
-    base.update(kw)
-    return build_plan(**base)
+def _srun_plan(launcher: str = "torchrun", **kw):
+    spec = LaunchSpec(script="train.py", args=("--note", "it's $HOME"), launcher=launcher,
+                      python="/opt/py/bin/python", workdir="/work/x",
+                      env=(("WANDB_API_KEY", "k"),))  # fmt: skip
+    place = dict(job_id="job-1", hostfile=make_hostfile(["n1", "n2"], 2), run_dir="/runs/job-1",
+                 main_port=29511, fanout="srun", slurm_job="77")  # fmt: skip
+    head = HeadContext("pdsh", "/tmp/orch-job-1", sys.executable,
+                       environ={"PATH": "/bin", "HF_TOKEN": "hf_secret"})  # fmt: skip
+    return build_plan(spec, Placement(**{**place, **kw}), head)
 
 
 def test_an_srun_plan_starts_the_agent_in_one_step_with_nothing_the_user_typed():
     plan = _srun_plan()
-    argv = plan.fanout.argv
+    argv = plan.launch.head_process.argv
     assert argv[0] == "srun" and "--jobid=77" in argv and "--nodelist=n[1-2]" in argv
-    assert plan.fanout_kind == "srun" and plan.slurm_job == "77"
+    assert plan.job.fanout == "srun" and plan.job.slurm_job == "77"
     dash = argv.index("--")
     assert argv[dash + 1 : dash + 3] == ("/opt/py/bin/python", "-c")
     assert argv[-4] == "run" and argv[-2:] == ("-", "-")
@@ -157,7 +158,7 @@ def test_an_srun_plan_starts_the_agent_in_one_step_with_nothing_the_user_typed()
     text = " ".join(argv)
     for typed in ("it's $HOME", "hf_secret", "WANDB_API_KEY", "=k"):
         assert typed not in text
-    assert plan.fanout.set_env == ()  # pdsh's settings are not srun's
+    assert plan.launch.head_process.set_env == ()  # pdsh's settings are not srun's
 
 
 def test_srun_needs_an_allocation_and_a_launcher_whose_nodes_orch_starts():

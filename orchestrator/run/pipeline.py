@@ -25,7 +25,8 @@ from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogView
 from orchestrator.pernode import GroupResult
-from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, plan_job
+from orchestrator.plan.build import build_plan
+from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import JobRequest
 from orchestrator.run.launch import JobRunner, LaunchResult, prepare_run
 from orchestrator.run.pdsh import find_pdsh
@@ -38,12 +39,13 @@ from orchestrator.specs.recipe import recipe_hosts
 from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
 
 
-def head_context(job_id: str, *, dry_run: bool) -> HeadContext:
-    """A real launch needs pdsh on the head; a dry run only shows where it would be."""
+def head_context(job_id: str, environ: Mapping[str, str], *, dry_run: bool) -> HeadContext:
+    """A real launch needs pdsh on the head; a dry run only shows where it would be.
+    `environ`: the head's environment, as the plan is to see it."""
     pdsh = (shutil.which("pdsh") or "pdsh") if dry_run else find_pdsh()
     private = os.path.join(tempfile.gettempdir(), f"orch-{job_id}")
     return HeadContext(pdsh=pdsh, private_dir=private, orch_python=sys.executable,
-                       cwd=os.getcwd())  # fmt: skip
+                       cwd=os.getcwd(), environ=environ)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,16 +73,16 @@ def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: boo
     fanout = chosen_fanout(request.fanout, spec.launcher, allocation is not None)
     root = runs_root(request.runs_dir)
     job_id = request.job_id or new_job_id()
-    head = head_context(job_id, dry_run=dry_run)
+    head = head_context(job_id, environ, dry_run=dry_run)
     slurm_job = allocation.job_id if allocation else environ.get(JOB_ID_VAR, "")
+    slurm_batch = request.job_id is not None and allocation is not None
 
     def build(port: int, chosen: bool) -> LaunchPlan:
-        return plan_job(
-            spec, job_id=job_id, hostfile=hosts, run_dir=str(root / job_id), head=head,
-            environ=environ, main_port=port, main_port_chosen=chosen, fanout=fanout,
-            slurm_job=slurm_job,
-            slurm_batch=request.job_id is not None and allocation is not None,
+        place = Placement(
+            job_id=job_id, hostfile=hosts, run_dir=str(root / job_id), main_port=port,
+            main_port_chosen=chosen, fanout=fanout, slurm_job=slurm_job, slurm_batch=slurm_batch,
         )  # fmt: skip
+        return build_plan(spec, place, head)
 
     plan = plan_with_main_port(build, spec.main_port, job_id, dry_run=True, preflight=False)
     return PreparedJob(request=request, root=root, plan=plan, build=build)
@@ -269,7 +271,7 @@ def _preflight(plan: LaunchPlan, reporter: PipelineReporter) -> None:
         plan.hostfile,
         python=plan.python,
         workdir=plan.workdir,
-        script=plan.script,
+        script=plan.job.script,
         main_port=plan.main_port,
     )
     if report.ok:
