@@ -22,7 +22,6 @@ from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.request import (
     JobRequest,
     SbatchRequest,
-    check_sbatch_hosts,
     launch_spec,
     recipe_spec,
 )
@@ -227,7 +226,6 @@ def submit(
     if request.sbatch is None:
         _execute(request, dry_run=options.dry_run, as_json=options.as_json, quiet=options.quiet)
         return
-    check_sbatch_hosts(request.hosts)
     batch = submit_batch_job(request, dry_run=options.dry_run)
     if batch.slurm_job is None:
         typer.echo(batch.script, nl=False)

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.plan.request import JobRequest
+from orchestrator.plan.request import JobRequest, check_sbatch_hosts
 from orchestrator.plan.sbatch_script import (
     OUTPUT_NAME,
     SCRIPT_NAME,
@@ -37,6 +37,7 @@ def submit_batch_job(request: JobRequest, *, dry_run: bool) -> BatchJob:
     """Write the request's batch script and submit it (a dry run only writes the text)."""
     if request.recipe is None or request.spec.recipe is None:
         raise ValueError("a batch job runs a recipe")
+    check_sbatch_hosts(request.hosts)
     job_id = new_job_id()
     root = runs_root(request.runs_dir)
     run = run_dir(root, job_id)
