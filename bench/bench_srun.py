@@ -125,7 +125,7 @@ class Runs:
         kind, k = method.split(":")
         nodes = self.alloc.nodes[: int(k)]
         if kind == "pdsh":
-            argv = build_pdsh_argv(nodes, "true", fanout=max(64, len(nodes)))
+            argv = build_pdsh_argv(nodes, "true", window=max(64, len(nodes)))
             return self._timed(argv, pdsh_environment(self.alloc.env))
         argv = ["srun", f"--jobid={self.alloc.job}", f"-N{k}", f"-n{k}", "--ntasks-per-node=1",
                 f"--nodelist={fold_nodeset(nodes)}", "true"]  # fmt: skip

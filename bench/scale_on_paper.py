@@ -5,7 +5,7 @@ Measured here, on a private sandbox (default 16 nodes), in one run:
 - pdsh fan-out as the launch uses it (every connection open at once, as a job holds
   them): head CPU per node (pdsh and its ssh clients), pdsh's file descriptors and
   threads per open connection, ssh client processes and their memory;
-- orch's SSH (paramiko, `orchestrator.ssh`'s fan-out, as doctor uses it):
+- orch's SSH (paramiko, `orchestrator.ssh`'s parallel runs, as doctor uses it):
   head CPU per node, file descriptors and threads at its parallelism limit.
 Read from the latest bench/results files when present: `orch doctor`'s per-node head CPU
 and the launch benchmark's wall times.
@@ -49,7 +49,7 @@ from bench.common import (
 )
 
 TARGETS = (256, 1024)
-DEEPSPEED_PDSH_FANOUT = 1024  # deepspeed/launcher/constants.py PDSH_MAX_FAN_OUT
+DEEPSPEED_PDSH_WINDOW = 1024  # deepspeed/launcher/constants.py PDSH_MAX_FAN_OUT
 HOLD_S = 4.0  # how long each node's command keeps its connection open while we sample
 
 
@@ -121,7 +121,7 @@ def _sample_peak(pid: int, stop: Callable[[], bool]) -> Footprint:
 
 
 def pdsh_footprint(names: list[str]) -> Footprint:
-    """pdsh with every connection open at once (fan-out = nodes), as during a job."""
+    """pdsh with every connection open at once (window = nodes), as during a job."""
     argv = ["pdsh", "-R", "ssh", "-f", str(len(names)), "-w", ",".join(names), f"sleep {HOLD_S}"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(HOLD_S / 2)  # let every connection come up
@@ -351,7 +351,7 @@ def main() -> None:
             "orch_ssh": ssh,
             "doctor_cpu_per_node": doctor,
             "parallel": args.parallel,
-            "deepspeed_pdsh_fanout": DEEPSPEED_PDSH_FANOUT,
+            "deepspeed_pdsh_window": DEEPSPEED_PDSH_WINDOW,
             "limits": lim,
             "projections": projections,
             "tables": {"measured": measured, "projected": projected},

@@ -1,4 +1,4 @@
-"""One result per node, for every operation over many nodes (SSH fan-out, sync, log
+"""One result per node, for every operation over many nodes (SSH commands, sync, log
 collection, teardown): each node succeeded with a value or failed with a one-line problem
 that names it and a hint with the fix. One bad node never hides the others. Pure."""
 

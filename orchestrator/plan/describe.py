@@ -8,16 +8,9 @@ import json
 import shlex
 
 from orchestrator.plan.agent_command import kill_command
-from orchestrator.plan.launch_plan import (
-    HEAD_LAUNCHER_NAME,
-    NODE,
-    PDSH_SPEC_NAME,
-    PRIVATE,
-    SHIM_DIR,
-    LaunchPlan,
-    PlannedFile,
-    standard_spec_name,
-)
+from orchestrator.plan.launch_plan import HEAD_LAUNCHER_NAME, NODE, PRIVATE, LaunchPlan, PlannedFile
+from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME, SHIM_DIR
+from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
 from orchestrator.remote.agent import RANK_PROGRAM, node_dir
 from orchestrator.specs.constants import (
@@ -28,48 +21,49 @@ from orchestrator.specs.constants import (
 )
 from orchestrator.specs.jobenv import redact
 
-DEEPSPEED_FANOUT = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
+DEEPSPEED_WINDOW = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
 _AGENT_WORD_LIMIT = 200  # longer words (the inline agent) are abbreviated in the readable form
 
 
 # ----- the JSON document ------------------------------------------------------------
 def plan_summary(plan: LaunchPlan) -> dict:
     """The plan as one JSON-able document (what --dry-run --json prints); secrets redacted."""
+    head = plan.launch.head_process
     return {
         "job_id": plan.job_id,
         "launcher": plan.launcher,
         "hosts": [{"host": h.host, "slots": h.slots} for h in plan.hostfile.hosts],
-        "nproc_per_node": plan.nproc_per_node,
+        "nproc_per_node": plan.job.nproc,
         "world_size": plan.world_size,
-        "ranks_per_node": list(plan.ranks_per_node),
+        "ranks_per_node": list(plan.job.ranks_per_node),
         "python": plan.python,
         "workdir": plan.workdir,
         "main": f"{plan.main_host}:{plan.main_port}",
         "main_port_chosen": plan.main_port_chosen,
-        "script": plan.script,
-        "args": list(plan.args),
-        "run_dir": plan.run_dir,
-        "private_dir": plan.private_dir,
-        "fanout": plan.fanout_kind,
-        "slurm_job": plan.slurm_job or None,
+        "script": plan.job.script,
+        "args": list(plan.job.args),
+        "run_dir": plan.job.run_dir,
+        "private_dir": plan.job.private_dir,
+        "fanout": plan.job.fanout,
+        "slurm_job": plan.job.slurm_job or None,
         "head_process": {
-            "argv": list(plan.fanout.argv),
-            "cwd": plan.fanout.cwd,
-            "set_env": redact(dict(plan.fanout.set_env)),
-            "drop_env": list(plan.fanout.drop_env),
-            "path_prepend": list(plan.fanout.path_prepend),
+            "argv": list(head.argv),
+            "cwd": head.cwd,
+            "set_env": redact(dict(head.set_env)),
+            "drop_env": list(head.drop_env),
+            "path_prepend": list(head.path_prepend),
         },
-        "head_command": list(plan.head_command),
-        "node_command": list(plan.node_command),
-        "rank_command": list(plan.rank_command),
+        "head_command": list(plan.launch.head_command),
+        "node_command": list(plan.launch.node_command),
+        "rank_command": list(plan.job.rank_command),
         "nodes": [
             {"node": node, "node_rank": rank, "runs": node_runs(plan, rank)}
             for rank, node in enumerate(plan.hosts)
         ],
-        "agent_spec": plan.agent_spec.to_dict(),  # holds no value of the job's env
-        "node_private": {"env": plan.redacted_env, "rank_argv": list(plan.rank_command)},
-        "teardown_command": kill_command(plan.python, plan.job_id, plan.grace),
-        "workers_wait_for_main_port": plan.wait_for_main,
+        "agent_spec": plan.launch.agent_spec.to_dict(),  # holds no value of the job's env
+        "node_private": {"env": plan.redacted_env, "rank_argv": list(plan.job.rank_command)},
+        "teardown_command": kill_command(plan.python, plan.job_id, plan.job.grace),
+        "workers_wait_for_main_port": plan.launch.wait_for_main,
         "env": plan.redacted_env,
         "files": _files_summary(plan),
     }
@@ -118,7 +112,7 @@ def node_runs(plan: LaunchPlan, node_rank: int) -> str:
     """The command the agent on the node with this rank runs, shell-quoted, its variables
     filled in."""
     node = plan.hosts[node_rank]
-    if plan.node_command:
+    if plan.launch.node_command:
         words = list(plan.command_of(node_rank))
         if words[:2] == ["/bin/sh", "-c"]:
             return (
@@ -135,7 +129,7 @@ def _deepspeed_node_command(plan: LaunchPlan, node_rank: int) -> str:
     """DeepSpeed's per-node launcher, as its pdsh runner writes it on the head (the runner
     builds it at run time; orch's shim hands its words to the agent, without the runner's
     exports of the head's environment)."""
-    world = {h.host: list(range(plan.nproc_per_node)) for h in plan.hostfile.hosts}
+    world = {h.host: list(range(plan.job.nproc)) for h in plan.hostfile.hosts}
     world_info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
     return shlex.join([
         plan.python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
@@ -147,24 +141,25 @@ def _deepspeed_node_command(plan: LaunchPlan, node_rank: int) -> str:
 # ----- the readable form ------------------------------------------------------------------
 def plan_text(plan: LaunchPlan) -> str:
     """What `orch launch --dry-run` prints: the plan in the order it runs."""
+    head = plan.launch.head_process
     lines = [
         f"job {plan.job_id}: {plan.launcher} launcher, {plan.shape_text} = {plan.world_size} "
         f"ranks, main {plan.main_host}:{plan.main_port}",
         *(["  (main port picked by orch: free on node 0 and reserved there for this job; a "
            "dry run shows the first one it tries)"] if plan.main_port_chosen else []),
-        f"record: {plan.run_dir}",
+        f"record: {plan.job.run_dir}",
         "",
         "files:",
         *(f"  {_file_place(plan, f)}" for f in plan.files),
         "",
-        f"the head runs, in {plan.fanout.cwd}:",
+        f"the head runs, in {head.cwd}:",
         f"  {_head_command_line(plan)}",
     ]
-    if plan.fanout.drop_env:
-        lines.append(f"  (not passed on from the head: {', '.join(plan.fanout.drop_env)})")
-    if plan.head_command:
+    if head.drop_env:
+        lines.append(f"  (not passed on from the head: {', '.join(head.drop_env)})")
+    if plan.launch.head_command:
         hosts = ",".join(plan.hosts)
-        pdsh = [_shim_real_pdsh(plan), "-S", "-f", str(DEEPSPEED_FANOUT), "-w", hosts]
+        pdsh = [_shim_real_pdsh(plan), "-S", "-f", str(DEEPSPEED_WINDOW), "-w", hosts]
         lines += [
             "",
             "DeepSpeed's runner then calls pdsh, which orch's shim runs as:",
@@ -173,7 +168,9 @@ def plan_text(plan: LaunchPlan) -> str:
     env = " ".join(f"{name}={shlex.quote(value)}" for name, value in plan.redacted_env.items())
     runs = (
         "DeepSpeed's per-node launcher, as DeepSpeed's runner writes it (with accelerate's "
-        "ACCELERATE_* settings added to the environment)" if plan.head_command else "its command"
+        "ACCELERATE_* settings added to the environment)"
+        if plan.launch.head_command
+        else "its command"
     )
     lines += [
         "",
@@ -181,14 +178,15 @@ def plan_text(plan: LaunchPlan) -> str:
         *(f"  {node} (node rank {k}): {node_runs(plan, k)}" for k, node in enumerate(plan.hosts)),
         "",
         f"and the launcher starts every rank through {RANK_PROGRAM}, which runs exactly:",
-        f"  {shlex.join(plan.rank_command)}",
+        f"  {shlex.join(plan.job.rank_command)}",
     ]
-    if plan.wait_for_main:
+    if plan.launch.wait_for_main:
         lines.append(f"  (nodes other than {plan.main_host} start once its port answers)")
-    teardown = kill_command(plan.python, plan.job_id, plan.grace)
+    teardown = kill_command(plan.python, plan.job_id, plan.job.grace)
     lines += ["", "teardown (every node, by job id):", f"  {_abbreviated(teardown)}"]
-    if plan.fanout_kind == "srun":
-        lines.append(f"  then `scancel {plan.slurm_job}.<step>`: what Slurm still runs of the step")
+    if plan.job.fanout == "srun":
+        step = f"{plan.job.slurm_job}.<step>"
+        lines.append(f"  then `scancel {step}`: what Slurm still runs of the step")
     lines += ["", "(--dry-run --json prints the whole plan, every file and command line in full)"]
     return "\n".join(lines) + "\n"
 
@@ -202,14 +200,15 @@ def _file_place(plan: LaunchPlan, planned: PlannedFile) -> str:
 
 
 def _head_command_line(plan: LaunchPlan) -> str:
-    env = redact(dict(plan.fanout.set_env))
+    head = plan.launch.head_process
+    env = redact(dict(head.set_env))
     words = [f"{name}={value}" for name, value in env.items()]
-    if plan.fanout.path_prepend:
-        words.append("PATH=" + ":".join([*plan.fanout.path_prepend, "$PATH"]))
+    if head.path_prepend:
+        words.append("PATH=" + ":".join([*head.path_prepend, "$PATH"]))
     assignments = " ".join(
         w if w.startswith("PATH=") else shlex.quote(w) for w in words
     )
-    command = " ".join(_abbreviated(word) for word in _quoted(list(plan.fanout.argv)))
+    command = " ".join(_abbreviated(word) for word in _quoted(list(head.argv)))
     return f"env {assignments} {command}" if assignments else command
 
 

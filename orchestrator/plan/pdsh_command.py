@@ -9,26 +9,26 @@ from dataclasses import replace
 from orchestrator.errors import OrchError
 from orchestrator.remote.agent_spec import AgentSpec
 
-DEFAULT_FANOUT = 64
+DEFAULT_WINDOW = 64  # pdsh -f: how many nodes it runs a command on at once
 DEFAULT_CONNECT_TIMEOUT = 10
 # Keepalives make ssh itself notice a node that stops answering.
 SSH_ARGS_APPEND = "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
 
 
-def job_fanout(host_count: int) -> int:
-    """Fan-out for a command that runs until the job ends.
+def job_window(host_count: int) -> int:
+    """pdsh's window (-f) for a command that runs until the job ends.
 
-    pdsh's fan-out is a sliding window: with fewer slots than nodes, the nodes
+    The window slides: with fewer slots than nodes, the nodes
     past the window start only when a running one finishes, which for a
     training job is never. Short commands keep the default window.
     """
-    return max(DEFAULT_FANOUT, host_count)
+    return max(DEFAULT_WINDOW, host_count)
 
 
 def build_pdsh_argv(
     hosts: Sequence[str],
     remote_command: str,
-    fanout: int = DEFAULT_FANOUT,
+    window: int = DEFAULT_WINDOW,
     *,
     connect_timeout: int | None = DEFAULT_CONNECT_TIMEOUT,
     command_timeout: int | None = None,
@@ -37,7 +37,7 @@ def build_pdsh_argv(
     """pdsh over ssh on `hosts`; -S: exit with the largest remote exit code."""
     if not hosts:
         raise OrchError("no hosts to run on", "check the hostfile")
-    argv = [pdsh, "-R", "ssh", "-S", "-f", str(fanout)]
+    argv = [pdsh, "-R", "ssh", "-S", "-f", str(window)]
     if connect_timeout is not None:
         argv += ["-t", str(connect_timeout)]
     if command_timeout is not None:

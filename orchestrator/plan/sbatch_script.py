@@ -1,5 +1,5 @@
-"""`orch submit RECIPE --sbatch`: the batch script that runs the same submit inside a new
-Slurm allocation, as text. Pure."""
+"""`orch submit RECIPE --sbatch`: the batch script that runs the same request (the same
+submit, on the allocation's nodes) inside a new Slurm allocation, as text. Pure."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import UsageError
+from orchestrator.plan.request import JobRequest
 
 SCRIPT_NAME = "sbatch.sh"
 OUTPUT_NAME = "sbatch.out"
@@ -56,6 +57,50 @@ def batch_request(
         command=tuple(command), gpus_per_node=gpus_per_node, time=time, partition=partition,
         account=account,
     )  # fmt: skip
+
+
+def request_batch(request: JobRequest, *, job_id: str, cwd: str, output: str,
+                  command: Sequence[str]) -> BatchRequest:  # fmt: skip
+    """The allocation a `--sbatch` request asks for: its options, else the recipe's `slurm:`
+    section; `cwd` the head's working directory (the job's, unless the recipe names one)."""
+    if request.recipe is None or request.sbatch is None:
+        raise ValueError("a batch job runs a recipe, with --sbatch")
+    recipe, wanted, asked = request.recipe, request.recipe.slurm, request.sbatch
+    return batch_request(
+        job_id=job_id,
+        name=f"orch-{recipe.name}",
+        nodes=request.hosts.nodes,
+        ntasks_per_node=recipe.nproc_per_node,
+        gpus_per_node=asked.gpus_per_node or wanted.gpus_per_node,
+        workdir=recipe.workdir or cwd,
+        output=output,
+        command=command,
+        time=asked.time or wanted.time,
+        partition=asked.partition or wanted.partition,
+        account=wanted.account,
+    )
+
+
+def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
+                runs_dir: str) -> tuple[str, ...]:  # fmt: skip
+    """The orch command the batch script runs: the request's own submit, naming the job, on
+    the allocation's nodes (--slurm). Only what was given is passed on: the recipe says the
+    rest again."""
+    argv = [python, "-m", "orchestrator", "submit", recipe, "--slurm", "--job-id", job_id,
+            "--runs-dir", runs_dir]  # fmt: skip
+    watch = request.watch
+    switches = (("--no-doctor", not watch.preflight), ("--sync", watch.sync),
+                ("--keep-remote-logs", watch.keep_remote_logs))  # fmt: skip
+    argv += [flag for flag, given in switches if given]
+    values = (("--heartbeat-timeout", watch.heartbeat_timeout),
+              ("--hang-timeout", watch.hang_timeout), ("--main-port", request.main_port),
+              ("--fanout", request.fanout))  # fmt: skip
+    for option, value in values:
+        if value is not None:
+            argv += [option, f"{value}"]
+    if request.extra_args:
+        argv += ["--", *request.extra_args]
+    return tuple(argv)
 
 
 def render_batch_script(request: BatchRequest) -> str:

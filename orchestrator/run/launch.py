@@ -109,7 +109,7 @@ class LaunchResult:
 def write_private_files(plan: LaunchPlan) -> None:
     """The job's private files on the head (its env file with real values, the pdsh shim),
     in a directory only this user can read, made new for the job (never reused)."""
-    private = Path(plan.private_dir)
+    private = Path(plan.job.private_dir)
     files = [f for f in plan.files if f.where == PRIVATE]
     if not files:
         return
@@ -150,8 +150,8 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
         python=plan.python,
         main_port=plan.main_port,
         main_port_chosen=plan.main_port_chosen,
-        fanout=plan.fanout_kind,
-        slurm_job_id=plan.slurm_job or None,
+        fanout=plan.job.fanout,
+        slurm_job_id=plan.job.slurm_job or None,
         slurm_batch=plan.slurm_batch,
     )
     run.save(record)
@@ -300,7 +300,7 @@ class JobRunner:
         self.settings = settings or WatchSettings()
         self.tracker = _Tracker(plan.hosts, view)
         self.verdict = JobVerdict(
-            plan.hosts, self.settings, head_launcher=bool(plan.head_command)
+            plan.hosts, self.settings, head_launcher=bool(plan.launch.head_command)
         )
         self.signal: int | None = None
         self.teardown: GroupResult[StopReport] | None = None
@@ -324,7 +324,7 @@ class JobRunner:
     def _start(self) -> StreamingProcess:
         """Write the plan's private files, then start what the plan says the head runs."""
         write_private_files(self.plan)
-        head = self.plan.fanout
+        head = self.plan.launch.head_process
         env = process_environment(head, os.environ)
         return start_streaming(head.argv, env=env, cwd=head.cwd, term_first=head.term_first)
 
@@ -345,7 +345,7 @@ class JobRunner:
         # of it to DeepSpeed, whose runner logs it: mask the head's secrets as well.
         redactor = _Redactor(
             [v for k, v in os.environ.items() if is_secret(k)]
-            + [v for k, v in self.plan.env if k in self.plan.secret_names]
+            + [v for k, v in self.plan.job.env.items() if k in self.plan.secret_names]
         )
         try:
             self._watch(process, chunks, router, redactor)
@@ -452,7 +452,7 @@ class JobRunner:
                     self.plan.hosts,
                     self.plan.job_id,
                     self.plan.python,
-                    grace=self.plan.grace,
+                    grace=self.plan.job.grace,
                     timeout=self.settings.teardown_timeout,
                     not_answering=_not_answering(failure),
                     log=self.run_dir.path / "teardown-unanswered.log",
@@ -499,7 +499,7 @@ class JobRunner:
         return _decoded(self.tracker.tails.get(node, ()))
 
     def _cleanup_private(self) -> None:
-        shutil.rmtree(self.plan.private_dir, ignore_errors=True)
+        shutil.rmtree(self.plan.job.private_dir, ignore_errors=True)
 
     # -- the record --------------------------------------------------------------------
     def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
@@ -507,7 +507,7 @@ class JobRunner:
         first = None
         if failure is not None and failure.kind == FailureKind.HANG:
             failure = hang_culprit(failure, self.stacks)
-        if failure is not None and self.plan.fanout_kind == "srun":
+        if failure is not None and self.plan.job.fanout == "srun":
             failure = in_slurm_words(
                 failure, self._head_lines(), bool(self.verdict.last_seen),
                 slurm.node_problems(self.plan.hosts),

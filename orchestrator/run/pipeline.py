@@ -1,5 +1,6 @@
-"""From a plan to a finished job: sync -> the job's private settings on every node, while
-node 0 picks the main port -> pre-flight -> prepare the record -> run.
+"""From a request to a finished job: its hosts, job id and plan (`prepare_job`, the same for
+`orch launch` and `orch submit`); then sync -> the job's private settings on every node,
+while node 0 picks the main port -> pre-flight -> prepare the record -> run (`run_job`).
 
 Each step either passes or raises OrchError before anything of the job has started (and
 then the private settings written so far are removed again); what a step found goes to
@@ -15,7 +16,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,19 +25,99 @@ from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogView
 from orchestrator.pernode import GroupResult
-from orchestrator.plan.launch_plan import HeadContext, LaunchPlan
+from orchestrator.plan.build import build_plan
+from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
+from orchestrator.plan.request import JobRequest
 from orchestrator.run.launch import JobRunner, LaunchResult, prepare_run
 from orchestrator.run.pdsh import find_pdsh
-from orchestrator.run.records import RunDir, run_dir
+from orchestrator.run.ports import plan_with_main_port
+from orchestrator.run.records import RunDir, new_job_id, run_dir, runs_root
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.verdict import WatchSettings
+from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
+from orchestrator.specs.recipe import recipe_hosts
+from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
 
 
-def head_context(job_id: str, *, dry_run: bool) -> HeadContext:
-    """A real launch needs pdsh on the head; a dry run only shows where it would be."""
+def head_context(job_id: str, environ: Mapping[str, str], *, dry_run: bool) -> HeadContext:
+    """A real launch needs pdsh on the head; a dry run only shows where it would be.
+    `environ`: the head's environment, as the plan is to see it."""
     pdsh = (shutil.which("pdsh") or "pdsh") if dry_run else find_pdsh()
     private = os.path.join(tempfile.gettempdir(), f"orch-{job_id}")
-    return HeadContext(pdsh=pdsh, private_dir=private, orch_python=sys.executable)
+    return HeadContext(pdsh=pdsh, private_dir=private, orch_python=sys.executable,
+                       cwd=os.getcwd(), environ=environ)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A request made concrete on this head: its record's root and its plan, built with the
+    given main port or the first one orch would try (`build(port, chosen)` builds it again
+    with the port node 0 picks)."""
+
+    request: JobRequest
+    root: Path
+    plan: LaunchPlan
+    build: Callable[[int, bool], LaunchPlan]
+
+
+def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: bool) -> PreparedJob:
+    """inventory -> hosts -> fan-out -> plan, for `orch launch` and `orch submit` alike.
+    `environ` is the head's environment. A bad input is refused here, before any node is
+    asked; a dry run needs nothing more."""
+    spec, wanted = request.spec, request.hosts
+    inventory, allocation = job_inventory(
+        _given_hosts(request, environ), slurm=wanted.slurm, environ=environ,
+        nproc_per_node=spec.nproc_per_node, nodes=wanted.nodes,
+    )  # fmt: skip
+    hosts = filter_hosts(inventory, include=wanted.include, exclude=wanted.exclude)
+    fanout = chosen_fanout(request.fanout, spec.launcher, allocation is not None)
+    root = runs_root(request.runs_dir)
+    job_id = request.job_id or new_job_id()
+    head = head_context(job_id, environ, dry_run=dry_run)
+    slurm_job = allocation.job_id if allocation else environ.get(JOB_ID_VAR, "")
+    slurm_batch = request.job_id is not None and allocation is not None
+
+    def build(port: int, chosen: bool) -> LaunchPlan:
+        place = Placement(
+            job_id=job_id, hostfile=hosts, run_dir=str(root / job_id), main_port=port,
+            main_port_chosen=chosen, fanout=fanout, slurm_job=slurm_job, slurm_batch=slurm_batch,
+        )  # fmt: skip
+        return build_plan(spec, place, head)
+
+    plan = plan_with_main_port(build, spec.main_port, job_id, dry_run=True, preflight=False)
+    return PreparedJob(request=request, root=root, plan=plan, build=build)
+
+
+def _given_hosts(request: JobRequest, environ: Mapping[str, str]) -> Hostfile | None:
+    """--hostfile; else a recipe's own hosts, unless the job runs in a Slurm allocation."""
+    if request.hosts.hostfile is not None:
+        return read_hostfile(request.hosts.hostfile)
+    if request.recipe is None or request.hosts.slurm or allocation_from_env(environ) is not None:
+        return None
+    return recipe_hosts(request.recipe, None)
+
+
+def pipeline_options(request: JobRequest) -> PipelineOptions:
+    watch = request.watch
+    heartbeat = watch.heartbeat_timeout
+    settings = WatchSettings(
+        heartbeat_timeout=WatchSettings.heartbeat_timeout if heartbeat is None else heartbeat,
+        hang_timeout=request.hang_timeout,
+    )
+    return PipelineOptions(sync=watch.sync, preflight=watch.preflight,
+                           keep_remote_logs=watch.keep_remote_logs, settings=settings)  # fmt: skip
+
+
+def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> LaunchResult:
+    """Run a prepared job to its end (`execute_plan`), with the port node 0 picks for it."""
+    options = pipeline_options(job.request)
+
+    def with_port() -> LaunchPlan:
+        return plan_with_main_port(job.build, job.request.spec.main_port, job.plan.job_id,
+                                   dry_run=False, preflight=options.preflight)  # fmt: skip
+
+    return execute_plan(job.plan, job.root, options, view=view, reporter=reporter,
+                        with_port=with_port)  # fmt: skip
 
 
 class PipelineReporter(Protocol):
@@ -190,7 +271,7 @@ def _preflight(plan: LaunchPlan, reporter: PipelineReporter) -> None:
         plan.hostfile,
         python=plan.python,
         workdir=plan.workdir,
-        script=plan.script,
+        script=plan.job.script,
         main_port=plan.main_port,
     )
     if report.ok:

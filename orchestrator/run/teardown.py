@@ -1,16 +1,25 @@
 """Tearing a job down on every node: the kill-by-job-id program, run through a fresh pdsh
-so that it works even when the job's own channel is wedged. One result per node."""
+so that it works even when the job's own channel is wedged. One result per node. And
+`orch kill`'s protocol around it (`kill_job`): the head TERMed, the batch job cancelled, the
+nodes told, the head waited for, the record closed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
 from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
+from orchestrator.run.records import FINAL_STATES, JobRecord, RunDir, finished, head_alive
+from orchestrator.run.slurm import ACTIVE_STATES, cancel, job_state
+from orchestrator.run.verdict import JobState
 
 # `orch kill` leaves this file in the run directory, so the head reports "killed".
 KILL_MARKER = "kill-requested"
@@ -106,3 +115,54 @@ def _ssh_failure(node: str, code: int) -> NodeResult[StopReport]:
         f"run `orch kill` again; if it fails again, check that {node} has a working python3 "
         f"(`ssh {node} python3 -V`)", KILL_FAILED,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KillOutcome:
+    record: JobRecord  # as it stands after the kill
+    ok: bool  # every node answered and Slurm holds nothing of the job any more
+
+
+def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOutcome:
+    """`orch kill`: stop a job from any terminal. The head (if alive) is TERMed and reports
+    the job killed; a batch job is cancelled; whatever the head does, every node is told by
+    job id (TERM, `grace`, KILL). `say` gets each step's result as it comes."""
+    record = run.load()
+    alive = head_alive(record)
+    batch = record.slurm_batch and record.slurm_job_id is not None
+    if alive or batch:
+        (run.path / KILL_MARKER).touch()
+    if batch:
+        # The batch job is the job's own: Slurm signals orch inside it, which tears the job
+        # down, and ends the allocation.
+        answer = cancel(str(record.slurm_job_id))
+        say(f"Slurm job {record.slurm_job_id}: {'cancelled' if answer.ok else answer.problem}")
+    if alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(record.head_pid, signal.SIGTERM)
+    ok = True
+    if record.hosts:
+        outcome = teardown_job(record.hosts, record.id, record.python, grace=grace,
+                               timeout=grace + 15)  # fmt: skip
+        ok = outcome.ok
+        for stopped in outcome:
+            say(f"{stopped.node}: {stopped.value or stopped.why}")
+    deadline = time.monotonic() + grace + 30
+    while (head_alive(record) or (batch and _slurm_active(record))) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    if batch and _slurm_active(record):
+        say(f"Slurm job {record.slurm_job_id} still runs")
+        ok = False
+    record = run.load()
+    if record.state not in FINAL_STATES:
+        # The head is gone (or never answered): record the kill ourselves.
+        (run.path / KILL_MARKER).touch()
+        record = finished(record, state=JobState.KILLED, exit_code=128 + signal.SIGTERM)
+        run.save(record)
+    return KillOutcome(record, ok)
+
+
+def _slurm_active(record: JobRecord) -> bool:
+    return job_state(str(record.slurm_job_id)) in ACTIVE_STATES

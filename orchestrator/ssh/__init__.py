@@ -1,6 +1,6 @@
 """paramiko, and nothing else of orch talks to it: ssh_config (config), known hosts and the
 host-key verdict (known_hosts), connecting with keys only (connect), sessions and remote
-processes (session), and the parallel fan-out that returns one result per node (group).
+processes (session), and running on many nodes at once, one result per node (group).
 Callers outside ssh/ import from here.
 """
 

@@ -155,3 +155,18 @@ def test_include_and_exclude_select_nodes_and_name_an_unknown_one(tmp_path):
         assert [h["host"] for h in json.loads(result.stdout)["hosts"]] == expected
     unknown = run_orch(["launch", "--hostfile", hostfile, "--exclude", "a9", "train.py"], tmp_path)
     assert unknown.returncode == 2 and "host 'a9' is not in" in unknown.stderr
+
+
+def test_launch_and_submit_take_the_one_option_set_and_hand_it_on_as_one_value():
+    from dataclasses import fields
+
+    import typer.main
+
+    from orchestrator.cli.job_options import JobOptions
+    from orchestrator.cli.main import app
+
+    group = typer.main.get_command(app)
+    shared = {f.name for f in fields(JobOptions)}
+    for name in ("launch", "submit"):
+        params = {p.name for p in group.commands[name].params}  # type: ignore[attr-defined]
+        assert shared <= params and "options" not in params

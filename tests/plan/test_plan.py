@@ -7,6 +7,7 @@ import shlex
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,61 +15,56 @@ import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
 from orchestrator.errors import OrchError, UsageError
+from orchestrator.plan.build import build_plan
 from orchestrator.plan.describe import plan_summary, plan_text, rendered_pdsh_config
 from orchestrator.plan.launch_plan import (
     HEAD_LAUNCHER_NAME,
-    HOSTFILE_NAME,
-    PDSH_CONFIG_NAME,
-    PDSH_SPEC_NAME,
     PRIVATE,
     HeadContext,
-    build_plan,
+    Placement,
     process_environment,
-    standard_config_name,
-    standard_spec_name,
 )
+from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME
+from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import node_launcher_spec
+from orchestrator.plan.request import LaunchSpec
 from orchestrator.remote.agent_spec import AgentSpec, decode
 from orchestrator.run.launch import write_private_files
+from orchestrator.specs.constants import HOSTFILE_NAME, PDSH_CONFIG_NAME, standard_config_name
 from orchestrator.specs.inventory import make_hostfile
 from orchestrator.specs.jobenv import JOB_ID_VAR
 
 HOSTS = make_hostfile(["n1", "n2", "n3"], 2)
 
 
-def _plan(launcher: str, **kw):
-    base = dict(
-        job_id="job-1",
-        hostfile=HOSTS,
-        script="train.py",
-        args=["--lr", "0.1", "two words"],
-        launcher=launcher,
-        python="/opt/py/bin/python",
-        workdir="/work/x",
-        run_dir="/runs/job-1",
-        main_port=29511,
-        environ={"NCCL_DEBUG": "INFO", "HOME": "/root"},
-    )
-    base.update(kw)
-    return build_plan(**base)
+def _plan(launcher: str, *, head: HeadContext | None = None, environ: dict | None = None,
+          run_dir: str = "/runs/job-1", main_port: int = 29511, extra_env: dict | None = None,
+          **spec):  # fmt: skip
+    values = dict(script="train.py", args=("--lr", "0.1", "two words"), launcher=launcher,
+                  python="/opt/py/bin/python", workdir="/work/x",
+                  env=tuple((extra_env or {}).items()))  # fmt: skip
+    place = Placement(job_id="job-1", hostfile=HOSTS, run_dir=run_dir, main_port=main_port)
+    head = head or HeadContext("pdsh", "/tmp/orch-job-1", sys.executable)
+    environ = environ if environ is not None else {"NCCL_DEBUG": "INFO", "HOME": "/root"}
+    return build_plan(LaunchSpec(**{**values, **spec}), place, replace(head, environ=environ))
 
 
 def test_torchrun_plan_rendezvous_at_node0_with_the_job_id():
     plan = _plan("torchrun")
-    cmd = plan.node_command
+    cmd = plan.launch.node_command
     assert cmd[:3] == ("/opt/py/bin/python", "-m", "torch.distributed.run")
     assert "--nnodes=3" in cmd and "--nproc_per_node=2" in cmd
     assert "--rdzv_backend=c10d" in cmd
     assert "--rdzv_endpoint=n1:29511" in cmd and "--rdzv_id=job-1" in cmd
     assert cmd[-2:] == ("--no-python", "orch-rank")
-    assert plan.rank_command == ("/opt/py/bin/python", "train.py", "--lr", "0.1", "two words")
-    assert json.loads(plan.node_private)["rank_argv"] == list(plan.rank_command)
-    assert plan.head_command == ()
+    assert plan.job.rank_command == ("/opt/py/bin/python", "train.py", "--lr", "0.1", "two words")
+    assert json.loads(plan.node_private)["rank_argv"] == list(plan.job.rank_command)
+    assert plan.launch.head_command == ()
     assert plan.hosts == ("n1", "n2", "n3")
 
 
 def test_job_env_carries_the_job_id_and_nccl_settings_not_the_rest():
-    env = dict(_plan("torchrun", extra_env={"HF_TOKEN": "s3cret"}).env)
+    env = dict(_plan("torchrun", extra_env={"HF_TOKEN": "s3cret"}).job.env)
     assert env[JOB_ID_VAR] == "job-1"
     assert env["NCCL_DEBUG"] == "INFO"
     assert "HOME" not in env
@@ -77,11 +73,11 @@ def test_job_env_carries_the_job_id_and_nccl_settings_not_the_rest():
 
 def test_pdsh_plan_runs_accelerate_on_the_head_with_its_files():
     plan = _plan("pdsh")
-    assert plan.head_command[:5] == (
+    assert plan.launch.head_command[:5] == (
         "/opt/py/bin/python", f"/runs/job-1/{HEAD_LAUNCHER_NAME}",
         f"/runs/job-1/{PDSH_SPEC_NAME}", "--config_file", f"/runs/job-1/{PDSH_CONFIG_NAME}",
     )  # fmt: skip
-    assert plan.head_command[-2:] == ("--no_python", "orch-rank")
+    assert plan.launch.head_command[-2:] == ("--no_python", "orch-rank")
     assert json.loads(plan.node_private)["rank_argv"][1:] == ["train.py", "--lr", "0.1",
                                                               "two words"]  # fmt: skip
     config = yaml.safe_load(rendered_pdsh_config(plan))
@@ -92,7 +88,7 @@ def test_pdsh_plan_runs_accelerate_on_the_head_with_its_files():
     assert plan.file(HOSTFILE_NAME).content == "n1 slots=2\nn2 slots=2\nn3 slots=2\n"
     # The job's env reaches the nodes in node_private only, never in a spec or a file here.
     assert json.loads(plan.node_private)["env"][JOB_ID_VAR] == "job-1"
-    assert plan.agent_spec.env == ()
+    assert plan.launch.agent_spec.env == ()
 
 
 def test_pdsh_head_launcher_writes_the_config_the_dry_run_shows(tmp_path):
@@ -134,8 +130,8 @@ def test_standard_plan_ships_one_config_spec_per_machine_rank_and_the_program_th
         assert spec["fields"] == specs[0]["fields"]
     assert all(plan.file(standard_spec_name(k)).ship for k in range(3))
     assert plan.file(HEAD_LAUNCHER_NAME).ship
-    assert plan.wait_for_main
-    shell = plan.node_command[2]
+    assert plan.launch.wait_for_main
+    shell = plan.launch.node_command[2]
     assert '"$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.json"' in shell
     assert '--config_file "$ORCH_NODE_DIR/accelerate-rank$ORCH_NODE_RANK.yaml"' in shell
     assert shell.endswith("--no_python orch-rank")
@@ -156,7 +152,7 @@ def test_standard_plan_ships_one_config_spec_per_machine_rank_and_the_program_th
 
 def test_nproc_per_node_overrides_the_slots():
     plan = _plan("torchrun", nproc_per_node=1)
-    assert "--nproc_per_node=1" in plan.node_command
+    assert "--nproc_per_node=1" in plan.launch.node_command
     assert plan_summary(plan)["world_size"] == 3
 
 
@@ -197,39 +193,41 @@ def _remote_spec(remote_command: str) -> AgentSpec:
 @pytest.mark.parametrize("launcher", ["torchrun", "standard"])
 def test_node_side_launchers_plan_the_exact_pdsh_argv_and_what_the_agent_runs(launcher):
     plan = _plan(launcher, head=HEAD)
-    argv = plan.fanout.argv
+    argv = plan.launch.head_process.argv
     assert argv[0] == "/usr/bin/pdsh" and argv[argv.index("-R") + 1] == "ssh"
     assert argv[argv.index("-w") + 1] == "n1,n2,n3"
     assert int(argv[argv.index("-f") + 1]) >= 3  # every node starts at once
-    assert plan.fanout.cwd == "/work/x"
-    assert _remote_spec(argv[-1]) == plan.agent_spec
-    assert plan.agent_spec.command == plan.node_command
-    assert json.loads(plan.node_private)["env"] == dict(plan.env)
-    assert plan.agent_spec.env == ()  # the job's env is in node_private only
-    assert ("PDSH_RCMD_TYPE", "ssh") in plan.fanout.set_env
+    assert plan.launch.head_process.cwd == "/work/x"
+    launch = plan.launch
+    assert _remote_spec(argv[-1]) == launch.agent_spec
+    assert launch.agent_spec.command == launch.node_command
+    assert json.loads(plan.node_private)["env"] == dict(plan.job.env)
+    assert launch.agent_spec.env == ()  # the job's env is in node_private only
+    assert ("PDSH_RCMD_TYPE", "ssh") in plan.launch.head_process.set_env
     assert not any(f.where == PRIVATE for f in plan.files)
 
 
 def test_pdsh_launcher_plans_the_head_process_its_environment_and_the_shim():
     plan = _plan("pdsh", head=HEAD, environ={"HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x"})
-    assert plan.fanout.argv == plan.head_command
-    set_env = dict(plan.fanout.set_env)
+    assert plan.launch.head_process.argv == plan.launch.head_command
+    set_env = dict(plan.launch.head_process.set_env)
     # accelerate's copy of the head's environment goes nowhere: DeepSpeed exports no file.
     assert set_env["DS_ENV_FILE"] == "/dev/null"
     assert JOB_ID_VAR not in set_env
-    assert plan.fanout.drop_env == ("AWS_SECRET_ACCESS_KEY",)
-    assert plan.fanout.path_prepend == ("/tmp/orch-job-1/bin", "/opt/py/bin")
+    assert plan.launch.head_process.drop_env == ("AWS_SECRET_ACCESS_KEY",)
+    assert plan.launch.head_process.path_prepend == ("/tmp/orch-job-1/bin", "/opt/py/bin")
     shim = plan.file("bin/pdsh")
     assert shim.mode == 0o755 and shim.content.startswith("#!/venv/py\n")
     assert "/tmp/orch-job-1/bin/pdsh-shim.json" in shim.content
     config = json.loads(plan.file("bin/pdsh-shim.json").content)
     assert config["real_pdsh"] == "/usr/bin/pdsh"
-    assert AgentSpec.from_dict(config["agent"]) == plan.agent_spec
+    assert AgentSpec.from_dict(config["agent"]) == plan.launch.agent_spec
 
 
 def test_process_environment_drops_sets_and_puts_the_shim_first_on_path():
     plan = _plan("pdsh", head=HEAD, environ={"HF_TOKEN": "t", "PATH": "/usr/bin"})
-    env = process_environment(plan.fanout, {"HF_TOKEN": "t", "PATH": "/usr/bin", "LANG": "C"})
+    environ = {"HF_TOKEN": "t", "PATH": "/usr/bin", "LANG": "C"}
+    env = process_environment(plan.launch.head_process, environ)
     assert "HF_TOKEN" not in env  # not forwarded by the job: never reaches accelerate
     assert env["LANG"] == "C"
     assert env["PATH"] == "/tmp/orch-job-1/bin:/opt/py/bin:/usr/bin"
@@ -248,10 +246,10 @@ def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
         assert line.endswith("--no-python orch-rank")
     lines = text.splitlines()
     at = lines.index("and the launcher starts every rank through orch-rank, which runs exactly:")
-    assert lines[at + 1] == "  " + shlex.join(plan.rank_command)
+    assert lines[at + 1] == "  " + shlex.join(plan.job.rank_command)
     # The JSON form's argv is the one that runs: no value of the job's env is in it at all.
     argv = plan_summary(plan)["head_process"]["argv"]
-    assert argv == list(plan.fanout.argv)
+    assert argv == list(plan.launch.head_process.argv)
     assert _remote_spec(argv[-1]).env == () and "hunter22" not in json.dumps(argv)
     assert plan_summary(plan)["node_private"]["env"]["HF_TOKEN"] == "***"
 
@@ -289,3 +287,11 @@ def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_h
     assert spec.env == (("ACCELERATE_MIXED_PRECISION", "no"),)
     assert spec.path_first == (("PYTHONPATH", "/work"),)
     assert "pw@db" not in json.dumps(spec.to_dict())
+
+
+def test_nothing_under_plan_reads_the_heads_environment_itself():
+    # The head's environment is passed in (run/pipeline.py reads it), so a plan is a value
+    # of its inputs alone.
+    plan_dir = Path(__file__).resolve().parents[2] / "orchestrator" / "plan"
+    readers = [p.name for p in plan_dir.rglob("*.py") if "os.environ" in p.read_text()]
+    assert readers == []

@@ -10,7 +10,9 @@ import uuid
 import pytest
 
 from orchestrator.plan.agent_command import agent_command, kill_command
-from orchestrator.plan.launch_plan import build_plan
+from orchestrator.plan.build import build_plan
+from orchestrator.plan.launch_plan import HeadContext, Placement
+from orchestrator.plan.request import LaunchSpec
 from orchestrator.remote import agent, procs
 from orchestrator.remote.agent_spec import AgentSpec, decode, node_dir
 from orchestrator.remote.logwire import decode_wire
@@ -169,15 +171,17 @@ def test_first_failed_rank_tells_tied_ends_apart(ended, node_code, expected):
 def test_the_agent_command_for_256_standard_configs_fits_in_one_argument():
     # The remote shell gets the command as one argument: Linux caps that at 128 KiB.
     hosts = make_hostfile([f"gpu{i:03d}" for i in range(256)], 8)
-    plan = build_plan(job_id="j1", hostfile=hosts, script="train.py", launcher="standard",
-                      python="/usr/bin/python3", workdir="/w", run_dir="/r/j1")  # fmt: skip
+    spec = LaunchSpec(script="train.py", launcher="standard", python="/usr/bin/python3",
+                      workdir="/w")  # fmt: skip
+    place = Placement(job_id="j1", hostfile=hosts, run_dir="/r/j1", main_port=29500)
+    plan = build_plan(spec, place, HeadContext("pdsh", "/tmp/orch-j1", sys.executable))
     files = {f.name: f.content for f in plan.files if f.ship}
     assert len(files) == 257  # a config spec per machine, and the program that writes it
-    spec = AgentSpec("j1", files=tuple(files.items()), command=plan.node_command)
-    command = agent_command("/usr/bin/python3", spec)
+    agent_spec = AgentSpec("j1", files=tuple(files.items()), command=plan.launch.node_command)
+    command = agent_command("/usr/bin/python3", agent_spec)
     assert len(command.encode()) < 128 * 1024
     word = command.split()[-3]  # ... run SPEC %h %n
-    assert decode(word) == spec
+    assert decode(word) == agent_spec
 
 
 def test_the_agent_names_the_variables_the_head_plans_with():

@@ -6,10 +6,10 @@ import pytest
 
 from orchestrator.errors import OrchError
 from orchestrator.plan.pdsh_command import (
-    DEFAULT_FANOUT,
+    DEFAULT_WINDOW,
     SSH_ARGS_APPEND,
     build_pdsh_argv,
-    job_fanout,
+    job_window,
     pdsh_environment,
     split_pdsh_args,
 )
@@ -17,7 +17,7 @@ from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, split_node_line, ssh_ex
 
 
 def test_argv_runs_over_ssh_on_every_host_with_timeouts():
-    argv = build_pdsh_argv(["a1", "a2"], "echo hi", fanout=8, command_timeout=30)
+    argv = build_pdsh_argv(["a1", "a2"], "echo hi", window=8, command_timeout=30)
     assert argv[0] == "pdsh"
     assert argv[argv.index("-R") + 1] == "ssh"
     assert "-S" in argv  # exit with the largest remote exit code
@@ -27,11 +27,11 @@ def test_argv_runs_over_ssh_on_every_host_with_timeouts():
     assert argv[-2:] == ["a1,a2", "echo hi"]
 
 
-def test_a_job_gets_one_fanout_slot_per_node_beyond_the_default_window():
+def test_a_job_gets_one_window_slot_per_node_beyond_the_default_window():
     hosts = [f"gpu{k:03d}" for k in range(1, 201)]
-    argv = build_pdsh_argv(hosts, "true", fanout=job_fanout(len(hosts)))
+    argv = build_pdsh_argv(hosts, "true", window=job_window(len(hosts)))
     assert argv[argv.index("-f") + 1] == "200"
-    assert job_fanout(4) == DEFAULT_FANOUT
+    assert job_window(4) == DEFAULT_WINDOW
 
 
 def test_no_hosts_is_an_error():

@@ -14,8 +14,22 @@ from orchestrator.checks.model import Finding
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.errors import UsageError
 from orchestrator.plan.agent_command import agent_argv
-from orchestrator.plan.launch_plan import build_plan
-from orchestrator.plan.sbatch_script import batch_request, render_batch_script
+from orchestrator.plan.build import build_plan
+from orchestrator.plan.launch_plan import HeadContext, Placement
+from orchestrator.plan.request import (
+    HostsRequest,
+    JobRequest,
+    LaunchSpec,
+    SbatchRequest,
+    WatchRequest,
+    recipe_spec,
+)
+from orchestrator.plan.sbatch_script import (
+    batch_request,
+    render_batch_script,
+    request_batch,
+    submit_argv,
+)
 from orchestrator.plan.srun_command import build_srun_argv
 from orchestrator.remote.agent import slurm_node_and_rank, without_step_variables
 from orchestrator.remote.agent_spec import AgentSpec, decode
@@ -121,23 +135,22 @@ def test_srun_argv_gives_every_count_and_exports_only_the_login_basics():
     ]  # fmt: skip
 
 
-def _srun_plan(**kw):
-    base = dict(
-        job_id="job-1", hostfile=make_hostfile(["n1", "n2"], 2), script="train.py",
-        args=["--note", "it's $HOME"], launcher="torchrun", python="/opt/py/bin/python",
-        workdir="/work/x", run_dir="/runs/job-1", main_port=29511,
-        environ={"PATH": "/bin", "HF_TOKEN": "hf_secret"}, extra_env={"WANDB_API_KEY": "k"},
-        fanout="srun", slurm_job="77",
-    )  # fmt: skip
-    base.update(kw)
-    return build_plan(**base)
+def _srun_plan(launcher: str = "torchrun", **kw):
+    spec = LaunchSpec(script="train.py", args=("--note", "it's $HOME"), launcher=launcher,
+                      python="/opt/py/bin/python", workdir="/work/x",
+                      env=(("WANDB_API_KEY", "k"),))  # fmt: skip
+    place = dict(job_id="job-1", hostfile=make_hostfile(["n1", "n2"], 2), run_dir="/runs/job-1",
+                 main_port=29511, fanout="srun", slurm_job="77")  # fmt: skip
+    head = HeadContext("pdsh", "/tmp/orch-job-1", sys.executable,
+                       environ={"PATH": "/bin", "HF_TOKEN": "hf_secret"})  # fmt: skip
+    return build_plan(spec, Placement(**{**place, **kw}), head)
 
 
 def test_an_srun_plan_starts_the_agent_in_one_step_with_nothing_the_user_typed():
     plan = _srun_plan()
-    argv = plan.fanout.argv
+    argv = plan.launch.head_process.argv
     assert argv[0] == "srun" and "--jobid=77" in argv and "--nodelist=n[1-2]" in argv
-    assert plan.fanout_kind == "srun" and plan.slurm_job == "77"
+    assert plan.job.fanout == "srun" and plan.job.slurm_job == "77"
     dash = argv.index("--")
     assert argv[dash + 1 : dash + 3] == ("/opt/py/bin/python", "-c")
     assert argv[-4] == "run" and argv[-2:] == ("-", "-")
@@ -146,7 +159,7 @@ def test_an_srun_plan_starts_the_agent_in_one_step_with_nothing_the_user_typed()
     text = " ".join(argv)
     for typed in ("it's $HOME", "hf_secret", "WANDB_API_KEY", "=k"):
         assert typed not in text
-    assert plan.fanout.set_env == ()  # pdsh's settings are not srun's
+    assert plan.launch.head_process.set_env == ()  # pdsh's settings are not srun's
 
 
 def test_srun_needs_an_allocation_and_a_launcher_whose_nodes_orch_starts():
@@ -196,6 +209,34 @@ def test_the_batch_script_asks_for_the_allocation_and_runs_orch_in_it():
         assert line + "\n" in text
     assert text.endswith("exec /opt/py/bin/python -m orchestrator submit '/r/a b.yaml'\n")
     assert "--account" not in text
+
+
+def _sbatch_request(**kw) -> JobRequest:
+    from orchestrator.specs.recipe import parse_recipe
+
+    recipe = parse_recipe("name: smoke\nscript: t.py\nnproc_per_node: 2\n"
+                          "slurm: {nodes: 2, time: '5', account: acc}\n")  # fmt: skip
+    base = dict(spec=recipe_spec(recipe, "r.yaml"), recipe=recipe, sbatch=SbatchRequest(),
+                hosts=HostsRequest(nodes=recipe.slurm.nodes))  # fmt: skip
+    return JobRequest(**{**base, **kw})
+
+
+def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given():
+    plain = _sbatch_request()
+    argv = submit_argv(plain, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
+    assert argv == ("/py", "-m", "orchestrator", "submit", "/r.yaml", "--slurm", "--job-id", "j1",
+                    "--runs-dir", "/runs")  # fmt: skip
+    watch = WatchRequest(preflight=False, sync=True, heartbeat_timeout=20.0, hang_timeout=30.0)
+    given = _sbatch_request(watch=watch, main_port=29600, fanout="pdsh", extra_args=("a", "b"))
+    argv = submit_argv(given, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
+    assert argv[10:] == ("--no-doctor", "--sync", "--heartbeat-timeout", "20.0",
+                         "--hang-timeout", "30.0", "--main-port", "29600", "--fanout", "pdsh",
+                         "--", "a", "b")  # fmt: skip
+    batch = request_batch(_sbatch_request(sbatch=SbatchRequest(partition="p")), job_id="j1",
+                          cwd="/w", output="/o", command=argv)  # fmt: skip
+    assert (batch.name, batch.nodes, batch.ntasks_per_node, batch.workdir) == (
+        "orch-smoke", 2, 2, "/w")  # fmt: skip
+    assert (batch.time, batch.partition, batch.account) == ("5", "p", "acc")
 
 
 def test_a_batch_job_needs_a_node_count():

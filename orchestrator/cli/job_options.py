@@ -1,0 +1,145 @@
+"""The options `orch launch` and `orch submit` share, declared once: `JobOptions` holds them,
+and `with_job_options` gives a command each of them as an option, then hands it the one
+value. `job_request` makes the request's parts of them (plan/request.py)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import typer
+from typer.models import OptionInfo
+
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
+from orchestrator.plan.request import HostsRequest, JobRequest, LaunchSpec, WatchRequest
+from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
+
+_DECLARED = "option"  # the field's typer declaration, in its metadata
+
+
+def _declared(option: OptionInfo) -> dict[str, OptionInfo]:
+    return {_DECLARED: option}
+
+
+RUNS_DIR = typer.Option(None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs).")
+_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile.")
+_FANOUT = typer.Option(
+    None,
+    "--fanout",
+    help="What starts every node: pdsh (over ssh), or srun (one Slurm step; the default "
+    "inside an allocation for the standard and torchrun launchers).",
+)
+_NODES = typer.Option(
+    None,
+    "--nodes",
+    min=1,
+    help="Nodes: inside an allocation, its first N (more than it holds "
+    "is refused); with --sbatch, how many to ask Slurm for.",
+)
+_MAIN_PORT = typer.Option(
+    None,
+    "--main-port",
+    help="Rendezvous port on node 0 (default: a recipe's, else one orch finds free there).",
+)
+_DRY_RUN = typer.Option(
+    False, "--dry-run", help="Print the plan (every file and command line), run nothing."
+)
+_AS_JSON = typer.Option(False, "--json", help="With --dry-run: the plan as one JSON document.")
+_NO_DOCTOR = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks.")
+_SYNC = typer.Option(
+    False, "--sync", help="Copy the working directory to every node first (no shared FS)."
+)
+_KEEP_REMOTE_LOGS = typer.Option(
+    False,
+    "--keep-remote-logs",
+    help="Leave each node's raw logs in /tmp/orch-runs/<job>/ after pulling them back.",
+)
+_QUIET = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output.")
+_HEARTBEAT_TIMEOUT = typer.Option(
+    WatchSettings.heartbeat_timeout,
+    "--heartbeat-timeout",
+    help="Seconds of silence after which a node has failed.",
+)
+_HANG_TIMEOUT = typer.Option(
+    None,
+    "--hang-timeout",
+    min=1.0,
+    help="Seconds without any output from any rank after which the job hung: every rank's "
+    f"stack is taken, the job torn down, exit code {HANG_EXIT_CODE}. Off unless given.",
+)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Where the job runs, how orch watches it, and what it prints: each field's metadata
+    holds its typer option."""
+
+    hostfile: Path | None = field(metadata=_declared(_HOSTFILE))
+    slurm: bool = field(metadata=_declared(SLURM))
+    fanout: str | None = field(metadata=_declared(_FANOUT))
+    nodes: int | None = field(metadata=_declared(_NODES))
+    include: str | None = field(metadata=_declared(INCLUDE))
+    exclude: str | None = field(metadata=_declared(EXCLUDE))
+    main_port: int | None = field(metadata=_declared(_MAIN_PORT))
+    runs_dir: Path | None = field(metadata=_declared(RUNS_DIR))
+    dry_run: bool = field(metadata=_declared(_DRY_RUN))
+    as_json: bool = field(metadata=_declared(_AS_JSON))
+    no_doctor: bool = field(metadata=_declared(_NO_DOCTOR))
+    sync: bool = field(metadata=_declared(_SYNC))
+    keep_remote_logs: bool = field(metadata=_declared(_KEEP_REMOTE_LOGS))
+    quiet: bool = field(metadata=_declared(_QUIET))
+    heartbeat_timeout: float = field(metadata=_declared(_HEARTBEAT_TIMEOUT))
+    hang_timeout: float | None = field(metadata=_declared(_HANG_TIMEOUT))
+
+
+def with_job_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command(..., options: JobOptions)` as typer sees it: its own parameters, with every
+    field of JobOptions as an option in the place of `options`."""
+    own = inspect.signature(command)
+    own_hints = get_type_hints(command, include_extras=True)
+    hints = get_type_hints(JobOptions, include_extras=True)
+    names = [f.name for f in fields(JobOptions)]
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                default=f.metadata[_DECLARED], annotation=hints[f.name])
+              for f in fields(JobOptions)]  # fmt: skip
+    params: list[inspect.Parameter] = []
+    for param in own.parameters.values():
+        if param.name == "options":
+            params += shared
+        else:
+            hint = own_hints.get(param.name, param.annotation)
+            params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hint))
+
+    @functools.wraps(command)
+    def typed(**values: Any) -> None:
+        options = JobOptions(**{name: values.pop(name) for name in names})
+        command(options=options, **values)
+
+    del typed.__wrapped__  # typer reads the signature below, not the command's own
+    typed.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+    typed.__annotations__ = {p.name: p.annotation for p in params}
+    return typed
+
+
+def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
+                **more: Any) -> JobRequest:  # fmt: skip
+    """The request the options and a spec make: `nodes` as wanted (--nodes, or a recipe's),
+    `more` the request's other fields."""
+    heartbeat = options.heartbeat_timeout
+    watch = WatchRequest(
+        preflight=not options.no_doctor, sync=options.sync,
+        keep_remote_logs=options.keep_remote_logs,
+        heartbeat_timeout=None if heartbeat == WatchSettings.heartbeat_timeout else heartbeat,
+        hang_timeout=options.hang_timeout,
+    )  # fmt: skip
+    hosts = HostsRequest(
+        hostfile=str(options.hostfile) if options.hostfile is not None else None,
+        slurm=options.slurm, nodes=nodes, include=options.include, exclude=options.exclude,
+    )  # fmt: skip
+    runs_dir = str(options.runs_dir) if options.runs_dir is not None else None
+    return JobRequest(spec=spec, hosts=hosts, watch=watch, fanout=options.fanout,
+                      main_port=options.main_port, runs_dir=runs_dir, **more)  # fmt: skip

@@ -1,0 +1,109 @@
+"""From a request's spec, where the job runs and what the head is, to the LaunchPlan: the
+inputs checked, the job's spec resolved (JobShape), then its launcher's module
+(plan/launchers/) makes the files and command lines. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from orchestrator.errors import UsageError
+from orchestrator.plan.launch_plan import (
+    FANOUTS,
+    HeadContext,
+    JobShape,
+    Launch,
+    LaunchPlan,
+    Placement,
+    PlannedFile,
+    node_private_text,
+)
+from orchestrator.plan.launchers import pdsh, standard, torchrun
+from orchestrator.plan.request import LaunchSpec
+from orchestrator.specs.constants import HOSTFILE_NAME
+from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
+from orchestrator.specs.jobenv import build_job_env
+from orchestrator.specs.options import check_launcher, check_port
+
+LAUNCHERS: dict[str, Callable[[JobShape, HeadContext], Launch]] = {
+    "pdsh": pdsh.launch,
+    "standard": standard.launch,
+    "torchrun": torchrun.launch,
+}
+
+
+def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchPlan:
+    """Everything a launch does, decided up front: `spec` what runs, `place` where (its
+    `main_port` resolved), `head` what the plan needs to know of the head, its environment
+    included (run.pipeline.head_context); the head's interpreter and working directory stand
+    in for those the spec leaves open."""
+    hostfile = place.hostfile
+    _check_launch_inputs(spec.launcher, hostfile, spec.script, place.main_port)
+    _check_fanout(place.fanout, spec.launcher, place.slurm_job)
+    counts = ranks_per_node(hostfile, spec.nproc_per_node)
+    _check_uneven(hostfile, counts, spec.launcher)
+    env = build_job_env(place.job_id, dict(spec.env), spec.passthrough, head.environ)
+    job = JobShape(
+        job_id=place.job_id, launcher=spec.launcher, hostfile=hostfile, ranks_per_node=counts,
+        script=spec.script, args=spec.args, python=spec.python or head.orch_python,
+        workdir=spec.workdir or head.cwd, main_port=place.main_port, env=env,
+        run_dir=place.run_dir, private_dir=head.private_dir, fanout=place.fanout,
+        slurm_job=place.slurm_job, accelerate=spec.accelerate,
+        torchrun_args=spec.torchrun_args, rdzv_id=spec.rdzv_id or "",
+    )  # fmt: skip
+    launch = LAUNCHERS[spec.launcher](job, head)
+    return LaunchPlan(
+        job=job,
+        launch=launch,
+        files=(PlannedFile(HOSTFILE_NAME, render_hostfile(hostfile)), *launch.files),
+        node_private=node_private_text(env, job.rank_command),
+        forwarded=tuple(name for name in spec.passthrough if name in env),
+        main_port_chosen=place.main_port_chosen,
+        slurm_batch=place.slurm_batch,
+        recipe=spec.recipe,
+    )
+
+
+def _check_launch_inputs(launcher: str, hostfile: Hostfile, script: str, main_port: int) -> None:
+    check_launcher(launcher)
+    if not hostfile.hosts:
+        raise UsageError(f"{hostfile.source or 'hostfile'}: no hosts", "add `host slots=N` lines")
+    if not script:
+        raise UsageError("no training script given", "orch launch --hostfile F SCRIPT [ARGS...]")
+    check_port(main_port)
+
+
+def _check_fanout(fanout: str, launcher: str, slurm_job: str) -> None:
+    if fanout not in FANOUTS:
+        raise UsageError(f"unknown fan-out {fanout!r}", f"choose one of: {', '.join(FANOUTS)}")
+    if fanout != "srun":
+        return
+    if not slurm_job:
+        raise UsageError(
+            "--fanout srun runs inside a Slurm allocation, and there is none",
+            "run inside `salloc`/`sbatch` (SLURM_JOB_ID set), or use --fanout pdsh",
+        )
+    if launcher == "pdsh":
+        raise UsageError(
+            "--fanout srun starts orch's agent on every node, but the pdsh launcher's nodes "
+            "are started by DeepSpeed's runner (through pdsh)",
+            "use --launcher standard or torchrun with srun, or --fanout pdsh",
+        )
+
+
+def _check_uneven(hostfile: Hostfile, counts: Sequence[int], launcher: str) -> None:
+    """Nodes with different slot counts run as they are on torchrun (each node's agent
+    starts its own count; c10d numbers the ranks). accelerate's launchers start the same
+    number everywhere (num_processes // num_machines): refused, never run short."""
+    if len(set(counts)) == 1 or launcher == "torchrun":
+        return
+    where = hostfile.source or "the hostfile"
+    raise UsageError(
+        f"hosts of {where} have different slot counts ({slot_listing(hostfile)}): the "
+        f"{launcher} launcher "
+        "starts the same number of ranks on every node (accelerate divides num_processes by "
+        "num_machines), so some slots would stay idle",
+        hint=f"--launcher torchrun runs each node's own count ({sum(counts)} ranks in all); "
+        f"or --nproc-per-node N runs N on every node (at most {min(counts)} here)",
+    )
+
+

@@ -1,0 +1,159 @@
+"""What the user asked for, as one frozen value: `orch launch`'s flags, or `orch submit`'s
+recipe with its flags (and `--sbatch`). The CLI builds a `JobRequest` once; the run layer
+turns it into hosts and a plan (run/pipeline.py), and `--sbatch` writes it into the batch
+script (plan/sbatch_script.py). Pure: the head's environment is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.errors import UsageError
+from orchestrator.specs.constants import DEFAULT_LAUNCHER
+from orchestrator.specs.options import check_launcher
+from orchestrator.specs.recipe import AccelerateOptions, Recipe
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a launch runs, whatever the hosts: the script and how it is launched."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    launcher: str = DEFAULT_LAUNCHER
+    python: str | None = None  # None: the head's interpreter
+    workdir: str | None = None  # None: the head's working directory
+    nproc_per_node: int | None = None  # None: the hostfile's slots
+    env: tuple[tuple[str, str], ...] = ()  # set on every rank
+    passthrough: tuple[str, ...] = ()  # forwarded from the head's environment when set there
+    main_port: int | None = None  # None: orch picks one free on node 0
+    accelerate: AccelerateOptions = field(default_factory=AccelerateOptions)
+    torchrun_args: tuple[str, ...] = ()
+    rdzv_id: str | None = None  # None: the job id
+    recipe: str | None = None  # the recipe file it came from
+
+
+@dataclass(frozen=True)
+class HostsRequest:
+    """Where the job's nodes come from: --hostfile, --slurm (or the allocation this runs in),
+    the recipe's own hosts; then --include/--exclude."""
+
+    hostfile: str | None = None
+    slurm: bool = False
+    nodes: int | None = None  # the allocation's first N; with --sbatch, how many to ask for
+    include: str | None = None
+    exclude: str | None = None
+
+
+@dataclass(frozen=True)
+class WatchRequest:
+    """How orch runs and watches the job: nothing of it changes the plan."""
+
+    preflight: bool = True
+    sync: bool = False
+    keep_remote_logs: bool = False
+    heartbeat_timeout: float | None = None  # None: the default (run/verdict.py)
+    hang_timeout: float | None = None  # None: off, unless the recipe sets one
+
+
+@dataclass(frozen=True)
+class SbatchRequest:
+    """`--sbatch`: what to ask Slurm for beyond the recipe's `slurm:` section."""
+
+    gpus_per_node: int | None = None
+    time: str | None = None
+    partition: str | None = None
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One request, from the command line (and a recipe) to the job."""
+
+    spec: LaunchSpec
+    hosts: HostsRequest = field(default_factory=HostsRequest)
+    watch: WatchRequest = field(default_factory=WatchRequest)
+    fanout: str | None = None  # --fanout: pdsh or srun; None: chosen by where the job runs
+    main_port: int | None = None  # --main-port as given (the spec also holds a recipe's)
+    runs_dir: str | None = None
+    recipe: Recipe | None = None  # submit: the loaded recipe (its hosts, its Slurm section)
+    extra_args: tuple[str, ...] = ()  # submit: the ARGS after the recipe (also in the spec)
+    sbatch: SbatchRequest | None = None
+    job_id: str | None = None  # given: the batch script's own submit names its job
+
+    @property
+    def hang_timeout(self) -> float | None:
+        """--hang-timeout, else the recipe's."""
+        recipe = self.recipe.hang_timeout if self.recipe is not None else None
+        return self.watch.hang_timeout or recipe
+
+
+def env_options(
+    pairs: Sequence[str], environ: Mapping[str, str]
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """(values set, names forwarded): --env NAME=VALUE sets NAME; --env NAME forwards the
+    head's value of NAME (kept out of records and logs as a secret)."""
+    env: dict[str, str] = {}
+    forwarded: list[str] = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not name:
+            raise UsageError(f"--env {pair!r} names no variable", "e.g. --env NCCL_DEBUG=INFO")
+        if not sep:
+            if name not in environ:
+                raise UsageError(
+                    f"--env {name}: {name} is not set on the head, so there is no value to "
+                    "forward",
+                    f"set it (export {name}=...) or give one: --env {name}=VALUE",
+                )
+            forwarded.append(name)
+            continue
+        env[name] = value
+    return env, tuple(forwarded)
+
+
+def launch_spec(script: str, args: Sequence[str], *, launcher: str, env: Sequence[str],
+                environ: Mapping[str, str], nproc_per_node: int | None = None,
+                python: str | None = None, workdir: str | None = None,
+                main_port: int | None = None) -> LaunchSpec:  # fmt: skip
+    """`orch launch`'s flags as a spec; `environ` the head's (what --env NAME forwards)."""
+    check_launcher(launcher)
+    given, forwarded = env_options(env, environ)
+    return LaunchSpec(
+        script=script, args=tuple(args), launcher=launcher, python=python, workdir=workdir,
+        nproc_per_node=nproc_per_node, env=tuple(given.items()), passthrough=forwarded,
+        main_port=main_port,
+    )  # fmt: skip
+
+
+def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
+                main_port: int | None = None) -> LaunchSpec:  # fmt: skip
+    """A recipe as a spec, with the ARGS and --main-port given after it."""
+    return LaunchSpec(
+        script=recipe.script,
+        args=(*recipe.args, *extra_args),
+        launcher=recipe.launcher,
+        python=recipe.python,
+        workdir=recipe.workdir,
+        nproc_per_node=recipe.nproc_per_node,
+        env=tuple(recipe.env.items()),
+        passthrough=tuple(recipe.passthrough_env),
+        main_port=main_port if main_port is not None else recipe.main_port,
+        accelerate=recipe.accelerate,
+        torchrun_args=tuple(recipe.torchrun.extra_args),
+        rdzv_id=recipe.torchrun.rdzv_id,
+        recipe=path,
+    )
+
+
+def check_sbatch_hosts(hosts: HostsRequest) -> None:
+    """--sbatch runs on the nodes Slurm allocates: options naming nodes cannot apply."""
+    named = (("--hostfile", hosts.hostfile), ("--include", hosts.include),
+             ("--exclude", hosts.exclude))  # fmt: skip
+    ignored = [name for name, value in named if value]
+    if ignored:
+        raise UsageError(
+            f"--sbatch runs on the nodes Slurm allocates: {', '.join(ignored)} cannot apply",
+            "ask for them with --nodes N (and the recipe's slurm: section), or run "
+            "without --sbatch",
+        )
