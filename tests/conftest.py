@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from hypothesis import settings
 from orchestrator.remote.agent_spec import RUNS_ROOT
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.state import SandboxState
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Property tests check values, not speed: on a shared 2-core machine a slow example is no
 # failure (hypothesis's default 200 ms deadline made them flaky under load).
@@ -82,6 +85,35 @@ def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch) -> 
         real_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
+@dataclass(frozen=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def orch_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """`orch ARGS` run in this process (the console script's own entry point): its exit
+    code and what it printed, with runs recorded under RUNS, from the repository."""
+    from orchestrator.cli.main import main
+
+    def run(args: list[str], runs: Path) -> CliResult:
+        monkeypatch.setenv("ORCH_RUNS_DIR", str(runs))
+        monkeypatch.delenv("ORCH_JOB_ID", raising=False)
+        monkeypatch.chdir(REPO)
+        capsys.readouterr()
+        try:
+            main(args)
+            code = 0
+        except SystemExit as end:
+            code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+        out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,9 @@ import json
 import tempfile
 from pathlib import Path
 
-import pytest
-from launch_support import REPO, run_orch
+from launch_support import REPO
 
 from orchestrator.plan.ports import port_candidates
-
-pytestmark = pytest.mark.process  # runs the real `orch` console script
 
 
 def _hostfile(tmp_path):
@@ -20,8 +17,8 @@ def _hostfile(tmp_path):
     return str(path)
 
 
-def test_launch_dry_run_prints_the_plan_as_json_with_secrets_redacted(tmp_path):
-    result = run_orch(["launch", "--hostfile", _hostfile(tmp_path), "--launcher", "torchrun",
+def test_launch_dry_run_prints_the_plan_as_json_with_secrets_redacted(tmp_path, orch_here):
+    result = orch_here(["launch", "--hostfile", _hostfile(tmp_path), "--launcher", "torchrun",
                        "--env", "HF_TOKEN=hunter2", "--dry-run", "--json",
                        "train.py", "--", "--lr", "1"], tmp_path / "runs")  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -35,9 +32,9 @@ def test_launch_dry_run_prints_the_plan_as_json_with_secrets_redacted(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing written, nothing run
 
 
-def test_submit_dry_run_resolves_the_recipe(tmp_path):
+def test_submit_dry_run_resolves_the_recipe(tmp_path, orch_here):
     recipe = str(REPO / "recipes" / "cpu-smoke.yaml")
-    result = run_orch(["submit", recipe, "--hostfile", _hostfile(tmp_path), "--dry-run", "--json"],
+    result = orch_here(["submit", recipe, "--hostfile", _hostfile(tmp_path), "--dry-run", "--json"],
                       tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
@@ -46,27 +43,29 @@ def test_submit_dry_run_resolves_the_recipe(tmp_path):
     assert "deepspeed_multinode_launcher: pdsh" in plan["files"]["accelerate-pdsh.yaml"]
 
 
-def test_usage_errors_exit_2_and_say_how_to_fix(tmp_path):
-    unknown = run_orch(["launch", "--hostfile", _hostfile(tmp_path), "--launcher", "slurm",
+def test_usage_errors_exit_2_and_say_how_to_fix(tmp_path, orch_here):
+    unknown = orch_here(["launch", "--hostfile", _hostfile(tmp_path), "--launcher", "slurm",
                         "train.py"], tmp_path)  # fmt: skip
     assert unknown.returncode == 2 and "unknown launcher 'slurm'" in unknown.stderr
-    missing = run_orch(["launch", "--hostfile", str(tmp_path / "nope"), "train.py"], tmp_path)
+    missing = orch_here(["launch", "--hostfile", str(tmp_path / "nope"), "train.py"], tmp_path)
     assert missing.returncode == 2 and "nope" in missing.stderr
-    no_hostfile = run_orch(["launch", "train.py"], tmp_path)
+    no_hostfile = orch_here(["launch", "train.py"], tmp_path)
     assert no_hostfile.returncode == 2 and "--hostfile" in no_hostfile.stderr
 
 
-def test_status_with_no_jobs(tmp_path):
-    listing = run_orch(["status", "--json"], tmp_path)
+def test_status_with_no_jobs(tmp_path, orch_here):
+    listing = orch_here(["status", "--json"], tmp_path)
     assert listing.returncode == 0
     assert json.loads(listing.stdout)["jobs"] == []
-    one = run_orch(["status", "nope"], tmp_path)
+    one = orch_here(["status", "nope"], tmp_path)
     assert one.returncode == 2 and "no jobs recorded" in one.stderr
 
 
-def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothing(tmp_path):
+def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothing(
+    tmp_path, orch_here
+):
     hostfile = str(REPO / "hostfiles" / "example-2x8")
-    result = run_orch(["launch", "--hostfile", hostfile, "--dry-run", "--", "train.py", "--lr",
+    result = orch_here(["launch", "--hostfile", hostfile, "--dry-run", "--", "train.py", "--lr",
                        "it's 1"], tmp_path / "runs")  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -86,78 +85,82 @@ def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothi
     assert not any(p.name == f"orch-{job_id}" for p in Path(tempfile.gettempdir()).iterdir())
 
 
-def test_a_given_main_port_is_used_as_given(tmp_path):
+def test_a_given_main_port_is_used_as_given(tmp_path, orch_here):
     hostfile = str(REPO / "hostfiles" / "example-2x8")
-    result = run_orch(["launch", "--hostfile", hostfile, "--main-port", "29500", "--dry-run",
+    result = orch_here(["launch", "--hostfile", hostfile, "--main-port", "29500", "--dry-run",
                        "--json", "train.py"], tmp_path / "runs")  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert (plan["main"], plan["main_port_chosen"]) == ("node1:29500", False)
 
 
-def test_two_jobs_try_different_ports_first():
+def test_two_jobs_try_different_ports_first(orch_here):
     firsts = {port_candidates(f"20261123-0000{i:02d}-abcdef")[0] for i in range(50)}
     assert len(firsts) > 40  # spread over the range, not all at the default
     assert all(29500 <= port <= 30499 for port in firsts)
     assert len(set(port_candidates("j1"))) == 64
 
 
-def test_an_unknown_option_before_the_script_is_a_usage_error_and_after_it_the_scripts(tmp_path):
+def test_an_unknown_option_before_the_script_is_a_usage_error_and_after_it_the_scripts(
+    tmp_path, orch_here
+):
     hostfile = _hostfile(tmp_path)
-    typo = run_orch(["launch", "--hostfile", hostfile, "--dry-rn", "train.py"], tmp_path / "runs")
+    typo = orch_here(["launch", "--hostfile", hostfile, "--dry-rn", "train.py"], tmp_path / "runs")
     assert typo.returncode == 2
     assert "No such option: --dry-rn" in typo.stderr and "--dry-run" in typo.stderr
     assert not (tmp_path / "runs").exists()
-    after = run_orch(["launch", "--hostfile", hostfile, "--launcher", "torchrun", "--dry-run",
+    after = orch_here(["launch", "--hostfile", hostfile, "--launcher", "torchrun", "--dry-run",
                       "--json", "train.py", "--lr", "1", "--dry-run"], tmp_path)  # fmt: skip
     assert after.returncode == 0, after.stderr
     assert json.loads(after.stdout)["args"] == ["--lr", "1", "--dry-run"]
 
 
-def test_uneven_slots_are_refused_before_anything_starts_unless_the_count_is_given(tmp_path):
+def test_uneven_slots_are_refused_before_anything_starts_unless_the_count_is_given(
+    tmp_path, orch_here
+):
     path = tmp_path / "uneven"
     path.write_text("a1 slots=2\na2 slots=1\na3 slots=2\n")
-    refused = run_orch(["launch", "--hostfile", str(path), "train.py"], tmp_path / "runs")
+    refused = orch_here(["launch", "--hostfile", str(path), "train.py"], tmp_path / "runs")
     assert refused.returncode == 2
     assert "different slot counts (a1=2, a2=1, a3=2)" in refused.stderr
     assert not (tmp_path / "runs").exists()
     assert "--launcher torchrun runs each node's own count (5 ranks in all)" in refused.stderr
-    standard = run_orch(["launch", "--hostfile", str(path), "--launcher", "standard",
+    standard = orch_here(["launch", "--hostfile", str(path), "--launcher", "standard",
                          "train.py"], tmp_path / "runs")  # fmt: skip
     assert standard.returncode == 2 and "the standard launcher starts the same" in standard.stderr
-    given = run_orch(["launch", "--hostfile", str(path), "--nproc-per-node", "1", "--dry-run",
+    given = orch_here(["launch", "--hostfile", str(path), "--nproc-per-node", "1", "--dry-run",
                       "--json", "train.py"], tmp_path)  # fmt: skip
     assert given.returncode == 0, given.stderr
     assert json.loads(given.stdout)["world_size"] == 3
 
 
-def test_uneven_slots_run_as_they_are_on_torchrun(tmp_path):
+def test_uneven_slots_run_as_they_are_on_torchrun(tmp_path, orch_here):
     path = tmp_path / "uneven"
     path.write_text("a1 slots=2\na2 slots=1\na3 slots=2\n")
     args = ["launch", "--hostfile", str(path), "--launcher", "torchrun", "--dry-run"]
-    plan = json.loads(run_orch([*args, "--json", "train.py"], tmp_path).stdout)
+    plan = json.loads(orch_here([*args, "--json", "train.py"], tmp_path).stdout)
     assert (plan["world_size"], plan["ranks_per_node"]) == (5, [2, 1, 2])
     counts = [f"--nproc_per_node={n}" for n in (2, 1, 2)]
     # What each node's agent runs, and what the plan shows for it: each node its own count.
     assert [c for argv in plan["agent_spec"]["commands"] for c in argv if "nproc" in c] == counts
     assert all(c in node["runs"] for c, node in zip(counts, plan["nodes"], strict=True))
-    text = run_orch([*args, "train.py"], tmp_path).stdout
+    text = orch_here([*args, "train.py"], tmp_path).stdout
     assert "torchrun launcher, 3 nodes (2+1+2 ranks) = 5 ranks" in text
 
 
-def test_include_and_exclude_select_nodes_and_name_an_unknown_one(tmp_path):
+def test_include_and_exclude_select_nodes_and_name_an_unknown_one(tmp_path, orch_here):
     hostfile = _hostfile(tmp_path)
     for option, expected in (("--exclude", ["a1"]), ("--include", ["a2"])):
-        result = run_orch(["launch", "--hostfile", hostfile, option, "a2" if option ==
+        result = orch_here(["launch", "--hostfile", hostfile, option, "a2" if option ==
                            "--exclude" else "a[2]", "--dry-run", "--json", "train.py"],
                           tmp_path)  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert [h["host"] for h in json.loads(result.stdout)["hosts"]] == expected
-    unknown = run_orch(["launch", "--hostfile", hostfile, "--exclude", "a9", "train.py"], tmp_path)
+    unknown = orch_here(["launch", "--hostfile", hostfile, "--exclude", "a9", "train.py"], tmp_path)
     assert unknown.returncode == 2 and "host 'a9' is not in" in unknown.stderr
 
 
-def test_launch_and_submit_take_the_one_option_set_and_hand_it_on_as_one_value():
+def test_launch_and_submit_take_the_one_option_set_and_hand_it_on_as_one_value(orch_here):
     from dataclasses import fields
 
     import typer.main

@@ -317,15 +317,12 @@ def test_doctor_inside_an_allocation_says_what_ssh_is_still_needed_for():
     assert "pam_slurm_adopt" in told[0].fix
 
 
-@pytest.mark.process
-def test_sbatch_refuses_options_that_name_nodes_itself(tmp_path):
+def test_sbatch_refuses_options_that_name_nodes_itself(tmp_path, orch_here):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("a slots=1\n")
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smoke-slurm.yaml"
-    orch = str(Path(sys.executable).with_name("orch"))
-    done = subprocess.run([orch, "submit", str(recipe), "--sbatch", "--dry-run", "--hostfile",
-                           str(hostfile), "--exclude", "a"], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = orch_here(["submit", str(recipe), "--sbatch", "--dry-run", "--hostfile",
+                      str(hostfile), "--exclude", "a"], tmp_path / "runs")  # fmt: skip
     assert done.returncode == 2
     assert "--sbatch runs on the nodes Slurm allocates: --hostfile, --exclude cannot apply" in (
         done.stderr
