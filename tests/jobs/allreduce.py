@@ -37,8 +37,13 @@ def main() -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=900))
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Where the flight recorder dumps: TORCH_FR_DUMP_TEMP_FILE since torch 2.8, before it
+    # TORCH_NCCL_DEBUG_INFO_TEMP_FILE (orch sets the name the installed torch reads).
+    dump = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get(
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+    )
     print(f"rank {rank}/{world} up on {socket.gethostname()} job={os.environ.get('ORCH_JOB_ID')} "
-          f"fr={os.environ.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE')}")
+          f"fr={dump}")
     for step in range(args.steps):
         value = torch.ones(1) * (rank + 1)
         dist.all_reduce(value)
