@@ -143,7 +143,9 @@ def test_killed_half_way_keeps_what_was_written(sandbox, job_dirs) -> None:
     _, state = sandbox
     nodes = [n.name for n in state.nodes[:2]]
     job, raw_dir, run = job_dirs
-    process = start_pdsh(nodes, raw_dir, 40_000, pause=0.01)
+    # Paced (0.2 s every 1000 lines: 8 s or more in all), so the cut lands half-way even when
+    # a busy head reads the first 10,000 lines late.
+    process = start_pdsh(nodes, raw_dir, 40_000, pause=0.2)
     router = LogRouter(run / "logs")
     # Each node must be well under way before the cut: under load one may start late.
     pump(process, router, stop_after_lines=10_000, nodes=nodes)
