@@ -14,7 +14,7 @@ import base64
 import json
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 RUNS_ROOT = "/tmp/orch-runs"
@@ -63,10 +63,13 @@ class AgentSpec:
         return list(self.command)
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as JSON types: every field, pairs as objects, tuples as lists."""
+        """The spec as JSON types, pairs as objects, tuples as lists; a field left at its
+        default is left out (the spec travels on the agent's command line)."""
         doc: dict[str, Any] = {}
         for field in fields(self):
             value = getattr(self, field.name)
+            if field.default is not MISSING and value == field.default:
+                continue
             if field.name in _PAIRS:
                 value = dict(value)
             elif isinstance(value, tuple):

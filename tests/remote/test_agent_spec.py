@@ -43,7 +43,8 @@ def test_the_wire_form_keeps_pairs_as_objects():
     doc = FULL.to_dict()
     assert doc["files"] == {"a.json": "{}", "b.yaml": "x: 1\n"}
     assert doc["wait_for"] == ["n1", 29500] and doc["commands"] == [["a", "0"], ["b", "1"]]
-    assert AgentSpec("j").to_dict()["wait_for"] is None
+    # What is left at its default stays off the agent's command line.
+    assert AgentSpec("j").to_dict() == {"job_id": "j"}
 
 
 def test_an_unknown_field_is_refused():
