@@ -224,6 +224,21 @@ def test_pdsh_launcher_plans_the_head_process_its_environment_and_the_shim():
     assert AgentSpec.from_dict(config["agent"]) == plan.launch.agent_spec
 
 
+@pytest.mark.parametrize(
+    ("python", "path_prepend"),
+    [
+        ("python3", ("/tmp/orch-job-1/bin",)),  # found on PATH: no "." before it
+        ("venv/bin/python", ("/tmp/orch-job-1/bin", "/work/x/venv/bin")),
+        ("./python", ("/tmp/orch-job-1/bin", "/work/x")),
+    ],
+)
+def test_a_relative_interpreter_puts_no_relative_directory_on_the_head_launchers_path(
+    python, path_prepend
+):
+    plan = _plan("pdsh", head=HEAD, python=python)
+    assert plan.launch.head_process.path_prepend == path_prepend
+
+
 def test_process_environment_drops_sets_and_puts_the_shim_first_on_path():
     plan = _plan("pdsh", head=HEAD, environ={"HF_TOKEN": "t", "PATH": "/usr/bin"})
     environ = {"HF_TOKEN": "t", "PATH": "/usr/bin", "LANG": "C"}

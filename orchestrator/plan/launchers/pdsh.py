@@ -63,7 +63,7 @@ def launch(job: JobShape, head: HeadContext) -> Launch:
         set_env=tuple(set_env.items()),
         drop_env=dropped,
         # DeepSpeed finds `pdsh` (orch's shim) and `deepspeed` on PATH.
-        path_prepend=(shim_dir, str(PurePosixPath(job.python).parent)),
+        path_prepend=(shim_dir, *_interpreter_dir(job.python, job.workdir)),
     )
     return Launch(files=files, agent_spec=agent, head_process=process, head_command=command)
 
@@ -82,3 +82,13 @@ def _pdsh_config_spec(job: JobShape, config_path: str, hostfile_path: str) -> di
     )
     header = config_header("pdsh", len(hostfile.hosts), job.nproc)
     return {"config_file": config_path, "header": header, "fields": fields}
+
+
+def _interpreter_dir(python: str, workdir: str) -> tuple[str, ...]:
+    """The interpreter's directory for PATH, absolute: a relative entry (`.` for a bare
+    `python3`) would have `deepspeed` and pdsh's `ssh` looked up in the working directory,
+    where anyone who can write there plants them. A bare name is found on PATH already."""
+    if "/" not in python:
+        return ()
+    path = PurePosixPath(python)
+    return (str((path if path.is_absolute() else PurePosixPath(workdir) / path).parent),)
