@@ -190,7 +190,12 @@ class RunDir:
         return self.path / "nodes"
 
     def create(self) -> RunDir:
-        self.logs.mkdir(parents=True, exist_ok=True)
+        """The job's directory, the user's alone: it holds the command, the environment's
+        names, every rank's output and the raw node logs (0700, whatever the umask)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o700, exist_ok=True)
+        self.path.chmod(0o700)
+        self.logs.mkdir(exist_ok=True)
         return self
 
     def write_file(self, name: str, content: str) -> Path:

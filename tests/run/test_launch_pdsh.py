@@ -52,6 +52,7 @@ def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path):
     assert record["node_exit_codes"] == dict.fromkeys(names, 0)
     assert record["recipe"] == RECIPE
     run = tmp_path / job_id
+    assert run.stat().st_mode & 0o777 == 0o700  # the record is its user's alone
     # The fan-out's own lines read clean: nothing orch set is warned of or written twice.
     head = (run / "logs" / "_head.log").read_text()
     assert "Skipping PDSH_SSH_ARGS_APPEND" not in head

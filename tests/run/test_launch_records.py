@@ -17,6 +17,7 @@ from orchestrator.run.records import (
     find_job,
     list_jobs,
     process_start_time,
+    run_dir,
     shown_state,
 )
 from orchestrator.run.verdict import FailureKind, JobState
@@ -74,3 +75,15 @@ def test_find_job_by_id_prefix_or_newest(tmp_path):
         find_job(tmp_path, "2026")
     with pytest.raises(UsageError, match="no jobs recorded"):
         find_job(tmp_path / "empty", None)
+
+
+def test_a_jobs_directory_is_its_users_alone_whatever_the_umask(tmp_path):
+    old = os.umask(0o002)  # a cluster's usual umask for shared project groups
+    try:
+        run = run_dir(tmp_path / "runs", "job-1").create()
+    finally:
+        os.umask(old)
+    assert run.path.stat().st_mode & 0o777 == 0o700
+    assert run.logs.is_dir()
+    run.path.chmod(0o755)  # created again (a record that exists): made private again
+    assert run.create().path.stat().st_mode & 0o777 == 0o700
