@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -67,6 +68,8 @@ class RankChannels:
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
+            if not _same_user(conn):
+                return  # nothing of another user's may land in this job's output
             header = _read_header(conn)
             if header is None:
                 return
@@ -97,6 +100,17 @@ class RankChannels:
             pumps = list(self.pumps)
         for pump in pumps:
             pump.join(max(0.0, deadline - time.monotonic()))
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """The peer runs as this agent's user. The socket is 0600 in a 0700 directory, so only
+    root could connect otherwise; this holds even where a mode is loosened by mistake."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return True  # no peer credentials on this system: the modes are the guard
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid == os.getuid()
 
 
 def _read_header(conn: socket.socket) -> tuple[int, int, str, bytes] | None:

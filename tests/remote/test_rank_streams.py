@@ -1,0 +1,70 @@
+"""The agent's socket for the ranks' own output, on this machine: only its user's processes
+may write into the job's output."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.remote import logwire
+from orchestrator.remote.rank_streams import RankChannels
+
+NOBODY = 65534
+
+
+class _Head:
+    """What the agent sends to the head, kept."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+
+    def send(self, line: bytes) -> None:
+        self.lines.append(line)
+
+    def control(self, kind: str, **fields: object) -> None:
+        self.send(logwire.encode_control(kind, **fields))
+
+
+def _write_as_rank(path: str, text: bytes) -> None:
+    header = {"rank": 0, "local_rank": 0, "pid": os.getpid(), "stream": "out"}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(path)
+        conn.sendall(json.dumps(header).encode() + b"\n" + text)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_users_connection_writes_nothing_into_the_jobs_output() -> None:
+    directory = Path(tempfile.mkdtemp(prefix="orch-test-"))
+    try:
+        head = _Head()
+        path = str(directory / "ranks.sock")
+        channels = RankChannels(head, directory, "n1", path)  # type: ignore[arg-type]
+        # Modes loosened by mistake: the peer check alone keeps the other user out.
+        directory.chmod(0o755)
+        os.chmod(path, 0o666)
+        child = os.fork()
+        if child == 0:  # another user on the node
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                _write_as_rank(path, b"forged line\n")
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _pid, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # it could connect and write
+        _write_as_rank(path, b"own line\n")
+        channels.close(5.0)
+        wire = b"".join(head.lines)
+        assert b"own line" in wire
+        assert b"forged line" not in wire
+        assert (directory / "rank0.stdout.raw").read_bytes() == b"own line\n"
+    finally:
+        for entry in directory.iterdir():
+            entry.unlink()
+        directory.rmdir()
