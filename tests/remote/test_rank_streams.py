@@ -3,10 +3,12 @@ may write into the job's output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -31,10 +33,12 @@ class _Head:
 
 
 def _write_as_rank(path: str, text: bytes) -> None:
+    """Connect as a rank would and write; the agent may hang up before all of it is sent."""
     header = {"rank": 0, "local_rank": 0, "pid": os.getpid(), "stream": "out"}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(path)
-        conn.sendall(json.dumps(header).encode() + b"\n" + text)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(header).encode() + b"\n" + text)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
@@ -57,12 +61,15 @@ def test_another_users_connection_writes_nothing_into_the_jobs_output() -> None:
             except BaseException:
                 os._exit(1)
         _pid, status = os.waitpid(child, 0)
-        assert os.waitstatus_to_exitcode(status) == 0  # it could connect and write
+        assert os.waitstatus_to_exitcode(status) == 0  # it could connect
         _write_as_rank(path, b"own line\n")
+        deadline = time.monotonic() + 30
+        while b"own line" not in b"".join(head.lines):  # the agent took it in
+            assert time.monotonic() < deadline, head.lines
+            time.sleep(0.01)
         channels.close(5.0)
-        wire = b"".join(head.lines)
-        assert b"own line" in wire
-        assert b"forged line" not in wire
+        # Connections are taken in order: the other user's came first and wrote nothing.
+        assert b"forged line" not in b"".join(head.lines)
         assert (directory / "rank0.stdout.raw").read_bytes() == b"own line\n"
     finally:
         for entry in directory.iterdir():
