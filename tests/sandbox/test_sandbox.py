@@ -82,11 +82,12 @@ def test_known_hosts_trusts_exactly_the_nodes_keys(sandbox):
     assert "StrictHostKeyChecking no" not in config
 
 
-def test_lifecycle_up_twice_status_down_twice(tmp_path):
+def test_lifecycle_up_twice_status_down_twice(tmp_path, request):
     ssh_config = Path.home() / ".ssh" / "config"
     before = ssh_config.read_text() if ssh_config.exists() else None
     box = Sandbox(tmp_path / "box")
     prefix = f"l{uuid.uuid4().hex[:5]}n"
+    request.addfinalizer(box.down)  # a failed assertion below leaves no node running
     state = box.up(nodes=2, slots=1, prefix=prefix)
     again = box.up(nodes=2, slots=1, prefix=prefix)
     assert [n.pid for n in again.nodes] == [n.pid for n in state.nodes]
