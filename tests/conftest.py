@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from launch_support import REPO
 
 from orchestrator.remote.agent_spec import RUNS_ROOT
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.state import SandboxState
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Property tests check values, not speed: on a shared 2-core machine a slow example is no
 # failure (hypothesis's default 200 ms deadline made them flaky under load).
