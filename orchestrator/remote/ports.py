@@ -2,12 +2,20 @@
 
 Run inline by the head (no orch install on the node). Arguments:
     RESERVATIONS_DIR JOB_ID TTL_SECONDS PORT [PORT...]
+RESERVATIONS_DIR `-` is this user's own directory on the node (`/tmp/orch-<uid>/ports`).
 Prints one JSON line: {"port": N} or {"error": "..."}.
 
-A port is taken when something listens on it, or when another job reserved it less than
-TTL seconds ago: two jobs started seconds apart would otherwise both find the port free
-before either launcher had bound it. The reservation is a file created with O_EXCL, so
+A port is taken when something listens on it, or when another job of this user reserved it
+less than TTL seconds ago: two jobs started seconds apart would otherwise both find the port
+free before either launcher had bound it. The reservation is a file created with O_EXCL, so
 two jobs choosing at once never get the same port. TTL 0: look, reserve nothing (doctor).
+
+Reservations are per user, in a directory only the user can write (checked, never trusted):
+a shared directory let its first user lock everyone else out, and let anyone delete, fill or
+jam the others' reservations. Across users, the bind test alone keeps jobs apart. Nothing in
+the directory is trusted either: an entry is opened without following links and without
+blocking (a FIFO would hang the chooser), only a regular file counts, and only its first
+bytes are read.
 Standard library only.
 """
 
@@ -18,8 +26,80 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import time
+
+DEFAULT_DIR = "-"  # the argument for this user's own directory on the node
+_READ_LIMIT = 256  # a reservation holds a job id; anything longer is not one of ours
+
+
+class UnsafeDirectory(Exception):
+    """The reservations directory is not the user's own: one line with the path, its owner,
+    its mode and the fix."""
+
+
+def user_directory(uid: int) -> str:
+    """This user's own directory for orch on the node. Not $XDG_RUNTIME_DIR: it is removed
+    when the user's last session ends, which for the one-command session that reserves a
+    port is right after the reservation is made."""
+    return f"/tmp/orch-{uid}"
+
+
+def default_reservations_dir(uid: int) -> str:
+    return f"{user_directory(uid)}/ports"
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        import pwd  # not on every platform the head may import this module on
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def directory_problem(path: str, st: os.stat_result, uid: int) -> str | None:
+    """Why `path` (as lstat saw it) is no directory of `uid`'s own to keep files in, in one
+    line with its owner, its mode and the fix; None when it is."""
+    mode = stat.S_IMODE(st.st_mode)
+    said = f"{path} (owner {_owner_name(st.st_uid)}, mode {mode:04o})"
+    fix = f"remove it (rm -rf -- {path}, as its owner or root) and run again"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{said} is a symbolic link, not a directory of your own: {fix}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{said} is not a directory: {fix}"
+    if st.st_uid != uid:
+        return f"{said} belongs to another user, not to {_owner_name(uid)}: {fix}"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{said} is writable by others: chmod 700 -- {path} (or remove it) and run again"
+    return None
+
+
+def private_directory(path: str, uid: int) -> None:
+    """Make `path` (and missing parents) readable and writable by the user alone, then check
+    what is there: a directory made by someone else first is refused, never used."""
+    old = os.umask(0o077)  # set before mkdir: never open to others, not even for a second
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(path, 0o700)
+    finally:
+        os.umask(old)
+    problem = directory_problem(path, os.lstat(path), uid)
+    if problem is not None:
+        raise UnsafeDirectory(problem)
+
+
+def reservations_dir(argument: str, uid: int) -> str:
+    """The directory the argument names, made and checked; `-` is the user's own, whose
+    parent is checked too (it is the user's directory under the shared /tmp)."""
+    if argument != DEFAULT_DIR:
+        private_directory(argument, uid)
+        return argument
+    private_directory(user_directory(uid), uid)
+    path = default_reservations_dir(uid)
+    private_directory(path, uid)
+    return path
 
 
 def port_is_free(port: int) -> bool:
@@ -44,24 +124,45 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _reservation_taken(path: str, ttl: float, job_id: str) -> bool:
+def read_reservation(path: str) -> tuple[str, float] | None:
+    """The job id a reservation names and its age in seconds; None when there is no regular
+    file there (nothing, a link, a FIFO, a directory: none of them is a reservation)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, encoding="utf-8") as handle:
-            owner = handle.read().strip()
-        age = time.time() - os.stat(path).st_mtime
+        fd = os.open(path, flags)
     except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        head = os.read(fd, _READ_LIMIT)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    owner = head.partition(b"\n")[0].decode("utf-8", "replace").strip()
+    return owner, time.time() - st.st_mtime
+
+
+def _reservation_taken(path: str, ttl: float, job_id: str) -> bool:
+    found = read_reservation(path)
+    if found is None:
         return False
+    owner, age = found
     return owner != job_id and age < ttl
 
 
 def _reserve(path: str, ttl: float, job_id: str) -> bool:
-    """Create the reservation, replacing one that expired; False when another job won."""
+    """Create the reservation, replacing one that expired (or whatever else is at its name,
+    which is no reservation); False when another job won."""
     if _reservation_taken(path, ttl, job_id):
         return False
     with contextlib.suppress(OSError):
-        os.unlink(path)  # expired (or ours from a retry)
+        os.unlink(path)  # expired, ours from a retry, or not a regular file
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, flags, 0o600)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -69,17 +170,11 @@ def _reserve(path: str, ttl: float, job_id: str) -> bool:
     return True
 
 
-def _reservations_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        with contextlib.suppress(FileExistsError):
-            os.makedirs(path)
-        with contextlib.suppress(OSError):
-            os.chmod(path, 0o1777)  # shared by every user's jobs, like /tmp
-
-
 def choose(directory: str, job_id: str, ttl: float, candidates: list[int]) -> dict:
+    """The first free candidate, reserved in `directory` for `ttl` seconds (made and checked
+    first: `-` for the user's own); a look only when ttl is 0."""
     if ttl > 0:
-        _reservations_dir(directory)
+        directory = reservations_dir(directory, os.getuid())
     for port in candidates:
         path = os.path.join(directory, str(port))
         if ttl > 0 and _reservation_taken(path, ttl, job_id):
@@ -98,8 +193,10 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         doc = choose(argv[0], argv[1], float(argv[2]), [int(p) for p in argv[3:]])
+    except UnsafeDirectory as err:
+        doc = {"error": str(err)}
     except OSError as err:
-        doc = {"error": f"{err.strerror or err} ({argv[0]})"}
+        doc = {"error": f"{err.strerror or err} ({err.filename or argv[0]})"}
     print(json.dumps(doc), flush=True)
     return 0 if "port" in doc else 1
 

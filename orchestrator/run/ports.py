@@ -11,10 +11,13 @@ from orchestrator.errors import OrchError
 from orchestrator.plan.agent_command import port_command
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.ports import port_candidates
+from orchestrator.remote.ports import DEFAULT_DIR
 from orchestrator.specs.constants import CHOSEN_PORT_RANGE
 from orchestrator.ssh import run_on_nodes
 
-RESERVATIONS_DIR = "/tmp/orch-ports"  # on node 0; one file per reserved port
+# On node 0, the user's own directory there (/tmp/orch-<uid>/ports, only the node knows the
+# uid); one file per reserved port. Per user: a shared one could be locked, filled or hung.
+RESERVATIONS_DIR = DEFAULT_DIR
 RESERVATION_TTL_S = 900.0  # longer than any sync + pre-flight before the launcher binds
 
 
