@@ -30,6 +30,11 @@ import stat
 import sys
 import time
 
+try:  # on a node, loaded beside this program
+    import orch_owned as owned
+except ImportError:
+    from orchestrator.remote import owned
+
 DEFAULT_DIR = "-"  # the argument for this user's own directory on the node
 _READ_LIMIT = 256  # a reservation holds a job id; anything longer is not one of ours
 
@@ -50,30 +55,12 @@ def default_reservations_dir(uid: int) -> str:
     return f"{user_directory(uid)}/ports"
 
 
-def _owner_name(uid: int) -> str:
-    try:
-        import pwd  # not on every platform the head may import this module on
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
 def directory_problem(path: str, st: os.stat_result, uid: int) -> str | None:
-    """Why `path` (as lstat saw it) is no directory of `uid`'s own to keep files in, in one
-    line with its owner, its mode and the fix; None when it is."""
-    mode = stat.S_IMODE(st.st_mode)
-    said = f"{path} (owner {_owner_name(st.st_uid)}, mode {mode:04o})"
+    """Why `path` (as lstat saw it) is no directory of `uid`'s own to keep reservations in, in
+    one line with its owner, its mode and the fix; None when it is."""
     fix = f"remove it (rm -rf -- {path}, as its owner or root) and run again"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{said} is a symbolic link, not a directory of your own: {fix}"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{said} is not a directory: {fix}"
-    if st.st_uid != uid:
-        return f"{said} belongs to another user, not to {_owner_name(uid)}: {fix}"
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{said} is writable by others: chmod 700 -- {path} (or remove it) and run again"
-    return None
+    problem = owned.not_own(path, st, uid, directory=True, elsewhere=fix)
+    return problem.line if problem else None
 
 
 def private_directory(path: str, uid: int) -> None:
