@@ -22,6 +22,7 @@ from orchestrator.logs.sink import (
     rank_filter,
     read_log_lines,
 )
+from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.records import (
     RUNNING_STATES,
     JobRecord,
@@ -184,7 +185,10 @@ def logs(
             "--raw and --follow cannot be combined",
             "raw logs are pulled back when the job ends; follow the head-side logs instead",
         )
-    run = find_job(runs_root(runs_dir), job)
+    root = runs_root(runs_dir)
+    check_runs_root(root)  # before any record in it is read
+    run = find_job(root, job)
+    check_job(run)
     record = run.load()
     nodes = _selected_nodes(record, run, node)
     out = sys.stdout.buffer

@@ -12,6 +12,7 @@ from ClusterShell.NodeSet import NodeSet
 
 from orchestrator.cli.app import app
 from orchestrator.errors import OrchError
+from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.records import (
     FINAL_STATES,
     JobRecord,
@@ -160,7 +161,10 @@ def stacks(
     (py-spy, or the rank's own faulthandler where ptrace is refused); identical stacks are
     folded, and the ranks that stand apart come first. Kept in runs/<job>/stacks/. Exit 1
     when a node or a rank could not be read."""
-    run = find_job(runs_root(runs_dir), job)
+    root = runs_root(runs_dir)
+    check_runs_root(root)  # the record names the interpreter run on every host it lists
+    run = find_job(root, job)
+    check_job(run)
     record = run.load()
     _check_running(record)
     reports = gather_stacks(
