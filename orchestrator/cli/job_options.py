@@ -15,8 +15,15 @@ import typer
 from typer.models import OptionInfo
 
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
-from orchestrator.plan.request import HostsRequest, JobRequest, LaunchSpec, WatchRequest
+from orchestrator.plan.request import (
+    HostsRequest,
+    JobRequest,
+    LaunchSpec,
+    WatchRequest,
+    kept_env,
+)
 from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
+from orchestrator.specs.secret_args import secret_args
 
 _DECLARED = "option"  # the field's typer declaration, in its metadata
 
@@ -72,6 +79,15 @@ _HANG_TIMEOUT = typer.Option(
     f"stack is taken, the job torn down, exit code {HANG_EXIT_CODE}. Off unless given.",
 )
 
+_ENV_KEEP = typer.Option(
+    [],
+    "--env-keep",
+    metavar="NAME",
+    help="Show NAME's value in the job's record (env.json) and the dry run (repeat). Every "
+    "value of --env (and of a recipe's env) shows as *** otherwise; a name holding TOKEN, "
+    "KEY, SECRET or PASSWORD, and what --env NAME forwards, always does.",
+)
+
 
 @dataclass(frozen=True)
 class JobOptions:
@@ -94,6 +110,7 @@ class JobOptions:
     quiet: bool = field(metadata=_declared(_QUIET))
     heartbeat_timeout: float = field(metadata=_declared(_HEARTBEAT_TIMEOUT))
     hang_timeout: float | None = field(metadata=_declared(_HANG_TIMEOUT))
+    env_keep: list[str] = field(metadata=_declared(_ENV_KEEP))
 
 
 def with_job_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -125,10 +142,29 @@ def with_job_options(command: Callable[..., None]) -> Callable[..., None]:
     return typed
 
 
+def secret_args_warnings(args: tuple[str, ...]) -> list[str]:
+    """What the launch says of each script argument that looks like a secret: a rank's argv
+    is readable by every user of its node for the whole job."""
+    lines = []
+    for found in secret_args(args):
+        name = found.variable
+        lines.append(
+            f"warning: the script's argument {found.option} looks like a secret, and every "
+            "user of a node can read a rank's arguments (/proc/<pid>/cmdline) while it runs; "
+            f"pass it in the environment instead: export {name}=... on the head, add "
+            f"--env {name} (a recipe: passthrough_env: [{name}]) and have the script read "
+            f"${name}"
+        )
+    return lines
+
+
 def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
                 **more: Any) -> JobRequest:  # fmt: skip
     """The request the options and a spec make: `nodes` as wanted (--nodes, or a recipe's),
-    `more` the request's other fields."""
+    `more` the request's other fields. Warns (stderr) of script arguments that look like
+    secrets: launch and submit both come through here."""
+    for line in secret_args_warnings(spec.args):
+        typer.echo(line, err=True)
     heartbeat = options.heartbeat_timeout
     watch = WatchRequest(
         preflight=not options.no_doctor, sync=options.sync,
@@ -141,5 +177,7 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
         slurm=options.slurm, nodes=nodes, include=options.include, exclude=options.exclude,
     )  # fmt: skip
     runs_dir = str(options.runs_dir) if options.runs_dir is not None else None
-    return JobRequest(spec=spec, hosts=hosts, watch=watch, fanout=options.fanout,
-                      main_port=options.main_port, runs_dir=runs_dir, **more)  # fmt: skip
+    keep = tuple(options.env_keep)
+    return JobRequest(spec=kept_env(spec, keep), hosts=hosts, watch=watch,
+                      fanout=options.fanout, main_port=options.main_port, runs_dir=runs_dir,
+                      env_keep=keep, **more)  # fmt: skip

@@ -49,14 +49,17 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
         run_dir=place.run_dir, private_dir=head.private_dir, fanout=place.fanout,
         slurm_job=place.slurm_job, accelerate=spec.accelerate,
         torchrun_args=spec.torchrun_args, rdzv_id=spec.rdzv_id or "",
+        private_nonce=head.private_nonce,
     )  # fmt: skip
     launch = LAUNCHERS[spec.launcher](job, head)
     return LaunchPlan(
         job=job,
         launch=launch,
         files=(PlannedFile(HOSTFILE_NAME, render_hostfile(hostfile)), *launch.files),
-        node_private=node_private_text(env, job.rank_command),
+        node_private=node_private_text(job),
         forwarded=tuple(name for name in spec.passthrough if name in env),
+        given=tuple(name for name, _ in spec.env),
+        kept=spec.env_keep,
         main_port_chosen=place.main_port_chosen,
         slurm_batch=place.slurm_batch,
         recipe=spec.recipe,

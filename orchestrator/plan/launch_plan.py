@@ -9,7 +9,9 @@ the small spec every launcher reads (`JobShape`), then one module per launcher
 Every launcher starts `orch-rank` (remote/rank.py) in place of the script, through its
 own `--no_python` option. The rank's command (`rank_command`: interpreter, script, the
 user's arguments) and the job's environment are in `node_private`, a file orch writes on
-every node before the launch (readable by the user only), never on a command line.
+every node before the launch (readable by the user only), on no command line orch runs.
+The rank itself runs with the user's arguments as its argv, which every user of the node can
+read: the CLI warns of arguments that look like secrets (specs/secret_args.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -90,6 +93,11 @@ class HeadContext:
     cwd: str = ""  # orch's working directory (the job's, unless one is given)
     # The head's environment: what the job may forward, what pdsh runs in.
     environ: Mapping[str, str] = field(default_factory=dict)
+    # In the job's private settings, so that their hash on the agent's command line (which
+    # every user of a node can read) says nothing of them: the rest is mostly guessable, a
+    # weak secret would fall to trying values offline. One per job: its plan, built again
+    # with the chosen port, keeps the same settings.
+    private_nonce: str = field(default_factory=lambda: secrets.token_hex(16))
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ class JobShape:
     accelerate: AccelerateOptions = field(default_factory=AccelerateOptions)
     torchrun_args: tuple[str, ...] = ()
     rdzv_id: str = ""  # torchrun's rendezvous id
+    private_nonce: str = ""  # HeadContext's: in node_private, never on a command line
 
     @property
     def nproc(self) -> int:
@@ -163,6 +172,8 @@ class LaunchPlan:
     files: tuple[PlannedFile, ...]  # the hostfile, then the launcher's
     node_private: str  # JSON: the job's env and the rank's argv, written on every node
     forwarded: tuple[str, ...] = ()  # names whose value came from the head's environment
+    given: tuple[str, ...] = ()  # names the user set (--env NAME=VALUE, a recipe's env)
+    kept: tuple[str, ...] = ()  # of those, the ones whose values records show (--env-keep)
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
     slurm_batch: bool = False  # the job's Slurm allocation is its own (orch submit --sbatch)
     recipe: str | None = None
@@ -224,8 +235,11 @@ class LaunchPlan:
 
     @property
     def redacted_env(self) -> dict[str, str]:
-        secret = self.secret_names
-        return {name: REDACTED if name in secret else value for name, value in self.job.env.items()}
+        """The job's environment as records and dry runs show it: what the user set is ***
+        unless kept (a DB_PASS or a URL with credentials is no secret by its name), secrets
+        always. orch's own ORCH_JOB_ID and the head's NCCL_* show as they are."""
+        hidden = self.secret_names | (set(self.given) - set(self.kept))
+        return {name: REDACTED if name in hidden else value for name, value in self.job.env.items()}
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -244,11 +258,15 @@ class LaunchPlan:
         return f"{base}/{planned.name}"
 
 
-def node_private_text(job_env: Mapping[str, str], rank_argv: Sequence[str]) -> str:
+def node_private_text(job: JobShape) -> str:
     """What orch writes on every node before the launch: the job's environment (secrets
-    included) and the rank's exact command. The agent reads it, checks its hash, and removes
-    it; nothing of it is on a command line."""
-    return json.dumps({"env": dict(job_env), "rank_argv": list(rank_argv)}, sort_keys=True)
+    included), the rank's exact command and the job's nonce. The agent reads it, checks its
+    hash, and removes it; nothing of it is on a command line, and the hash, which is, cannot
+    be matched by guessing the rest without the nonce."""
+    private: dict[str, object] = {"env": dict(job.env), "rank_argv": list(job.rank_command)}
+    if job.private_nonce:
+        private["nonce"] = job.private_nonce
+    return json.dumps(private, sort_keys=True)
 
 
 def agent_spec(
@@ -261,7 +279,7 @@ def agent_spec(
     """What every node's agent gets on its command line: no value of the job's environment,
     no word the user typed. It runs `node_command`, or its node rank's command of
     `per_node` when the nodes' differ (none on the pdsh launcher: the shim adds it)."""
-    private = node_private_text(job.env, (job.python, job.script, *job.args))
+    private = node_private_text(job)
     srun = job.fanout == "srun"
     return AgentSpec(
         job_id=job.job_id,

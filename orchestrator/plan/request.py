@@ -7,10 +7,11 @@ script (plan/sbatch_script.py). Pure: the head's environment is passed in.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator.errors import UsageError
 from orchestrator.specs.constants import DEFAULT_LAUNCHER
+from orchestrator.specs.jobenv import check_name
 from orchestrator.specs.options import check_launcher
 from orchestrator.specs.recipe import AccelerateOptions, Recipe
 
@@ -27,6 +28,7 @@ class LaunchSpec:
     nproc_per_node: int | None = None  # None: the hostfile's slots
     env: tuple[tuple[str, str], ...] = ()  # set on every rank
     passthrough: tuple[str, ...] = ()  # forwarded from the head's environment when set there
+    env_keep: tuple[str, ...] = ()  # names in `env` whose values records may show
     main_port: int | None = None  # None: orch picks one free on node 0
     accelerate: AccelerateOptions = field(default_factory=AccelerateOptions)
     torchrun_args: tuple[str, ...] = ()
@@ -79,6 +81,7 @@ class JobRequest:
     recipe: Recipe | None = None  # submit: the loaded recipe (its hosts, its Slurm section)
     extra_args: tuple[str, ...] = ()  # submit: the ARGS after the recipe (also in the spec)
     sbatch: SbatchRequest | None = None
+    env_keep: tuple[str, ...] = ()  # --env-keep as given (the spec also holds a recipe's)
     job_id: str | None = None  # given: the batch script's own submit names its job
 
     @property
@@ -112,6 +115,13 @@ def env_options(
     return env, tuple(forwarded)
 
 
+def kept_env(spec: LaunchSpec, names: Sequence[str]) -> LaunchSpec:
+    """The spec with `names` (--env-keep) added to the names whose values records show."""
+    for name in names:
+        check_name(name)
+    return replace(spec, env_keep=tuple(dict.fromkeys((*spec.env_keep, *names))))
+
+
 def launch_spec(script: str, args: Sequence[str], *, launcher: str, env: Sequence[str],
                 environ: Mapping[str, str], nproc_per_node: int | None = None,
                 python: str | None = None, workdir: str | None = None,
@@ -138,6 +148,7 @@ def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
         nproc_per_node=recipe.nproc_per_node,
         env=tuple(recipe.env.items()),
         passthrough=tuple(recipe.passthrough_env),
+        env_keep=tuple(recipe.env_keep),
         main_port=main_port if main_port is not None else recipe.main_port,
         accelerate=recipe.accelerate,
         torchrun_args=tuple(recipe.torchrun.extra_args),

@@ -98,6 +98,8 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
     for option, value in values:
         if value is not None:
             argv += [option, f"{value}"]
+    for name in request.env_keep:
+        argv += ["--env-keep", name]
     if request.extra_args:
         argv += ["--", *request.extra_args]
     return tuple(argv)

@@ -173,6 +173,8 @@ class Recipe(_Strict):
     python: str | None = None  # None: the head's sys.executable
     env: dict[str, str] = Field(default_factory=dict)
     passthrough_env: list[str] = Field(default_factory=list)
+    # Names in `env` whose values job records and dry runs may show (the rest show ***).
+    env_keep: list[str] = Field(default_factory=list)
     # None: orch picks a port free on node 0 for each job
     main_port: int | None = Field(None, ge=PORT_RANGE[0], le=PORT_RANGE[1])
     hang_timeout: float | None = Field(None, ge=1)  # None: no hang detection (--hang-timeout)
@@ -208,7 +210,7 @@ class Recipe(_Strict):
                 raise ValueError(f"{name} is set by orch for each job")
         return value
 
-    @field_validator("passthrough_env")
+    @field_validator("passthrough_env", "env_keep")
     @classmethod
     def _passthrough_names(cls, value: list[str]) -> list[str]:
         for name in value:
