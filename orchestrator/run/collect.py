@@ -5,9 +5,11 @@ During a job the node agent tees its ranks' raw output into
 it ended, `collect_logs` fetches every file of that directory over SFTP into
 `runs/<job-id>/<nodes dir>/<node>/`, checks each against the size and sha256
 the node itself computes (over the same SSH connection), and only then removes
-the node's copy (unless keep_remote). A node that cannot be reached, or whose
-files do not arrive whole, is reported with what went wrong and how to get the
-files by hand: never skipped silently, never hiding the other nodes.
+the node's copy (unless keep_remote). The secrets the head masks in its own logs are
+masked in them too (logs/redact.py): a rank that prints its token leaves it in its raw
+output (a file's size and sha256 stay the node's, as verified). A node that cannot be
+reached, or whose files do not arrive whole, is reported with what went wrong and how to
+get the files by hand: never skipped silently, never hiding the other nodes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import UsageError
+from orchestrator.logs.redact import redact_file
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.agent import node_dir
 from orchestrator.ssh import NodeSession, SSHError, open_session
@@ -140,7 +143,7 @@ def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledF
 
 def _collect_over(
     session: NodeSession, node: str, remote_dir: str, local_dir: Path, keep_remote: bool,
-    timeout: float,
+    timeout: float, secrets: Sequence[str] = (),
 ) -> NodeResult[PulledLogs]:  # fmt: skip
     problem = ""
     for _attempt in range(_ATTEMPTS):
@@ -160,6 +163,8 @@ def _collect_over(
         except _Mismatch as err:
             problem = str(err)
             continue
+        for item in files:
+            redact_file(local_dir / item.name, secrets)
         removed = False
         if not keep_remote:
             removed = _remove_remote(session, remote_dir, timeout)
@@ -188,8 +193,10 @@ def collect_node(
     keep_remote: bool = False,
     connect_timeout: float = 10.0,
     timeout: float = 120.0,
+    secrets: Sequence[str] = (),
 ) -> NodeResult[PulledLogs]:
-    """Fetch one node's raw logs into dest_root/<node>/; never raises for a node problem."""
+    """Fetch one node's raw logs into dest_root/<node>/, `secrets` masked in them; never
+    raises for a node problem."""
     if not _is_safe(job_id):
         raise UsageError(f"not a job id: {job_id!r}", "see `orch status` for the jobs there are")
     remote_dir = node_dir(job_id, node)
@@ -202,7 +209,8 @@ def collect_node(
         )
     try:
         with open_session(node, timeout=connect_timeout) as session:
-            return _collect_over(session, node, remote_dir, local_dir, keep_remote, timeout)
+            return _collect_over(session, node, remote_dir, local_dir, keep_remote, timeout,
+                                 secrets)  # fmt: skip
     except SSHError as err:
         hint = f"{err.failure.hint}; its logs stay on the node in {remote_dir}"
         return failed(node, err.failure.message, hint, err.failure.kind)
@@ -223,12 +231,13 @@ def collect_logs(
     connect_timeout: float = 10.0,
     timeout: float = 120.0,
     max_parallel: int = 16,
+    secrets: Sequence[str] = (),
 ) -> GroupResult[PulledLogs]:
     """Every node's raw logs, in parallel; one result per node, in order."""
     def one(node: str) -> NodeResult[PulledLogs]:
         return collect_node(
             node, job_id, dest_root, keep_remote=keep_remote,
-            connect_timeout=connect_timeout, timeout=timeout,
+            connect_timeout=connect_timeout, timeout=timeout, secrets=secrets,
         )  # fmt: skip
 
     return for_each_node(nodes, one, max_parallel=max_parallel)
@@ -242,8 +251,8 @@ class LogCollector:
 
     def __init__(self, job_id: str, dest_root: str | os.PathLike[str], *,
                  keep_remote: bool, connect_timeout: float, timeout: float,
-                 max_parallel: int = 16) -> None:  # fmt: skip
-        self.job_id, self.dest_root = job_id, dest_root
+                 max_parallel: int = 16, secrets: Sequence[str] = ()) -> None:  # fmt: skip
+        self.job_id, self.dest_root, self.secrets = job_id, dest_root, tuple(secrets)
         self.keep_remote, self.connect_timeout, self.timeout = keep_remote, connect_timeout, timeout
         self.max_parallel = max_parallel
         self._slots = threading.Semaphore(max_parallel)
@@ -266,6 +275,7 @@ class LogCollector:
                 result = collect_node(
                     node, self.job_id, self.dest_root, keep_remote=self.keep_remote,
                     connect_timeout=self.connect_timeout, timeout=self.timeout,
+                    secrets=self.secrets,
                 )  # fmt: skip
             except Exception as err:  # the job is over: a fetch problem is only reported
                 where = node_dir(self.job_id, node)
