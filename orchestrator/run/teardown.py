@@ -16,6 +16,7 @@ from pathlib import Path
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
+from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
 from orchestrator.run.records import FINAL_STATES, JobRecord, RunDir, finished, head_alive
 from orchestrator.run.slurm import ACTIVE_STATES, cancel, job_state
@@ -126,7 +127,10 @@ class KillOutcome:
 def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOutcome:
     """`orch kill`: stop a job from any terminal. The head (if alive) is TERMed and reports
     the job killed; a batch job is cancelled; whatever the head does, every node is told by
-    job id (TERM, `grace`, KILL). `say` gets each step's result as it comes."""
+    job id (TERM, `grace`, KILL). `say` gets each step's result as it comes. A record that is
+    not the user's own is refused first: it names the interpreter run on every host it lists."""
+    check_runs_root(run.path.parent)
+    check_job(run)
     record = run.load()
     alive = head_alive(record)
     batch = record.slurm_batch and record.slurm_job_id is not None

@@ -13,6 +13,7 @@ from orchestrator.errors import OrchError
 from orchestrator.remote.owned import owner_name
 from orchestrator.run import ownership
 from orchestrator.run.records import JobRecord, RunDir
+from orchestrator.run.teardown import KILL_MARKER, kill_job
 
 JOB = "20261121-230000-abc123"
 ME = 1000
@@ -115,3 +116,17 @@ def test_logs_and_stacks_refuse_a_record_others_can_write(tmp_path, orch_here, c
     result = orch_here([*command, "--runs-dir", str(runs)], runs)
     assert result.returncode == 1
     assert "writable by others" in result.stderr and f"{run.job_file} " in result.stderr
+
+
+def test_kill_refuses_a_record_others_can_write_before_acting_on_it(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = _job(runs)
+    run.job_file.chmod(0o666)
+    said: list[str] = []
+    with pytest.raises(OrchError, match="writable by others"):
+        kill_job(run, grace=1.0, say=said.append)
+    assert said == [] and not (run.path / KILL_MARKER).exists()
+    run.job_file.chmod(0o600)
+    runs.chmod(0o777)
+    with pytest.raises(OrchError, match=f"{runs} .*writable by others"):
+        kill_job(run, grace=1.0, say=said.append)
