@@ -138,6 +138,7 @@ class Supervisor:
         if self.rank_channels is not None:  # the launchers find orch-rank on PATH
             start_dir = self.dir / rank_program.START_DIR
             env["PATH"] = os.pathsep.join([str(start_dir), env.get("PATH", "")])
+            env[procs.KEPT_VAR] = "1"  # every rank has a keeper: procs.py tells them apart
         recorder = flight_recorder.flight_recorder_env(
             str(self.dir), flight_recorder.torch_version()
         )
@@ -175,7 +176,15 @@ class Supervisor:
             f"exec {shlex.quote(self.rank_argv[0])} -I -S {shlex.quote(str(program))} \"$@\"\n"
         )
         launcher.chmod(0o755)
-        self.rank_channels = rank_streams.RankChannels(self.channel, self.dir, self.node, path)
+        self.rank_channels = rank_streams.RankChannels(
+            self.channel, self.dir, self.node, path, self._rank_ended
+        )
+
+    def _rank_ended(self, rank: int, local_rank: int, report: dict) -> None:
+        """A keeper reported its rank's end: the head hears of it at once."""
+        kept = self.ranks.reported(rank, local_rank, report)
+        if kept is not None:
+            self.channel.control(logwire.ControlKind.RANK_END, node=self.node, **kept)
 
     def _pump_stream(self, fd: int, stream: str, raw: Path) -> None:
         pump = channel.OutputPump(self.channel, logwire.WireFramer(stream), raw, self.tail)
@@ -274,9 +283,14 @@ class Supervisor:
     def _finish(self, code: int, error: str | None = None) -> int:
         # Nothing of the job may outlive its command on this node.
         stopped = self._sweep()
-        rank, rank_code = rank_watch.failure_from_text(self.tail.text())
-        if rank is None and code != 0:
+        for at, rank_seen, rank_seen_code in self.ranks.unreported():
+            self.channel.control(logwire.ControlKind.RANK_END, node=self.node, rank=rank_seen,
+                                 end=round(at, 6), code=rank_seen_code, seen="scan")  # fmt: skip
+        rank, rank_code = None, None
+        if code != 0:
             rank, rank_code = self.ranks.first_failed(code)
+        if rank is None:  # no end seen here: torchrun's own report may name one
+            rank, rank_code = rank_watch.failure_from_text(self.tail.text())
         fields: dict[str, object] = {"code": code, "node": self.node}
         if rank is not None:
             fields["rank"] = rank

@@ -56,9 +56,11 @@ class Channel:
         self.send(logwire.encode_control(kind, **fields))
 
     def heartbeat(self, **fields: object) -> None:
-        """A heartbeat, when the last one is HEARTBEAT_S old; call it as often as you like."""
+        """A heartbeat, when the last one is HEARTBEAT_S old; call it as often as you like.
+        It carries the node's wall clock: the head measures each node's offset from its own
+        by it, so that ends on different nodes are ordered in one time."""
         if time.monotonic() - self._last_beat >= HEARTBEAT_S:
-            self.control(logwire.ControlKind.HEARTBEAT, **fields)
+            self.control(logwire.ControlKind.HEARTBEAT, t=round(time.time(), 4), **fields)
             self._last_beat = time.monotonic()
 
     def stalled(self) -> bool:

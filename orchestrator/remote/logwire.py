@@ -261,7 +261,8 @@ class ControlKind(_Word):
 
     STARTED = "started"  # the node's launcher started
     RANK = "rank"  # a rank opened its own output channel to the agent
-    HEARTBEAT = "heartbeat"  # the agent is alive
+    HEARTBEAT = "heartbeat"  # the agent is alive (fields: t, the node's wall clock)
+    RANK_END = "rank_end"  # a rank ended (fields: rank, local_rank, pid, start, end, code...)
     EXIT = "exit"  # the node's launcher ended (fields: code, rank, failed_at, ...)
 
 

@@ -8,8 +8,12 @@ containers that share the host's process table), and one node's agent must not t
 other nodes' processes for its own. Processes are found by their environment, never by a
 command-line pattern.
 
-A rank is such a process with RANK in its environment whose parent does not carry the same
-RANK: a rank's own children (data loader workers, a forkserver) inherit its RANK.
+A rank is such a process with RANK in its environment whose parent is its keeper: orch-rank
+(remote/rank.py) stays every rank's parent and names itself in the rank's environment
+(KEEPER_VAR = its pid). The keeper itself carries RANK but no pid of a keeper; a rank's own
+children (data loader workers, a forkserver) inherit the keeper's pid but have the rank
+for a parent. A process with RANK and no trace of a keeper at all (started by something
+other than orch-rank) is a rank when its parent does not carry the same RANK.
 
 Every function takes the /proc directory to read (`proc`), so the rules are tested on
 fabricated trees.
@@ -23,6 +27,8 @@ from collections.abc import Mapping
 JOB_ID_VAR = "ORCH_JOB_ID"
 NODE_VAR = "ORCH_NODE"
 RANK_VAR = "RANK"
+KEEPER_VAR = "ORCH_RANK_KEEPER"  # as remote/rank.py sets it
+KEPT_VAR = "ORCH_RANKS_KEPT"  # set by the agent for its launcher: every rank has a keeper
 PROC = "/proc"
 
 
@@ -46,11 +52,20 @@ def started_for(env: Mapping[str, str], job_id: str, node: str) -> bool:
     return started_on is None or started_on == node
 
 
-def own_rank(env: Mapping[str, str] | None, parent_env: Mapping[str, str] | None) -> int | None:
-    """The rank a process with this environment is, or None: no RANK, or its parent's
-    (a rank's child inherits it)."""
+def own_rank(
+    env: Mapping[str, str] | None, parent_env: Mapping[str, str] | None, parent: int = 0
+) -> int | None:
+    """The rank a process with this environment (and this parent) is, or None: no RANK,
+    a keeper, a rank's child (which inherits its RANK)."""
     rank = _rank_in(env)
-    return None if rank is None or _rank_in(parent_env) == rank else rank
+    if rank is None:
+        return None
+    keeper = (env or {}).get(KEEPER_VAR)
+    if keeper is not None:
+        return rank if keeper == str(parent) else None
+    if (env or {}).get(KEPT_VAR):
+        return None  # a keeper: its rank is its child
+    return None if _rank_in(parent_env) == rank else rank
 
 
 def _rank_in(env: Mapping[str, str] | None) -> int | None:
@@ -110,7 +125,8 @@ def rank_at(pid: int, proc: str = PROC) -> int | None:
     env = environ_of(pid, proc)
     if _rank_in(env) is None:
         return None
-    return own_rank(env, environ_of(parent_of(pid, proc), proc))
+    parent = parent_of(pid, proc)
+    return own_rank(env, environ_of(parent, proc), parent)
 
 
 def job_ranks(job_id: str, node: str, proc: str = PROC) -> list[tuple[int, int]]:

@@ -14,18 +14,30 @@ torchrun `--no-python orch-rank`. For one rank it
 3. gives the rank its own TORCHELASTIC_ERROR_FILE where the launcher set none;
 4. puts the agent's sitecustomize (remote/rank_site.py) first on the rank's PYTHONPATH,
    so its stack can be taken on a signal where py-spy cannot;
-5. replaces itself with the rank's command (exec): same pid, so the launcher's signals
-   and exit codes are the rank's own.
+5. stays the rank's parent (its keeper): the rank's end is known the moment it happens,
+   with its own exit code or signal, and reported to the agent on a third connection.
+   A launcher only learns of an end when it polls (DeepSpeed's, once a second, in no
+   useful order), and an agent scanning /proc learns of it later still: two ranks that end
+   milliseconds apart would look simultaneous, and the launcher's choice would name the
+   wrong one. The keeper forwards the launcher's signals to the rank, notes which it
+   forwarded (a teardown, not the rank's own fault), and ends as the rank ended: the same
+   exit code, or the same signal raised on itself, so every launcher sees the rank's end.
+   The rank dies with its keeper (PR_SET_PDEATHSIG), so a launcher's SIGKILL still ends it.
 
 When the agent cannot be reached, the rank still starts, with the launcher's pipes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import resource
+import signal
 import socket
 import sys
+import time
 from collections.abc import MutableMapping
 
 START_DIR = "bin"  # under the node directory: start-up files, not logs, so never pulled back
@@ -33,7 +45,17 @@ COMMAND_FILE = os.path.join(START_DIR, "rank.json")
 SITE_DIR = os.path.join(START_DIR, "site")  # sitecustomize.py: stacks without ptrace
 SITE_DIR_VAR = "ORCH_RANK_SITE"
 NODE_DIR_VAR = "ORCH_NODE_DIR"
+# Set by the keeper in its rank's environment to its own pid: remote/procs.py tells the
+# rank (whose parent is that pid) from its keeper and from the rank's own children.
+KEEPER_VAR = "ORCH_RANK_KEEPER"
 CONNECT_TIMEOUT_S = 10.0
+END_STREAM = "end"
+# What a launcher sends to stop its ranks, or a user to the launcher: passed on to the rank.
+FORWARDED = (
+    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+    signal.SIGUSR2,
+)  # fmt: skip
+_PR_SET_PDEATHSIG = 1
 
 
 def rank_ids(environ: dict[str, str]) -> tuple[int, int] | None:
@@ -60,18 +82,19 @@ def _connect(path: str, header: dict[str, object]) -> socket.socket:
     return conn
 
 
-def own_streams(path: str, rank: int, local_rank: int) -> bool:
-    """Put fd 1 and 2 on connections of their own to the agent; False if it cannot be reached
-    (then both stay as they are)."""
-    who = {"rank": rank, "local_rank": local_rank, "pid": os.getpid()}
+def own_streams(path: str, who: dict[str, object]) -> socket.socket | None:
+    """Put fd 1 and 2 on connections of their own to the agent, and open the connection
+    the rank's end is reported on; None if the agent cannot be reached (then fd 1 and 2
+    stay as they are)."""
     try:
-        conns = [_connect(path, {**who, "stream": stream}) for stream in ("out", "err")]
+        conns = [_connect(path, {**who, "stream": s}) for s in ("out", "err", END_STREAM)]
     except OSError:
-        return False
-    for fd, conn in zip((1, 2), conns, strict=True):
+        return None
+    for fd, conn in zip((1, 2), conns, strict=False):
         os.dup2(conn.fileno(), fd)
         conn.close()
-    return True
+    conns[2].set_inheritable(False)
+    return conns[2]
 
 
 def use_site(site_dir: str, environ: MutableMapping[str, str]) -> None:
@@ -81,6 +104,116 @@ def use_site(site_dir: str, environ: MutableMapping[str, str]) -> None:
     environ[SITE_DIR_VAR] = site_dir
     rest = environ.get("PYTHONPATH", "")
     environ["PYTHONPATH"] = site_dir + (os.pathsep + rest if rest else "")
+
+
+# ----- the keeper --------------------------------------------------------------------
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer ended in this process's cgroup (v2),
+    or None where that cannot be read."""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as handle:
+            group = handle.read().split("::", 1)[1].strip()
+        with open(f"/sys/fs/cgroup{group}/memory.events", encoding="ascii") as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def end_report(
+    started: float, ended: float, pid: int, status: int, usage: resource.struct_rusage,
+    forwarded: list[int], oom_before: int | None, oom_after: int | None,
+) -> dict[str, object]:
+    """What the agent learns of a rank's end: when, how, and what may explain it."""
+    code = os.waitstatus_to_exitcode(status)
+    report: dict[str, object] = {
+        "pid": pid, "start": round(started, 6), "end": round(ended, 6), "code": code,
+        "maxrss_kb": usage.ru_maxrss,
+    }  # fmt: skip
+    if forwarded:
+        report["forwarded"] = sorted(set(forwarded))
+    if code == -signal.SIGKILL and oom_before is not None and oom_after is not None:
+        report["oom_kill"] = oom_after > oom_before
+    return report
+
+
+class Keeper:
+    """Starts the rank as its child and waits for it, passing signals on."""
+
+    def __init__(self, command: list[str], environ: dict[str, str]) -> None:
+        self.command = command
+        self.environ = environ
+        self.child = 0
+        self.forwarded: list[int] = []
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        self.forwarded.append(signum)
+        if self.child:
+            with contextlib.suppress(OSError):
+                os.kill(self.child, signum)
+
+    def start(self) -> int:
+        """Fork and exec the rank; returns its pid. Signals are held across the fork, so
+        none reaches the child's copy of the keeper's handlers."""
+        for signum in FORWARDED:
+            signal.signal(signum, self._forward)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        keeper = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the rank-to-be
+            self._exec(keeper, held)
+        self.child = pid
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return pid
+
+    def _exec(self, keeper: int, held: set[signal.Signals]) -> None:
+        try:
+            # As subprocess does: the rank starts with default dispositions, not Python's.
+            for signum in (*FORWARDED, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(signum, signal.SIG_DFL)
+            with contextlib.suppress(OSError, AttributeError):
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != keeper:  # the keeper died before the rank could follow it
+                os._exit(128 + signal.SIGKILL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            os.execvpe(self.command[0], self.command, self.environ)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.write(2, f"orch-rank: cannot start {self.command[0]}: {err}\n".encode())
+        finally:
+            os._exit(127)
+
+    def wait(self) -> tuple[int, resource.struct_rusage]:
+        """The rank's wait status and resource usage, the moment it ends."""
+        _pid, status, usage = os.wait4(self.child, 0)  # retried after each signal (PEP 475)
+        return status, usage
+
+
+def end_as(status: int) -> int:
+    """End this keeper as the rank ended: raise the same signal on itself (no core file),
+    or return the same exit code."""
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+        return 128 + signum  # not reached, but for a signal that could not be raised
+    return os.waitstatus_to_exitcode(status)
+
+
+def _report(conn: socket.socket | None, report: dict[str, object]) -> None:
+    if conn is None:
+        return
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps(report).encode() + b"\n")
+        conn.close()
 
 
 def main(argv: list[str]) -> int:
@@ -93,18 +226,27 @@ def main(argv: list[str]) -> int:
         return 127
     command = rank_command([str(word) for word in spec["argv"]], argv)
     ids = rank_ids(dict(os.environ))
+    ended_on = None
     if ids is not None:
         rank, local_rank = ids
-        own_streams(str(spec["socket"]), rank, local_rank)
+        who = {"rank": rank, "local_rank": local_rank, "pid": os.getpid()}
+        ended_on = own_streams(str(spec["socket"]), who)
         os.environ.setdefault(
             "TORCHELASTIC_ERROR_FILE", os.path.join(directory, f"rank{rank}.error.json")
         )
         use_site(os.path.join(directory, SITE_DIR), os.environ)
-    try:
-        os.execvp(command[0], command)
-    except OSError as err:
-        sys.stderr.write(f"orch-rank: cannot start {command[0]}: {err}\n")
-    return 127
+    environ = {**os.environ, KEEPER_VAR: str(os.getpid())}
+    oom_before = oom_kills()
+    keeper = Keeper(command, environ)
+    started = time.time()
+    pid = keeper.start()
+    status, usage = keeper.wait()
+    ended = time.time()
+    report = end_report(started, ended, pid, status, usage, keeper.forwarded, oom_before,
+                        oom_kills() if oom_before is not None else None)  # fmt: skip
+    _report(ended_on, report)
+    sys.stdout.flush()
+    return end_as(status)
 
 
 if __name__ == "__main__":

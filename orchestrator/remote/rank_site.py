@@ -11,7 +11,10 @@ script runs; nothing of the user's script or command changes. It
    system calls are restarted, not interrupted;
 2. takes its directory back out of PYTHONPATH and sys.path, so the rank's own children
    and imports never see it;
-3. runs the sitecustomize that it shadows, if the environment has one.
+3. enables faulthandler for fatal signals (SIGSEGV, SIGBUS, SIGABRT...), as
+   PYTHONFAULTHANDLER would: a rank that dies in native code prints the Python frame it
+   stood in, which the head names with the signal;
+4. runs the sitecustomize that it shadows, if the environment has one.
 
 Used where py-spy is missing or ptrace is refused (containers without
 CAP_SYS_PTRACE, kernel.yama.ptrace_scope=3). A rank started with `python -E`, `-I`
@@ -78,6 +81,9 @@ def install() -> None:
         # Without it the rank runs as ever; the node side names it when asked for its stack.
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             _register(node_dir)
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError, RuntimeError, AttributeError):
+            faulthandler.enable(all_threads=True)
     _run_shadowed()
 
 

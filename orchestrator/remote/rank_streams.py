@@ -13,6 +13,7 @@ import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 try:  # shipped inline: loaded beside the agent as orch_<name>
@@ -25,6 +26,9 @@ RANK_SOCKET = "ranks.sock"
 _SOCKET_PATH_MAX = 100  # AF_UNIX paths are capped at 108 bytes
 _HEADER_MAX = 4096
 _RAW_NAME = {"out": "stdout.raw", "err": "stderr.raw"}
+END_STREAM = "end"  # the keeper's report of its rank's end (remote/rank.py)
+_END_MAX = 64 * 1024
+OnEnd = Callable[[int, int, dict], None]  # (rank, local rank, the keeper's report)
 
 
 def socket_path(directory: Path) -> str:
@@ -37,12 +41,16 @@ def socket_path(directory: Path) -> str:
 
 
 class RankChannels:
-    """Accepts the ranks' own connections (remote/rank.py opens two per rank: stdout and
-    stderr) and pumps each into its raw file in `directory` and to the head, labelled with
-    its rank; the first connection of a rank announces it (`rank` control message)."""
+    """Accepts the ranks' own connections (remote/rank.py opens three per rank: stdout,
+    stderr and its end) and pumps each output into its raw file in `directory` and to the
+    head, labelled with its rank; the first connection of a rank announces it (`rank`
+    control message). A rank's end, as its keeper reports it, goes to `on_end`."""
 
-    def __init__(self, head: channel.Channel, directory: Path, node: str, path: str) -> None:
+    def __init__(
+        self, head: channel.Channel, directory: Path, node: str, path: str, on_end: OnEnd
+    ) -> None:
         self.head = head
+        self.on_end = on_end
         self.directory = directory
         self.node = node
         self.path = path
@@ -74,6 +82,11 @@ class RankChannels:
             if header is None:
                 return
             rank, local_rank, stream, first_bytes = header
+            if stream == END_STREAM:
+                report = _read_end(conn, first_bytes)
+                if report is not None:
+                    self.on_end(rank, local_rank, report)
+                return
             with self._lock:
                 first = rank not in self._announced
                 self._announced.add(rank)
@@ -129,6 +142,24 @@ def _read_header(conn: socket.socket) -> tuple[int, int, str, bytes] | None:
         rank, local_rank, stream = int(doc["rank"]), int(doc["local_rank"]), str(doc["stream"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if stream not in _RAW_NAME:
+    if stream not in _RAW_NAME and stream != END_STREAM:
         return None
     return rank, local_rank, stream, rest  # rest: the rank's first bytes, when they came along
+
+
+def _read_end(conn: socket.socket, data: bytes) -> dict | None:
+    """The keeper's one line, sent when its rank ends (the connection waits until then);
+    None if the keeper ended without one (killed itself)."""
+    while b"\n" not in data and len(data) < _END_MAX:
+        try:
+            chunk = conn.recv(_END_MAX)
+        except OSError:
+            return None
+        if not chunk:
+            break
+        data += chunk
+    try:
+        report = json.loads(data.partition(b"\n")[0])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None

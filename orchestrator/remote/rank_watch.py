@@ -1,5 +1,10 @@
 """Which rank failed on this node: the ranks' ends as they happen, and torchrun's own report.
-STANDARD LIBRARY ONLY (shipped inline beside the agent)."""
+STANDARD LIBRARY ONLY (shipped inline beside the agent).
+
+Each rank's keeper (remote/rank.py) reports its rank's end the moment it happens, with its
+exit code or signal: those ends are exact. The /proc scan and pidfds here are the fallback
+for a rank whose keeper could not report (killed itself).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ try:  # shipped inline: loaded beside the agent as orch_<name>
 except ImportError:
     from orchestrator.remote import procs
 
-Ended = list[tuple[float, int, int | None]]  # (time, rank, exit code or None if unseen)
+# (time, rank, exit code or None if unseen, whether its keeper reported it: exact)
+Ended = list[tuple[float, int, int | None, bool]]
 
 _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.MULTILINE)
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
@@ -50,6 +56,7 @@ class RankWatch:
         self.node = node
         self.alive: dict[int, int] = {}  # pid -> rank
         self.ended: Ended = []
+        self.reports: dict[int, dict] = {}  # rank -> its keeper's report, local rank added
         self._lock = threading.Lock()
         self._noted: set[int] = set()
         self._not_ranks: set[int] = set()
@@ -88,7 +95,32 @@ class RankWatch:
             if pid in self._noted:
                 return
             self._noted.add(pid)
-            self.ended.append((time.time(), rank, code))
+            if rank not in self.reports:
+                self.ended.append((time.time(), rank, code, False))
+
+    def reported(self, rank: int, local_rank: int, report: dict) -> dict | None:
+        """Take in a keeper's report of its rank's end; returns it as kept (None if it is
+        not one: a rank reports once)."""
+        try:
+            at, code, pid = float(report["end"]), int(report["code"]), int(report["pid"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        with self._lock:
+            if rank in self.reports:
+                return None
+            kept = {**report, "rank": rank, "local_rank": local_rank}
+            self.reports[rank] = kept
+            self._noted.add(pid)
+            # A scan that saw it first (inexact) gives way to the keeper's exact end.
+            self.ended = [e for e in self.ended if e[1] != rank]
+            self.ended.append((at, rank, code, True))
+            self.ended.sort(key=lambda entry: entry[0])
+        return kept
+
+    def unreported(self) -> list[tuple[float, int, int | None]]:
+        """Ranks whose end was seen only by the scan: (when, rank, code or None)."""
+        with self._lock:
+            return [(t, rank, code) for t, rank, code, exact in self.ended if not exact]
 
     def _wait_for_exits(self) -> None:
         while True:
@@ -112,7 +144,7 @@ class RankWatch:
     @property
     def gone_at(self) -> float | None:
         with self._lock:
-            failed = [t for t, _rank, code in self.ended if code != 0]
+            failed = [t for t, _rank, code, _exact in self.ended if code != 0]
         return failed[0] if failed else None
 
     def first_failed(self, node_code: int) -> tuple[int | None, int | None]:
@@ -125,20 +157,24 @@ class RankWatch:
 def first_failed_rank(
     ended: Ended, node_code: int, tie_s: float
 ) -> tuple[int | None, int | None]:
-    """Which of the ranks that ended (time, rank, exit code or None if unseen) failed first.
+    """Which of the ranks that ended (time, rank, exit code or None if unseen, exact) failed
+    first.
 
-    Ranks that ended within `tie_s` of the first failure are told apart by exit code.
-    The node's launcher passes on the failing rank's code, so that code names it. A
-    rank whose code was not seen (its launcher reaped it first) comes next: its code
-    may well be that one, whereas a known different code belongs to a peer that lost
-    the failing rank (exit 1) or that the launcher stopped (-15).
+    An end its keeper reported is exact: the earliest such failure is the first, unless a
+    rank only the scan saw (late by up to a scan) ended before it. Ends the scan saw within
+    `tie_s` of the first are told apart by exit code: the node's launcher passes on a
+    failing rank's code, so that code names it; a rank whose code was not seen (its
+    launcher reaped it first) comes next, whereas a known different code belongs to a peer
+    that lost the failing rank (exit 1) or that the launcher stopped (-15).
     """
     # A rank that finished cleanly before the failure is not a suspect.
-    failed = [entry for entry in ended if entry[2] != 0]
+    failed = sorted((entry for entry in ended if entry[2] != 0), key=lambda e: e[0])
     if not failed:
         return None, None
+    if failed[0][3]:
+        return failed[0][1], failed[0][2]
     first = failed[0][0]
-    batch = [(rank, code) for t, rank, code in failed if t - first <= tie_s]
+    batch = [(rank, code) for t, rank, code, exact in failed if t - first <= tie_s and not exact]
     for wanted in (lambda c: c == node_code, lambda c: c is None):
         for rank, code in batch:
             if wanted(code):

@@ -147,20 +147,25 @@ def test_kill_on_a_node_leaves_the_jobs_processes_of_another_node_on_the_same_ke
     assert _count(node, job_id) == 0
 
 
-# (time, rank, exit code or None when the launcher reaped the rank before it was seen)
+# (time, rank, exit code or None when the launcher reaped the rank before it was seen,
+# whether its keeper reported it: exact)
 @pytest.mark.parametrize(
     ("ended", "node_code", "expected"),
     [
-        # The launcher passes the failing rank's code on: that code names it.
-        ([(10.0, 6, 1), (10.1, 7, 7)], 7, (7, 7)),
+        # Reported by the keepers: time alone decides, whatever code the launcher chose.
+        ([(10.000, 3, 7, True), (10.004, 2, 1, True)], 1, (3, 7)),
+        ([(10.004, 2, 1, True), (10.000, 3, 7, True)], 1, (3, 7)),
+        ([(10.0, 1, -9, True), (10.3, 0, -15, True)], -15, (1, -9)),
+        # Seen by the scan only: the launcher passes the failing rank's code on.
+        ([(10.0, 6, 1, False), (10.1, 7, 7, False)], 7, (7, 7)),
         # Rank 7's code went unseen; rank 6 was stopped by the launcher (-15).
-        ([(10.0, 6, -15), (10.05, 7, None)], 7, (7, None)),
-        ([(10.0, 7, None), (10.2, 6, -15)], 7, (7, None)),
+        ([(10.0, 6, -15, False), (10.05, 7, None, False)], 7, (7, None)),
+        ([(10.0, 7, None, False), (10.2, 6, -15, False)], 7, (7, None)),
         # Far enough apart, the first failure stands whatever the codes.
-        ([(10.0, 3, 1), (12.0, 2, 7)], 7, (3, 1)),
+        ([(10.0, 3, 1, False), (12.0, 2, 7, False)], 7, (3, 1)),
         # Ranks that finished cleanly before are not suspects.
-        ([(5.0, 0, 0), (10.0, 1, 9)], 9, (1, 9)),
-        ([(5.0, 0, 0)], 1, (None, None)),
+        ([(5.0, 0, 0, True), (10.0, 1, 9, False)], 9, (1, 9)),
+        ([(5.0, 0, 0, True)], 1, (None, None)),
         ([], 1, (None, None)),
     ],
 )

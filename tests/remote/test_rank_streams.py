@@ -12,24 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from _agent_head import RecordingHead
 
-from orchestrator.remote import logwire
 from orchestrator.remote.rank_streams import RankChannels
 
 NOBODY = 65534
-
-
-class _Head:
-    """What the agent sends to the head, kept."""
-
-    def __init__(self) -> None:
-        self.lines: list[bytes] = []
-
-    def send(self, line: bytes) -> None:
-        self.lines.append(line)
-
-    def control(self, kind: str, **fields: object) -> None:
-        self.send(logwire.encode_control(kind, **fields))
 
 
 def _write_as_rank(path: str, text: bytes) -> None:
@@ -45,9 +32,9 @@ def _write_as_rank(path: str, text: bytes) -> None:
 def test_another_users_connection_writes_nothing_into_the_jobs_output() -> None:
     directory = Path(tempfile.mkdtemp(prefix="orch-test-"))
     try:
-        head = _Head()
+        head = RecordingHead()
         path = str(directory / "ranks.sock")
-        channels = RankChannels(head, directory, "n1", path)  # type: ignore[arg-type]
+        channels = RankChannels(head, directory, "n1", path, lambda *_: None)  # type: ignore[arg-type]
         # Modes loosened by mistake: the peer check alone keeps the other user out.
         directory.chmod(0o755)
         os.chmod(path, 0o666)
