@@ -27,6 +27,7 @@ from orchestrator.plan.request import (
 )
 from orchestrator.run.batch import submit_batch_job
 from orchestrator.run.launch import LaunchResult
+from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.pipeline import prepare_job, run_job
 from orchestrator.run.records import (
     FirstFailure,
@@ -100,6 +101,14 @@ def _print_root_cause(console: Console, failure: FirstFailure) -> None:
         console.print(f"  | {line}", markup=False, highlight=False)
 
 
+def _print_cause_notes(console: Console, failure: FirstFailure) -> None:
+    """What followed the first failure, and what it means when it is not the script's own."""
+    if failure.then:
+        console.print(f"  {failure.then}", markup=False)
+    if failure.hint:
+        console.print(f"[bold]hint[/]: {escape(failure.hint)}")
+
+
 def _print_summary(result: LaunchResult) -> None:
     err = _err()
     codes = ", ".join(
@@ -114,6 +123,7 @@ def _print_summary(result: LaunchResult) -> None:
             _print_root_cause(err, failure)
             rank = f" rank {failure.rank}" if failure.rank is not None else ""
             err.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
+            _print_cause_notes(err, failure)
             if failure.last_lines and not failure.traceback:
                 err.print(f"last lines from {failure.node}:")
                 for line in failure.last_lines:
@@ -253,6 +263,7 @@ def status(
 ) -> None:
     """List jobs, or show one: state, nodes, exit codes, first failure."""
     root = runs_root(runs_dir)
+    check_runs_root(root)  # before any record in it is read
     if job is None:
         records = list_jobs(root)
         if as_json:
@@ -269,7 +280,9 @@ def status(
         # Piped output keeps whole ids and times rather than a terminal's 80 columns.
         Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
         return
-    record = find_job(root, job).load()
+    run = find_job(root, job)
+    check_job(run)
+    record = run.load()
     if as_json:
         typer.echo(json.dumps(_record_doc(record), indent=2))
         return
@@ -292,6 +305,7 @@ def status(
         _print_root_cause(out, failure)
         rank = f" rank {failure.rank}" if failure.rank is not None else ""
         out.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
+        _print_cause_notes(out, failure)
         for line in failure.last_lines if not failure.traceback else ():
             out.print(f"  | {line}", markup=False)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
+from orchestrator.logs.redact import Redactor, secret_values
 from orchestrator.logs.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
 from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
 from orchestrator.pernode import GroupResult
@@ -46,6 +47,14 @@ from orchestrator.run.pdsh import (
     ssh_exit_of,
     start_streaming,
 )
+from orchestrator.run.rank_ends import (
+    ClockOffsets,
+    RankEnd,
+    RankOrder,
+    end_hint,
+    order_ends,
+    rank_end_from_fields,
+)
 from orchestrator.run.records import (
     FirstFailure,
     JobRecord,
@@ -53,6 +62,7 @@ from orchestrator.run.records import (
     finished,
     now_iso,
     process_start_time,
+    rank_records,
 )
 from orchestrator.run.stacks import gather_stacks, save_stacks
 from orchestrator.run.teardown import (
@@ -82,7 +92,6 @@ from orchestrator.run.verdict import (
     hang_culprit,
     in_slurm_words,
 )
-from orchestrator.specs.jobenv import is_secret
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
 TAIL_LINES = 15
@@ -195,6 +204,8 @@ class _Tracker:
         self.ssh_ended: list[tuple[str, int]] = []
         self.exited: list[tuple[str, dict]] = []
         self.slurm_step: str | None = None  # the srun fan-out's step, as its agents report it
+        self.clocks = ClockOffsets()  # each node's clock against the head's
+        self.rank_ends: dict[int, RankEnd] = {}  # as the keepers reported them, head's clock
 
     def _rank(self, label: str, node: str) -> tuple[int, deque[bytes]]:
         found = self._labels.get(label)
@@ -252,7 +263,17 @@ class _Tracker:
         self.heard.add(node)
         if kind == ControlKind.STARTED and fields.get("slurm_step"):
             self.slurm_step = str(fields["slurm_step"])
+        node_time = fields.get("t")
+        if kind == ControlKind.HEARTBEAT and isinstance(node_time, (int, float)):
+            self.clocks.note(node, float(node_time), time.time())
+        if kind == ControlKind.RANK_END and node in self.hosts:
+            end = rank_end_from_fields(node, fields, self.clocks)
+            if end is not None:
+                self.rank_ends.setdefault(end.rank, end)
         if kind == ControlKind.EXIT:
+            failed_at = fields.get("failed_at")
+            if isinstance(failed_at, (int, float)):  # in the head's time, as the others
+                fields = {**fields, "failed_at": self.clocks.to_head(node, float(failed_at))}
             self.exited.append((node, fields))
         if self.forward is not None:
             self.forward.control(node, kind, fields)
@@ -315,6 +336,7 @@ class JobRunner:
         self._node_logs = LogCollector(
             plan.job_id, run.node_logs, keep_remote=keep_remote_logs,
             connect_timeout=_PULL_CONNECT_S, timeout=_PULL_TIMEOUT_S,
+            secrets=secret_values(plan, os.environ),
         )  # fmt: skip
 
     def interrupt(self, signum: int) -> None:
@@ -343,10 +365,7 @@ class JobRunner:
         router = LogRouter(self.run_dir.logs, view=self.tracker, nodes=self.plan.hosts)
         # The head launcher inherits this process's environment, and accelerate hands all
         # of it to DeepSpeed, whose runner logs it: mask the head's secrets as well.
-        redactor = _Redactor(
-            [v for k, v in os.environ.items() if is_secret(k)]
-            + [v for k, v in self.plan.job.env.items() if k in self.plan.secret_names]
-        )
+        redactor = Redactor(secret_values(self.plan, os.environ))
         try:
             self._watch(process, chunks, router, redactor)
         finally:
@@ -376,7 +395,7 @@ class JobRunner:
         process: StreamingProcess,
         chunks: queue.Queue[tuple[float, bytes] | None],
         router: LogRouter,
-        redactor: _Redactor,
+        redactor: Redactor,
     ) -> None:
         """Read the fan-out's output until the verdict says to stop."""
         interrupted = teardown_noted = False
@@ -478,6 +497,31 @@ class JobRunner:
         except (OrchError, OSError) as err:
             self.stacks_problem = f"stacks not taken: {err}"
 
+    def _first_rank_end(self, failure: Failure) -> tuple[Failure, RankOrder]:
+        """The failure as the ranks' own ends tell it: the earliest failing end is the cause
+        (its node, rank and exit code are the job's), the later ones that lost a peer its
+        consequences. Unchanged when no rank's failing end was reported."""
+        tracker = self.tracker
+        lost_peer = {
+            found.rank
+            for found in rank_tracebacks(tracker.rank_lines(), tracker.traceback_at)
+            if found.cascade
+        }
+        order = order_ends(list(tracker.rank_ends.values()), lost_peer)
+        cause = order.cause
+        if cause is None:
+            return failure, order
+        return replace(failure, node=cause.node, rank=cause.rank, exit_code=cause.exit_code,
+                       reason=cause.how(), when=cause.end), order  # fmt: skip
+
+    def _rank_lines(self, rank: int) -> list[str]:
+        return self.tracker.rank_lines().get(rank, [])
+
+    def _cause_lines(self, cause: RankEnd) -> tuple[str, ...]:
+        """The failing rank's own last lines (its node's would show its peers' cascade)."""
+        lines = self._rank_lines(cause.rank)[-TAIL_LINES:]
+        return tuple(f"[r{cause.rank}] {line}" for line in lines) or self._last_lines(cause.node)
+
     def _root_cause(self, failure: Failure) -> RankTraceback | None:
         """The failing rank's own traceback, read from each rank's last lines: the earliest
         that is not a cascade of another rank's failure, or the failing rank's own. A cascade
@@ -512,20 +556,27 @@ class JobRunner:
                 failure, self._head_lines(), bool(self.verdict.last_seen),
                 slurm.node_problems(self.plan.hosts),
             )  # fmt: skip
+        order: RankOrder | None = None
+        if failure is not None and failure.kind == FailureKind.RANK:
+            failure, order = self._first_rank_end(failure)
+            outcome = replace(outcome, exit_code=failure.exit_code, failure=failure)
         if failure is not None:
             caused_by_a_rank = failure.kind in (FailureKind.RANK, FailureKind.LOST)
             root = self._root_cause(failure) if caused_by_a_rank else None
+            cause = order.cause if order is not None else None
             first = FirstFailure(
                 node=failure.node or "head",
                 rank=failure.rank,
                 exit_code=failure.exit_code,
                 reason=failure.reason,
-                last_lines=self._last_lines(failure.node),
+                last_lines=self._cause_lines(cause) if cause else self._last_lines(failure.node),
                 kind=failure.kind,
                 root_cause_rank=root.rank if root else None,
                 root_cause_node=self.tracker.rank_nodes.get(root.rank) if root else None,
                 root_cause=root.exception if root else None,
                 traceback=root.lines if root else (),
+                then=order.summary() if order is not None else None,
+                hint=end_hint(cause, self._rank_lines(cause.rank)) if cause else None,
             )
         self.record = finished(
             self.record,
@@ -538,6 +589,7 @@ class JobRunner:
                 str(self.stacks_file.relative_to(self.run_dir.path)) if self.stacks_file else None
             ),
             slurm_step=self.tracker.slurm_step,
+            ranks=rank_records(self.tracker.rank_ends.values(), order),
         )
         self.run_dir.save(self.record)
         return LaunchResult(
@@ -553,31 +605,6 @@ class JobRunner:
             stacks_file=self.stacks_file,
             stacks_problem=self.stacks_problem,
         )
-
-
-class _Redactor:
-    """Splits output into lines and masks secret values (DeepSpeed logs its export line)."""
-
-    def __init__(self, secrets: list[str]) -> None:
-        values = {v for v in secrets if len(v) >= 4}
-        self.secrets = sorted((v.encode() for v in values), key=len, reverse=True)
-        self._rest = b""
-
-    def lines(self, chunk: bytes) -> list[bytes]:
-        data = self._rest + chunk
-        lines = data.split(b"\n")
-        self._rest = lines.pop()
-        return [self._mask(line) for line in lines] if self.secrets else lines
-
-    def rest(self) -> list[bytes]:
-        rest, self._rest = self._rest, b""
-        return [self._mask(rest)] if rest else []
-
-    def _mask(self, line: bytes) -> bytes:
-        for secret in self.secrets:
-            if secret in line:
-                line = line.replace(secret, b"***")
-        return line
 
 
 def _read_into(stream, chunks: queue.Queue[tuple[float, bytes] | None]) -> None:

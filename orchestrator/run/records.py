@@ -13,13 +13,14 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.run import slurm
+from orchestrator.run.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.run.verdict import FailureKind, JobState
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
@@ -44,6 +45,44 @@ class FirstFailure:
     root_cause_node: str | None = None
     root_cause: str | None = None  # its exception line
     traceback: tuple[str, ...] = ()
+    then: str | None = None  # "then 3 ranks failed after losing rank 3"
+    hint: str | None = None  # what an end that is not the script's own error means
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One rank's end, as job.json keeps it: times on the head's clock (seconds since the
+    epoch), and its role in the job's end (run/rank_ends.py's Role)."""
+
+    node: str
+    rank: int
+    local_rank: int | None
+    pid: int | None
+    start: float | None
+    end: float
+    exit_code: int | None  # as a shell reports it: 128 + N for signal N; None: unseen
+    signal: str | None  # the signal that ended it, by name
+    role: str
+    seen: str = "keeper"  # "keeper": reported as it happened; "scan": seen late on the node
+    maxrss_kb: int | None = None
+    oom_kill: bool | None = None
+
+
+def rank_records(ends: Collection[RankEnd], order: RankOrder | None) -> tuple[RankRecord, ...]:
+    """Every rank's end as job.json keeps it, by rank, with its role."""
+    roles = order.roles if order is not None else {}
+    return tuple(
+        RankRecord(
+            node=end.node, rank=end.rank, local_rank=end.local_rank, pid=end.pid,
+            start=None if end.start is None else round(end.start, 4), end=round(end.end, 4),
+            exit_code=None if end.code is None else end.exit_code,
+            signal=None if end.signal is None else signal_name(end.signal),
+            role=roles.get(end.rank, Role.SUCCEEDED if not end.failed else Role.FAILED),
+            seen="keeper" if end.exact else "scan",
+            maxrss_kb=end.maxrss_kb, oom_kill=end.oom_kill,
+        )
+        for end in sorted(ends, key=lambda e: e.rank)
+    )
 
 
 def _failure_from_json(data: Mapping) -> FirstFailure:
@@ -77,6 +116,7 @@ class JobRecord:
     slurm_job_id: str | None = None  # the allocation it ran in (or --sbatch submitted)
     slurm_step: str | None = None  # <job>.<step> of the srun fan-out
     slurm_batch: bool = False  # the Slurm job is this job's own (submitted with --sbatch)
+    ranks: tuple[RankRecord, ...] = ()  # every rank's end, by rank
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -84,6 +124,7 @@ class JobRecord:
         data["hosts"] = list(self.hosts)
         data["node_exit_codes"] = dict(self.node_exit_codes)
         data["node_logs"] = dict(self.node_logs)
+        data["ranks"] = [asdict(rank) for rank in self.ranks]
         return data
 
     @classmethod
@@ -113,6 +154,7 @@ class JobRecord:
             slurm_job_id=data.get("slurm_job_id"),
             slurm_step=data.get("slurm_step"),
             slurm_batch=bool(data.get("slurm_batch", False)),
+            ranks=tuple(RankRecord(**rank) for rank in data.get("ranks", ())),
         )
 
 
@@ -192,7 +234,9 @@ class RunDir:
     def create(self) -> RunDir:
         """The job's directory, the user's alone: it holds the command, the environment's
         names, every rank's output and the raw node logs (0700, whatever the umask)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A runs directory made here is the user's alone too: one others could write would
+        # be refused by status, logs, stacks and kill (run/ownership.py).
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path.mkdir(mode=0o700, exist_ok=True)
         self.path.chmod(0o700)
         self.logs.mkdir(exist_ok=True)

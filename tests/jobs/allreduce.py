@@ -5,16 +5,23 @@ switches: `--fail-rank R --exit-code C` makes rank R exit with C after the steps
 while the others wait in one more all_reduce; `--sleep S` keeps every rank
 alive S seconds after the steps (for interrupt and kill tests); `--raise-rank R`
 makes rank R raise a ValueError from a nested call while the others wait in an
-all_reduce, which then fails on them with gloo's lost-peer error.
+all_reduce, which then fails on them with gloo's lost-peer error; `--kill-rank R` has
+another process SIGKILL rank R, and `--segfault-rank R` makes rank R read address 0, each
+while the others wait in an all_reduce. `--peers-exit-at-once`: a rank whose all_reduce
+fails prints the traceback and exits at once (os._exit(1)), milliseconds after the rank it
+lost, instead of unwinding the interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import socket
+import subprocess
 import sys
 import time
+import traceback
 from datetime import timedelta
 
 import torch
@@ -33,6 +40,9 @@ def main() -> int:
     parser.add_argument("--exit-code", type=int, default=7)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--raise-rank", type=int, default=-1)
+    parser.add_argument("--kill-rank", type=int, default=-1)
+    parser.add_argument("--segfault-rank", type=int, default=-1)
+    parser.add_argument("--peers-exit-at-once", action="store_true")
     args, _unknown = parser.parse_known_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=900))
@@ -59,9 +69,23 @@ def main() -> int:
     if rank == args.raise_rank:
         time.sleep(1.0)  # the others are waiting in the all_reduce below by now
         load_batch(rank, 17)
-    if args.fail_rank >= 0 or args.raise_rank >= 0:
+    if rank == args.kill_rank:
+        print(f"rank {rank} about to be killed", flush=True)
+        subprocess.run(["kill", "-KILL", str(os.getpid())], check=False)
+        time.sleep(60)
+    if rank == args.segfault_rank:
+        print(f"rank {rank} reading address 0", flush=True)
+        ctypes.string_at(0)
+    if max(args.fail_rank, args.raise_rank, args.kill_rank, args.segfault_rank) >= 0:
         # The others block here until the job is torn down.
-        dist.all_reduce(torch.ones(1))
+        try:
+            dist.all_reduce(torch.ones(1))
+        except RuntimeError:
+            if not args.peers_exit_at_once:
+                raise
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
     if args.sleep:
         time.sleep(args.sleep)
     dist.barrier()

@@ -1,0 +1,119 @@
+"""The first failure among every rank's end, cause before consequence, in one time: on values."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from orchestrator.run.rank_ends import (
+    ClockOffsets,
+    RankEnd,
+    Role,
+    end_hint,
+    last_python_frame,
+    order_ends,
+    rank_end_from_fields,
+)
+
+
+def end(rank: int, at: float, code: int | None, node: str = "n2", **more: object) -> RankEnd:
+    return RankEnd(node=node, rank=rank, end=at, code=code, **more)  # type: ignore[arg-type]
+
+
+def test_the_earliest_failing_end_is_the_cause_whatever_the_launcher_chose():
+    # Rank 3 os._exit(7)s; its peer on the node loses it 4 ms later and exits 1.
+    order = order_ends([end(2, 10.004, 1), end(3, 10.000, 7), end(0, 10.02, 1, node="n1"),
+                        end(1, 10.03, -15, node="n1", forwarded=(15,))], lost_peer={0, 2})
+    assert order.cause is not None
+    assert (order.cause.rank, order.cause.exit_code) == (3, 7)
+    assert [e.rank for e in order.consequences] == [2, 0, 1]
+    assert order.summary() == "then 3 ranks failed after losing rank 3"
+    assert order.roles == {3: Role.CAUSE, 2: Role.CONSEQUENCE, 0: Role.CONSEQUENCE,
+                           1: Role.CONSEQUENCE}
+
+
+def test_a_lost_peer_first_by_a_hair_gives_way_to_the_failure_without_those_signs():
+    # Two clocks, or a keeper that woke late: the consequence looks 5 ms earlier.
+    order = order_ends([end(2, 10.000, 1), end(3, 10.005, 7, node="n1")], lost_peer={2})
+    assert order.cause is not None and order.cause.rank == 3
+    # Seconds apart, the earlier end stands: nothing else explains it.
+    order = order_ends([end(2, 10.0, 1), end(3, 14.0, 7)], lost_peer={2})
+    assert order.cause is not None and order.cause.rank == 2
+
+
+def test_a_signal_is_the_jobs_exit_code_as_a_shell_reports_it():
+    order = order_ends([end(1, 5.0, -signal.SIGKILL), end(0, 5.2, -signal.SIGTERM,
+                                                          forwarded=(15,))])
+    assert order.cause is not None
+    assert (order.cause.rank, order.cause.exit_code) == (1, 137)
+    assert order.cause.how() == "killed by SIGKILL"
+    assert order.roles[0] == Role.CONSEQUENCE
+    segv = end(4, 1.0, -signal.SIGSEGV)
+    assert (segv.exit_code, segv.how()) == (139, "killed by SIGSEGV")
+
+
+def test_a_later_failure_without_the_signs_of_a_lost_peer_is_listed_as_its_own():
+    order = order_ends([end(0, 1.0, 3), end(1, 9.0, 5), end(2, 0.5, 0)])
+    assert order.cause is not None and order.cause.rank == 0
+    assert order.consequences == ()
+    assert order.roles == {0: Role.CAUSE, 1: Role.FAILED, 2: Role.SUCCEEDED}
+    assert order.summary() is None
+
+
+def test_no_failure_no_cause():
+    order = order_ends([end(0, 1.0, 0), end(1, 1.1, 0)])
+    assert order.cause is None and order.roles == {0: Role.SUCCEEDED, 1: Role.SUCCEEDED}
+
+
+def test_node_clocks_are_put_on_the_heads():
+    clocks = ClockOffsets()
+    # n2's clock is 2 s behind the head's; messages take 10 to 300 ms to arrive.
+    for sent, delay in ((100.0, 0.3), (102.0, 0.01), (104.0, 0.05)):
+        clocks.note("n2", sent, sent + 2.0 + delay)
+    assert clocks.to_head("n2", 200.0) == pytest.approx(202.01)
+    assert clocks.to_head("n9", 200.0) == 200.0  # never heard: taken as the head's
+    # Rank 3 on the slow clock ended first in the head's time, though its stamp is larger.
+    late_clock = rank_end_from_fields("n2", {"rank": 3, "end": 150.0, "code": 7}, clocks)
+    other = end(2, 151.5, 1, node="n1")
+    assert late_clock is not None and late_clock.end == pytest.approx(152.01)
+    assert order_ends([late_clock, other]).cause == other
+
+
+def test_a_rank_end_message_read_back():
+    fields = {"rank": 5, "local_rank": 1, "pid": 42, "start": 1.0, "end": 2.5, "code": -9,
+              "forwarded": [15], "maxrss_kb": 2 * 1024 * 1024, "oom_kill": True}
+    got = rank_end_from_fields("n1", fields, ClockOffsets())
+    assert got == RankEnd("n1", 5, 2.5, -9, 1, 42, 1.0, (15,), 2 * 1024 * 1024, True, True)
+    assert got.how() == "killed by the OOM killer (SIGKILL), peak memory 2.0 GiB"
+    scanned = rank_end_from_fields("n1", {"rank": 2, "end": 3.0, "code": None, "seen": "scan"},
+                                   ClockOffsets())  # fmt: skip
+    assert scanned is not None and not scanned.exact and scanned.exit_code == 1
+    assert rank_end_from_fields("n1", {"end": 3.0}, ClockOffsets()) is None
+
+
+FAULTHANDLER = [
+    "Fatal Python error: Segmentation fault",
+    "",
+    "Current thread 0x00007f (most recent call first):",
+    '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at',
+    '  File "/work/train.py", line 12 in step',
+    '  File "/work/train.py", line 30 in <module>',
+]
+
+
+def test_hints_for_ends_that_are_not_the_scripts_logic():
+    segv = end(1, 1.0, -signal.SIGSEGV)
+    assert end_hint(segv, FAULTHANDLER) == (
+        "SIGSEGV in native code at /usr/lib/python3.11/ctypes/__init__.py:519 in string_at"
+    )
+    assert last_python_frame(["[rank1]: " + line for line in FAULTHANDLER]) is not None
+    assert end_hint(segv, []) == "SIGSEGV in native code (no Python frame was printed)"
+    abort = end(0, 1.0, -signal.SIGABRT)
+    hint = end_hint(abort, ["done", "terminate called without an active exception"])
+    assert hint is not None and "destroy_process_group()" in hint
+    assert end_hint(abort, ["done"]) is None
+    oom = end(2, 1.0, -signal.SIGKILL, oom_kill=True, maxrss_kb=1024)
+    assert end_hint(oom, []) is not None and "out of memory" in str(end_hint(oom, []))
+    assert end_hint(end(2, 1.0, -signal.SIGKILL), []) is None
+    assert end_hint(end(2, 1.0, 7), []) is None
