@@ -51,6 +51,7 @@ from orchestrator.run.rank_ends import (
     ClockOffsets,
     RankEnd,
     RankOrder,
+    after_a_fault,
     end_hint,
     order_ends,
     rank_end_from_fields,
@@ -560,6 +561,8 @@ class JobRunner:
         if failure is not None and failure.kind == FailureKind.RANK:
             failure, order = self._first_rank_end(failure)
             outcome = replace(outcome, exit_code=failure.exit_code, failure=failure)
+        elif failure is not None:
+            order = after_a_fault(list(self.tracker.rank_ends.values()))
         if failure is not None:
             caused_by_a_rank = failure.kind in (FailureKind.RANK, FailureKind.LOST)
             root = self._root_cause(failure) if caused_by_a_rank else None

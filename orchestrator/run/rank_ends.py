@@ -179,6 +179,14 @@ def order_ends(
     return RankOrder(cause, consequences, roles)
 
 
+def after_a_fault(ends: Sequence[RankEnd]) -> RankOrder:
+    """The roles when the job's cause is no rank (a node lost or silent, a hang, an
+    interrupt): every rank that failed did so because of it."""
+    failed = tuple(sorted((e for e in ends if e.failed), key=lambda e: e.end))
+    roles = {e.rank: Role.SUCCEEDED for e in ends if not e.failed}
+    return RankOrder(None, failed, roles | {e.rank: Role.CONSEQUENCE for e in failed})
+
+
 # ----- hints for ends that look like failures but are not the script's logic --------------
 _TERMINATE = "terminate called without an active exception"
 _FATAL = re.compile(r"Fatal Python error: (Segmentation fault|Bus error|Aborted)")

@@ -10,6 +10,7 @@ from orchestrator.run.rank_ends import (
     ClockOffsets,
     RankEnd,
     Role,
+    after_a_fault,
     end_hint,
     last_python_frame,
     order_ends,
@@ -117,3 +118,11 @@ def test_hints_for_ends_that_are_not_the_scripts_logic():
     assert end_hint(oom, []) is not None and "out of memory" in str(end_hint(oom, []))
     assert end_hint(end(2, 1.0, -signal.SIGKILL), []) is None
     assert end_hint(end(2, 1.0, 7), []) is None
+
+
+def test_when_no_rank_is_the_cause_every_failed_rank_is_a_consequence():
+    # A node froze; the teardown stopped the others.
+    order = after_a_fault([end(0, 5.0, -15, forwarded=(15,)), end(1, 4.0, 1), end(2, 3.0, 0)])
+    assert order.cause is None and order.summary() is None
+    assert [e.rank for e in order.consequences] == [1, 0]
+    assert order.roles == {0: Role.CONSEQUENCE, 1: Role.CONSEQUENCE, 2: Role.SUCCEEDED}

@@ -128,6 +128,24 @@ def test_a_rank_exiting_7_ends_the_job_with_7_and_a_clean_allocation(slurm_sandb
     assert _queue(state) == ""
 
 
+def test_under_srun_the_rank_that_exits_first_is_named_with_its_own_code(slurm_sandbox,
+                                                                          tmp_path):
+    """The race of tests/run/test_first_failure_sandbox.py inside an allocation of 2 nodes x
+    2 ranks, on the default launcher: rank 3 exits 7, its peers exit 1 milliseconds later."""
+    _box, state = slurm_sandbox
+    race = ("--steps", "5", "--step-sleep", "0.02", "--peers-exit-at-once", "--fail-rank", "3",
+            "--exit-code", "7")  # fmt: skip
+    result = _in_allocation(state, tmp_path, _launch("pdsh", *race), nodes=2)
+    assert result.returncode == 7, result.stderr[-3000:]
+    [job_id] = job_ids(tmp_path)
+    record = job_json(tmp_path, job_id)
+    roles = {entry["rank"]: entry["role"] for entry in record["ranks"]}
+    assert roles == {3: "cause", 0: "consequence", 1: "consequence", 2: "consequence"}
+    second = record["hosts"][1]
+    assert f"first failure: {second} rank 3: exited with code 7" in result.stderr
+    assert wait_for(lambda: _queue(state) == "", 30)
+
+
 def test_srun_refusing_the_step_is_reported_in_its_words(slurm_sandbox, tmp_path):
     _box, state = slurm_sandbox
     hostfile = tmp_path / "hostfile"
