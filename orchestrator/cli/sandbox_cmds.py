@@ -23,6 +23,15 @@ _DIR_OPTION = typer.Option(
 )
 
 
+_GUEST_OPTION = typer.Option(
+    [],
+    "--guest",
+    help="As root: the nodes also accept this account with its own key "
+    "(~USER/.ssh/id_ed25519), which gets a client configuration of its own; repeatable. "
+    "Several ordinary users then share the nodes, as on a real cluster.",
+)
+
+
 @sandbox_app.command("up")
 def up(
     nodes: int = typer.Option(4, "--nodes", "-n", min=1, max=250, help="Number of nodes."),
@@ -43,11 +52,13 @@ def up(
         help="The nodes share this machine's process table (one PID namespace), as "
         "several hostfile entries on one machine would; each keeps its own hostname.",
     ),
+    guest: list[str] = _GUEST_OPTION,
     directory: Path | None = _DIR_OPTION,
 ) -> None:
     """Start the nodes (or keep them if already up) and print the hostfile path."""
     state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd,
-                                  slurm=slurm, shared_pids=shared_pids)  # fmt: skip
+                                  slurm=slurm, shared_pids=shared_pids,
+                                  guest_users=tuple(guest))  # fmt: skip
     err = Console(stderr=True, highlight=False)
     first, last = state.nodes[0], state.nodes[-1]
     err.print(

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from orchestrator.errors import SandboxError
-from orchestrator.sandbox import faults
+from orchestrator.sandbox import faults, guests
 from orchestrator.sandbox import slurm as slurm_daemons
 from orchestrator.sandbox.include import install_include, remove_include
 from orchestrator.sandbox.nodes import (
@@ -22,7 +22,12 @@ from orchestrator.sandbox.nodes import (
 )
 from orchestrator.sandbox.ports import pick_ssh_port, port_open
 from orchestrator.sandbox.processes import kill_processes_with_env, node_pids, pid_alive
-from orchestrator.sandbox.render import SANDBOX_ENV, SSHD_PROFILES, write_keys_and_files
+from orchestrator.sandbox.render import (
+    GUESTS_DIR,
+    SANDBOX_ENV,
+    SSHD_PROFILES,
+    write_keys_and_files,
+)
 from orchestrator.sandbox.state import (
     SandboxNode,
     SandboxNodeStatus,
@@ -49,13 +54,16 @@ class Sandbox:
     # ----- up ----------------------------------------------------------------
     def up(self, nodes: int = 4, slots: int = 2, prefix: str = DEFAULT_PREFIX,
            sshd_profile: str = "default", slurm: bool = False,
-           shared_pids: bool = False) -> SandboxState:  # fmt: skip
+           shared_pids: bool = False,
+           guest_users: tuple[str, ...] = ()) -> SandboxState:  # fmt: skip
         """Start the nodes, or keep them if they are up as asked. With `shared_pids` the
         nodes share this machine's PID namespace (each keeps its hostname and /etc/hosts)."""
         _check_request(nodes, slots, sshd_profile)
         current = self.load()
         if current is not None:
-            if self._is_up_as(current, nodes, slots, prefix, sshd_profile, slurm, shared_pids):
+            if current.guests == tuple(guest_users) and self._is_up_as(
+                current, nodes, slots, prefix, sshd_profile, slurm, shared_pids
+            ):
                 return current
             self.down()
         sshd = find_sshd()
@@ -78,6 +86,8 @@ class Sandbox:
         names = [f"{prefix}{k}" for k in range(1, nodes + 1)]
         user = getpass.getuser()
         write_keys_and_files(self.directory, names, addresses, port, user, slots)
+        for guest in guest_users:
+            guests.admit(self.directory, guest)
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         started: list[SandboxNode] = []
@@ -96,6 +106,7 @@ class Sandbox:
                 nodes=tuple(started),
                 sshd_profile=sshd_profile,
                 shared_pids=shared_pids,
+                guests=tuple(guest_users),
             )
             save_state(state)
             wait_ready(state)
@@ -103,6 +114,8 @@ class Sandbox:
                 state = slurm_daemons.start_over(state)
                 save_state(state)
             install_include(self.directory)
+            for guest in guest_users:
+                guests.hand_to(state, guest)
         except BaseException:
             for node in started:
                 stop_node(node.pid)
@@ -142,6 +155,8 @@ class Sandbox:
         remove_include(self.directory)
         if state is None:
             return None
+        for guest in state.guests:
+            guests.release(state, guest)
         slurm_daemons.stop(state.slurm_pids)
         for node in state.nodes:
             stop_node(node.pid)
@@ -153,6 +168,7 @@ class Sandbox:
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / leftover).unlink()
         shutil.rmtree(self.directory / "nodes", ignore_errors=True)
+        shutil.rmtree(self.directory / GUESTS_DIR, ignore_errors=True)
         for key in ("id_ed25519", "id_ed25519.pub", "authorized_keys"):
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / key).unlink()

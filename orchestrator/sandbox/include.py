@@ -15,8 +15,8 @@ def _markers(directory: Path) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def _ssh_config_locked() -> Iterator[Path]:
-    ssh_dir = Path.home() / ".ssh"
+def _ssh_config_locked(home: Path | None = None) -> Iterator[Path]:
+    ssh_dir = (home or Path.home()) / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     with (ssh_dir / ".orch-sandbox.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -39,18 +39,21 @@ def _strip_block(text: str, directory: Path) -> str:
     return "".join(out)
 
 
-def install_include(directory: Path) -> None:
+def install_include(directory: Path, home: Path | None = None, config_file: Path | None = None
+                    ) -> Path:  # fmt: skip
+    """Add the block to `home`'s ~/.ssh/config (this user's by default); returns that file."""
     begin, end = _markers(directory)
-    with _ssh_config_locked() as config:
+    with _ssh_config_locked(home) as config:
         text = config.read_text() if config.exists() else ""
         text = _strip_block(text, directory)
         # Include must come before any Host block to apply to every host.
-        block = f"{begin}\nInclude {directory / 'ssh_config'}\n{end}\n"
+        block = f"{begin}\nInclude {config_file or directory / 'ssh_config'}\n{end}\n"
         _write_private(config, block + text)
+    return config
 
 
-def remove_include(directory: Path) -> None:
-    with _ssh_config_locked() as config:
+def remove_include(directory: Path, home: Path | None = None) -> None:
+    with _ssh_config_locked(home) as config:
         if not config.exists():
             return
         text = config.read_text()

@@ -73,8 +73,11 @@ def write_keys_and_files(directory: Path, names: Sequence[str], addresses: Seque
 
 
 def _ssh_config(directory: Path, names: Sequence[str], addresses: Sequence[str], port: int,
-                user: str) -> str:  # fmt: skip
+                user: str, identity: Path | None = None,
+                known_hosts: Path | None = None) -> str:  # fmt: skip
     d = directory
+    identity = identity or d / "id_ed25519"
+    known_hosts = known_hosts or d / "known_hosts"
     blocks = [f"# orch sandbox {d}: written by `orch sandbox up`, removed by `down`"]
     for name, address in zip(names, addresses, strict=True):
         blocks.append(
@@ -84,9 +87,9 @@ def _ssh_config(directory: Path, names: Sequence[str], addresses: Sequence[str],
                     f"    HostName {address}",
                     f"    Port {port}",
                     f"    User {user}",
-                    f"    IdentityFile {d / 'id_ed25519'}",
+                    f"    IdentityFile {identity}",
                     "    IdentitiesOnly yes",
-                    f"    UserKnownHostsFile {d / 'known_hosts'}",
+                    f"    UserKnownHostsFile {known_hosts}",
                     "    StrictHostKeyChecking yes",
                     "    CheckHostIP no",
                     "    BatchMode yes",
@@ -108,24 +111,41 @@ def _etc_hosts(names: Sequence[str], addresses: Sequence[str]) -> str:
     return base_hosts.rstrip("\n") + "\n# orch sandbox nodes\n" + extra
 
 
+GUESTS_DIR = "guests"  # <user>.pub: the public key of each other account the nodes accept
+
+
+def guests(directory: Path) -> list[str]:
+    """The other accounts this sandbox's nodes accept (`orch sandbox up --guest USER`)."""
+    folder = directory / GUESTS_DIR
+    return sorted(p.stem for p in folder.glob("*.pub")) if folder.is_dir() else []
+
+
+def guest_ssh_config(directory: Path, names: Sequence[str], addresses: Sequence[str],
+                     port: int, guest: str, identity: Path, known_hosts: Path) -> str:  # fmt: skip
+    """A guest's own client configuration: its name and key, the nodes' host keys."""
+    return _ssh_config(directory, names, addresses, port, guest, identity, known_hosts)
+
+
 def write_sshd_config(directory: Path, name: str, address: str, port: int, sandbox_id: str,
                       profile: str) -> Path:  # fmt: skip
     d = directory
     config = node_dir(d, name) / "sshd_config"
+    # Each account logs in with the keys the sandbox holds for it, and nothing else.
+    allowed = " ".join([getpass.getuser(), *guests(d)])
     config.write_text(
         "\n".join(
             [
                 f"ListenAddress {address}:{port}",
                 f"HostKey {node_dir(d, name) / 'ssh_host_ed25519_key'}",
                 "PidFile none",
-                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'} {d / GUESTS_DIR}/%u.pub",
                 "StrictModes no",
                 "PubkeyAuthentication yes",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
                 "PermitRootLogin prohibit-password",
                 "UsePAM no",
-                f"AllowUsers {getpass.getuser()}",
+                f"AllowUsers {allowed}",
                 "PrintMotd no",
                 "PrintLastLog no",
                 "UseDNS no",

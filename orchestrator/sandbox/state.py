@@ -34,6 +34,7 @@ class SandboxState:
     slurm_conf: str = ""  # with --slurm: the config clients need (SLURM_CONF)
     slurm_pids: tuple[int, ...] = ()  # munged, slurmctld, each node's slurmd (nsenter)
     shared_pids: bool = False  # the nodes share this machine's PID namespace
+    guests: tuple[str, ...] = ()  # other accounts the nodes accept (sandbox/guests.py)
 
     @property
     def hostfile(self) -> str:
@@ -107,6 +108,7 @@ def load_state(directory: Path) -> SandboxState | None:
         ) from err
     nodes = tuple(SandboxNode(**node) for node in raw.pop("nodes"))
     raw["slurm_pids"] = tuple(raw.get("slurm_pids", ()))
+    raw["guests"] = tuple(raw.get("guests", ()))
     return SandboxState(nodes=nodes, **raw)
 
 
