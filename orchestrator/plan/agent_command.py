@@ -37,7 +37,7 @@ def _boot_blob(helpers: tuple[str, ...], program: str) -> str:
 # The agent's parts (a part after those it imports), and the per-rank program and
 # sitecustomize it writes for the ranks.
 _AGENT_PARTS = (
-    "logwire", "agent_spec", "procs", "sweep", "rank_watch", "channel", "rank_streams",
+    "logwire", "owned", "agent_spec", "procs", "sweep", "rank_watch", "channel", "rank_streams",
     "flight_recorder", "rank", "rank_site",
 )  # fmt: skip
 
@@ -48,7 +48,7 @@ def _blob() -> str:
 
 def _stacks_blob() -> str:
     # `orch stacks`: procs finds the ranks; rank_site says where a rank's faulthandler writes.
-    return _boot_blob(("agent_spec", "procs", "rank_site"), "stacks")
+    return _boot_blob(("owned", "agent_spec", "procs", "rank_site"), "stacks")
 
 
 def _boot_code(blob: str) -> str:
@@ -99,6 +99,14 @@ def stacks_command(
     is looked for beside the job's interpreter first (method: auto, py-spy, faulthandler)."""
     words = (job_id, node, python, f"{seconds:g}", str(rate), method)
     return _with_any_python3(python, _stacks_blob(), words)
+
+
+def node_files_command(python: str, action: str, job_id: str, node: str) -> str:
+    """The remote shell command that writes (`write`, the settings on its stdin) or removes
+    (`remove`) the job's private settings on `node`, in the node directory of the user's
+    own there (remote/node_files.py); any python3 runs it."""
+    return _with_any_python3(python, _boot_blob(("owned", "agent_spec"), "node_files"),
+                             (action, job_id, node))  # fmt: skip
 
 
 def port_command(python: str, job_id: str, directory: str, ttl: float,

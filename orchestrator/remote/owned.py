@@ -65,7 +65,7 @@ class UnsafeDirectory(Exception):
     its mode and the fix."""
 
 
-def user_directory(uid: int, base: str = "/tmp") -> str:
+def user_directory(uid: int | str, base: str = "/tmp") -> str:
     """The user's own directory for orch under `base` (a node's /tmp, the head's temporary
     directory): everything orch keeps per job lives below it. Not $XDG_RUNTIME_DIR: it is
     removed when the user's last session ends, which for the one-command sessions orch

@@ -37,7 +37,7 @@ from orchestrator.logs.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tr
 from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
-from orchestrator.remote import agent
+from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.remote.logwire import ControlKind, global_rank
 from orchestrator.run import slurm
 from orchestrator.run.collect import LogCollector, fetch_command
@@ -447,15 +447,12 @@ class JobRunner:
                 self._node_logs.start(node)  # a node already started is not started again
         outcome = {n: r.why for n, r in self._node_logs.results().items()}
         for node in unreachable:
-            where = self._node_dir(node)
+            where = node_dir_shown(self.plan.job_id, node)
             outcome[node] = (
                 f"{node}: not tried, the teardown could not reach it; its logs stay on the "
-                f"node in {where}; fetch them by hand: {fetch_command(node, where)}"
+                f"node in {where}; fetch them by hand: {fetch_command(node, self.plan.job_id)}"
             )
         return {h: outcome[h] for h in self.plan.hosts}
-
-    def _node_dir(self, node: str) -> str:
-        return agent.node_dir(self.plan.job_id, node)
 
     # -- teardown ------------------------------------------------------------------
     def _begin_teardown(self, failure: Failure) -> None:

@@ -272,7 +272,8 @@ def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
 def test_readable_dry_run_gives_each_standard_node_its_own_config():
     text = plan_text(_plan("standard", head=HEAD))
     for rank, node in enumerate(("n1", "n2", "n3")):
-        expected = f"/tmp/orch-runs/job-1/{node}/{standard_config_name(rank)}"
+        # The node's uid is the node's own: the dry run names it as messages do.
+        expected = f"/tmp/orch-<uid>/runs/job-1/{node}/{standard_config_name(rank)}"
         line = next(line for line in text.splitlines() if line.startswith(f"  {node} "))
         assert expected in line and "$ORCH" not in line
 

@@ -41,6 +41,8 @@ import pytest
 from _logmodel import TS_LEN, expected_log, rank_tag, read_log
 from launch_support import ORCH, REPO, job_ids, orch_env
 
+from orchestrator.remote.agent_spec import runs_root
+
 pytestmark = pytest.mark.sandbox
 
 CHATTER = str(REPO / "tests" / "jobs" / "rank_chatter.py")
@@ -48,7 +50,7 @@ LAUNCHERS = ("pdsh", "standard", "torchrun")
 NODES, SLOTS = 3, 2
 LINES = 200  # per stream and rank (rank_chatter.py's CHATTER_LINES)
 BAR_EVERY, BAR_FRAMES = 25, 5  # as rank_chatter.py draws its bars
-NODE_RUNS = Path("/tmp/orch-runs")  # where the agents keep a job's node-local files
+NODE_RUNS = Path(runs_root(os.getuid()))  # where the agents keep a job's node-local files
 TAG = uuid.uuid4().hex[:8]  # makes this session's secrets unique to grep for
 SECRET_A = f"orch-test-secret-{TAG}"  # in the head's environment, never forwarded
 DATABASE_URL = f"postgres://user:pa55word{TAG}@db/x"  # forwarded with `--env DATABASE_URL`
