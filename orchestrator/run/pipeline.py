@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from orchestrator.plan.agent_command import node_files_command
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import JobRequest
-from orchestrator.run.launch import JobRunner, LaunchResult, prepare_run
+from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
 from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.ports import plan_with_main_port
 from orchestrator.run.records import RunDir, new_job_id, run_dir, runs_root
@@ -43,8 +42,7 @@ def head_context(job_id: str, environ: Mapping[str, str], *, dry_run: bool) -> H
     """A real launch needs pdsh on the head; a dry run only shows where it would be.
     `environ`: the head's environment, as the plan is to see it."""
     pdsh = (shutil.which("pdsh") or "pdsh") if dry_run else find_pdsh()
-    private = os.path.join(tempfile.gettempdir(), f"orch-{job_id}")
-    return HeadContext(pdsh=pdsh, private_dir=private, orch_python=sys.executable,
+    return HeadContext(pdsh=pdsh, private_dir=head_private_dir(job_id), orch_python=sys.executable,
                        cwd=os.getcwd(), environ=environ)  # fmt: skip
 
 

@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import uuid
 import zlib
@@ -42,6 +41,7 @@ from _logmodel import TS_LEN, expected_log, rank_tag, read_log
 from launch_support import ORCH, REPO, job_ids, orch_env
 
 from orchestrator.remote.agent_spec import runs_root
+from orchestrator.run.launch import head_private_dir
 
 pytestmark = pytest.mark.sandbox
 
@@ -337,7 +337,7 @@ def test_forwarded_secret_reaches_the_ranks_and_is_kept_nowhere(job: Job) -> Non
         leaks += [(name, s.decode()) for s in SECRET_BYTES if s in data]
     assert leaks == []
     # The head's private directory of the job (its secrets, if any) is gone.
-    assert not (Path(tempfile.gettempdir()) / f"orch-{job.job_id}").exists()
+    assert not Path(head_private_dir(job.job_id)).exists()
 
 
 def _cmdline_texts(cmdline: bytes) -> list[bytes]:
