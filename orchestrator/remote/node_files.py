@@ -45,7 +45,7 @@ def _checked(path: str, uid: int) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    problem = owned.directory_problem(path, st, uid)
+    problem = owned.not_own_directory(path, st, uid)
     if problem is not None:
         raise owned.UnsafeDirectory(problem)
     return True

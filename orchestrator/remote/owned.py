@@ -62,7 +62,11 @@ def not_own(path: str, st: os.stat_result, uid: int, *, directory: bool,
 # ----- the user's own directory, made and checked ------------------------------------
 class UnsafeDirectory(Exception):
     """A directory orch would use is not the user's own: one line with the path, its owner,
-    its mode and the fix."""
+    its mode and the fix (`problem`, the two apart)."""
+
+    def __init__(self, problem: NotOwn) -> None:
+        super().__init__(problem.line)
+        self.problem = problem
 
 
 def user_directory(uid: int | str, base: str = "/tmp") -> str:
@@ -73,11 +77,16 @@ def user_directory(uid: int | str, base: str = "/tmp") -> str:
     return os.path.join(base, f"orch-{uid}")
 
 
-def directory_problem(path: str, st: os.stat_result, uid: int) -> str | None:
-    """Why `path` (as lstat saw it) is no directory of `uid`'s own for orch to use, in one
-    line with its owner, its mode and the fix; None when it is."""
+def not_own_directory(path: str, st: os.stat_result, uid: int) -> NotOwn | None:
+    """Why `path` (as lstat saw it) is no directory of `uid`'s own for orch to use, with its
+    owner, its mode and the fix; None when it is."""
     fix = f"remove it (rm -rf -- {path}, as its owner or root) and run again"
-    problem = not_own(path, st, uid, directory=True, elsewhere=fix)
+    return not_own(path, st, uid, directory=True, elsewhere=fix)
+
+
+def directory_problem(path: str, st: os.stat_result, uid: int) -> str | None:
+    """not_own_directory's answer in one line."""
+    problem = not_own_directory(path, st, uid)
     return problem.line if problem else None
 
 
@@ -91,7 +100,7 @@ def private_directory(path: str, uid: int) -> None:
             os.mkdir(path, 0o700)
     finally:
         os.umask(old)
-    problem = directory_problem(path, os.lstat(path), uid)
+    problem = not_own_directory(path, os.lstat(path), uid)
     if problem is not None:
         raise UnsafeDirectory(problem)
 
