@@ -158,7 +158,7 @@ def _write_private(job_id: str, hosts: list[str], rank_argv: list[str]) -> str:
 
     text = node_private_text({}, rank_argv)
     for host in hosts:
-        directory = Path(node_dir(job_id, host))
+        directory = Path(node_dir(job_id, host, os.getuid()))
         directory.mkdir(parents=True, exist_ok=True)
         (directory / PRIVATE_FILE).write_text(text)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -200,7 +200,9 @@ def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
                 if record.text == ControlKind.EXIT:
                     exits[node] = int(record.fields.get("code", 1))
     code = process.wait()
-    subprocess.run(["rm", "-rf", f"/tmp/orch-runs/{spec.job_id}"], check=False)
+    from orchestrator.remote.agent_spec import runs_root
+
+    subprocess.run(["rm", "-rf", f"{runs_root(os.getuid())}/{spec.job_id}"], check=False)
     return code or max(exits.values(), default=1)
 
 

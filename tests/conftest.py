@@ -24,7 +24,7 @@ import pytest
 from hypothesis import settings
 from launch_support import REPO
 
-from orchestrator.remote.agent_spec import RUNS_ROOT
+from orchestrator.remote.agent_spec import runs_root
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.state import SandboxState
 
@@ -144,7 +144,7 @@ def sandbox_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
 def _remove_node_local_logs(node_names: list[str]) -> None:
     """Node-local raw logs that tests kept on purpose (or could not pull back): the
     sandbox's nodes write them to this machine's /tmp. Only this session's nodes."""
-    root = Path(RUNS_ROOT)
+    root = Path(runs_root(os.getuid()))  # the sandbox's nodes run as this user
     if not root.is_dir():
         return
     for job in root.iterdir():

@@ -55,6 +55,31 @@ def check_interpreter(probes: Sequence[NodeProbe], python: str) -> list[Finding]
     return findings
 
 
+# What each place in the user's own directory on a node is for, as a finding names it.
+_OWN_DIR_USE = {
+    "runs": "the job's files on this node (its node directory)",
+    "ports": "the main port's reservation",
+}
+
+
+def check_own_directories(probes: Sequence[NodeProbe]) -> list[Finding]:
+    """A node where the launch could not make the user's directory, or one there is not the
+    user's own (a link, another user's, writable by others), or no file can be made in it:
+    the launch would fail there."""
+    findings = []
+    for facts in with_facts(probes):
+        for place in facts.own_dirs:
+            if place.problem is None:
+                continue
+            use = _OWN_DIR_USE.get(place.what, place.what)
+            findings.append(Finding(
+                facts.node, "files",
+                f"{facts.node}: {place.path} cannot hold {use}: {place.problem}",
+                f"on {facts.node}: {place.fix or 'see the problem'}",
+            ))  # fmt: skip
+    return findings
+
+
 def check_known_traps(probes: Sequence[NodeProbe], python: str) -> list[Finding]:
     findings = []
     for facts in with_facts(probes):

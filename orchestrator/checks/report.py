@@ -28,6 +28,7 @@ from orchestrator.checks.node import (
     check_gpus,
     check_interpreter,
     check_known_traps,
+    check_own_directories,
     check_reachability,
     check_stacks,
 )
@@ -79,6 +80,7 @@ def build_report(
         *check_reachability(probes),
         *check_interpreter(probes, python),
         *check_known_traps(probes, python),
+        *check_own_directories(probes),
         *check_files(probes, workdir=workdir, script=script,
                      head_script_sha256=head_script_sha256),
         *parity_findings,

@@ -22,6 +22,7 @@ from orchestrator.logs.sink import (
     rank_filter,
     read_log_lines,
 )
+from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.records import (
     RUNNING_STATES,
@@ -216,7 +217,7 @@ def logs(
     if missing:
         hint = (
             "the node could not be reached when the job ended; its raw logs stay in "
-            f"/tmp/orch-runs/{record.id}/<node>/ on the node"
+            f"{node_dir_shown(record.id, '<node>')}/ on the node (<uid>: your uid there)"
             if raw
             else "the node printed nothing (or never started); see `orch status " + record.id + "`"
         )

@@ -6,38 +6,17 @@ the agent's spec.
 
 from __future__ import annotations
 
-import base64
 import shlex
-import zlib
 
-from orchestrator.remote import agent_spec, program_source
+from orchestrator.remote import agent_spec
+from orchestrator.remote import boot_blob as _boot_blob
+from orchestrator.remote import boot_code as _boot_code
 from orchestrator.remote.agent_spec import AgentSpec
-
-_BOOT = """\
-import sys, types
-def _load(name, source):
-    module = types.ModuleType(name)
-    module.__orch_source__ = source
-    sys.modules[name] = module
-    exec(compile(source, name, "exec"), module.__dict__)
-    return module
-%s
-sys.exit(_load(%r, %r).main(sys.argv[1:]))
-"""
-
-
-def _boot_blob(helpers: tuple[str, ...], program: str) -> str:
-    """remote/<program>.py run with each remote/<helper>.py loaded beside it (as orch_<name>,
-    which is what they import each other by), in order: a helper after those it imports."""
-    first = "\n".join(f"_load({f'orch_{name}'!r}, {program_source(name)!r})" for name in helpers)
-    payload = _BOOT % (first, f"orch_{program}", program_source(program))
-    return base64.b64encode(zlib.compress(payload.encode(), 9)).decode()
-
 
 # The agent's parts (a part after those it imports), and the per-rank program and
 # sitecustomize it writes for the ranks.
 _AGENT_PARTS = (
-    "logwire", "agent_spec", "procs", "sweep", "rank_watch", "channel", "rank_streams",
+    "logwire", "owned", "agent_spec", "procs", "sweep", "rank_watch", "channel", "rank_streams",
     "flight_recorder", "rank", "rank_site",
 )  # fmt: skip
 
@@ -48,11 +27,7 @@ def _blob() -> str:
 
 def _stacks_blob() -> str:
     # `orch stacks`: procs finds the ranks; rank_site says where a rank's faulthandler writes.
-    return _boot_blob(("agent_spec", "procs", "rank_site"), "stacks")
-
-
-def _boot_code(blob: str) -> str:
-    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
+    return _boot_blob(("owned", "agent_spec", "procs", "rank_site"), "stacks")
 
 
 def _python_c(python: str, blob: str) -> str:
@@ -99,6 +74,14 @@ def stacks_command(
     is looked for beside the job's interpreter first (method: auto, py-spy, faulthandler)."""
     words = (job_id, node, python, f"{seconds:g}", str(rate), method)
     return _with_any_python3(python, _stacks_blob(), words)
+
+
+def node_files_command(python: str, action: str, job_id: str, node: str) -> str:
+    """The remote shell command that writes (`write`, the settings on its stdin) or removes
+    (`remove`) the job's private settings on `node`, in the node directory of the user's
+    own there (remote/node_files.py); any python3 runs it."""
+    return _with_any_python3(python, _boot_blob(("owned", "agent_spec"), "node_files"),
+                             (action, job_id, node))  # fmt: skip
 
 
 def port_command(python: str, job_id: str, directory: str, ttl: float,

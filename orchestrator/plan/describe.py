@@ -12,7 +12,8 @@ from orchestrator.plan.launch_plan import HEAD_LAUNCHER_NAME, NODE, PRIVATE, Lau
 from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME, SHIM_DIR
 from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
-from orchestrator.remote.agent import RANK_PROGRAM, node_dir
+from orchestrator.remote.agent import RANK_PROGRAM
+from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.specs.constants import (
     NODE_DIR_VAR,
     NODE_RANK_VAR,
@@ -117,7 +118,7 @@ def node_runs(plan: LaunchPlan, node_rank: int) -> str:
         if words[:2] == ["/bin/sh", "-c"]:
             return (
                 words[2]
-                .replace(f'"${NODE_DIR_VAR}', f'"{node_dir(plan.job_id, node)}')
+                .replace(f'"${NODE_DIR_VAR}', f'"{node_dir_shown(plan.job_id, node)}')
                 .replace(f"${NODE_RANK_VAR}", str(node_rank))
                 .removeprefix("exec ")
             )

@@ -10,9 +10,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.remote import program_source
+from orchestrator.remote import boot_blob, boot_code, program_source
 
-PROBE_SOURCE = program_source("probe")
+# The probe makes the user's directory as a launch would: with the same parts beside it.
+PROBE_SOURCE = boot_code(boot_blob(("owned", "agent_spec", "ports"), "probe"))
 COLLECTIVE_SOURCE = program_source("collective")
 DEEP_SIZE_BYTES = 16 << 20
 DEEP_ITERATIONS = 5

@@ -34,6 +34,18 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class OwnDirectory:
+    """A place in the user's own directory on the node that a launch needs (`what`: runs,
+    the jobs' node directories; ports, the port reservations), and what the probe found
+    wrong making it and a file in it (problem and fix as the node said them; None: usable)."""
+
+    what: str
+    path: str
+    problem: str | None = None
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     node: str
     hostname: str
@@ -75,6 +87,7 @@ class NodeFacts:
     root: bool = False
     cap_sys_ptrace: bool = False
     stacks_probed: bool = False  # an older probe says nothing of stacks
+    own_dirs: tuple[OwnDirectory, ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -98,6 +111,15 @@ def _get(doc: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
             return default
         value = value[key]
     return value
+
+
+def _own_dirs(found: Any) -> tuple[OwnDirectory, ...]:
+    """The probe's `own_dirs` list (an older probe has none)."""
+    places = [d for d in found or () if isinstance(d, dict)]
+    return tuple(
+        OwnDirectory(str(d.get("what", "")), str(d.get("path", "")), d.get("problem"), d.get("fix"))
+        for d in places
+    )
 
 
 def parse_facts(node: str, stdout: bytes | str) -> NodeFacts:
@@ -172,4 +194,5 @@ def parse_facts(node: str, stdout: bytes | str) -> NodeFacts:
         root=bool(_get(doc, "stacks", "root", default=False)),
         cap_sys_ptrace=bool(_get(doc, "stacks", "cap_sys_ptrace", default=False)),
         stacks_probed="stacks" in doc,
+        own_dirs=_own_dirs(doc.get("own_dirs")),
     )

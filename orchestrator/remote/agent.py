@@ -6,7 +6,8 @@ orch install, just the job's interpreter.
 
 `run SPEC NODE RANK`: start the node's command (its launcher) in its own session with the
 job's id and this node's name in its environment (remote/procs.py finds them by those);
-tee the launcher's raw stdout/stderr into /tmp/orch-runs/<job>/<node>/{stdout,stderr}.raw,
+tee the launcher's raw stdout/stderr into its node directory (/tmp/orch-<uid>/runs/<job>/<node>/,
+the user's own, agent_spec.py) as {stdout,stderr}.raw,
 and each rank's, which arrive on connections of their own (remote/rank_streams.py), into
 rank<R>.{stdout,stderr}.raw; frame all of them onto the agent's own stdout, the channel
 back to the head (remote/channel.py), with heartbeats and an `exit` control message at the
@@ -46,6 +47,7 @@ try:  # shipped inline: the bootstrap loaded them beside this program as orch_<n
     import orch_channel as channel
     import orch_flight_recorder as flight_recorder
     import orch_logwire as logwire
+    import orch_owned as owned
     import orch_procs as procs
     import orch_rank as rank_program
     import orch_rank_site as rank_site
@@ -58,6 +60,7 @@ except ImportError:
         channel,
         flight_recorder,
         logwire,
+        owned,
         procs,
         rank_site,
         rank_streams,
@@ -92,7 +95,8 @@ class Supervisor:
         self.job_id = spec.job_id
         self.node = node
         self.rank = rank
-        self.dir = Path(node_dir(self.job_id, node))
+        self.uid = os.getuid()  # the node's account, whatever the head's is
+        self.dir = Path(node_dir(self.job_id, node, self.uid))
         self.channel = channel.Channel(f"{node}: ".encode() if spec.label_lines else b"")
         self.tail = channel.Tail()
         self.stop_reason: str | None = None
@@ -110,7 +114,8 @@ class Supervisor:
             return None
         path = self.dir / PRIVATE_FILE
         try:
-            data = path.read_bytes()
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
+                data = handle.read()
         except OSError as err:
             return f"the job's settings did not reach {self.node} ({path}: {err.strerror})"
         finally:
@@ -149,36 +154,55 @@ class Supervisor:
     def _write_files(self) -> None:
         for name, content in self.spec.files:
             path = self.dir / os.path.basename(name)
-            path.write_text(content)
+            owned.write_private_file(str(path), content.encode())
+
+    def _private_subdir(self, name: str) -> Path:
+        path = self.dir / name
+        owned.private_directory(str(path), self.uid)
+        return path
 
     def _prepare_ranks(self) -> None:
         """What the launcher's `--no_python orch-rank` starts: the per-rank program, the
         rank's exact command (readable by this user only), and the socket it reports to."""
         if not self.rank_argv:
             return
-        bin_dir = self.dir / rank_program.START_DIR
-        bin_dir.mkdir(exist_ok=True)
+        # What every rank runs: made and checked like the node directory, never through a
+        # link, and readable by the user alone.
+        bin_dir = self._private_subdir(rank_program.START_DIR)
         program = bin_dir / "orch_rank.py"
-        program.write_text(_source(rank_program))
+        owned.write_private_file(str(program), _source(rank_program).encode())
         path = rank_streams.socket_path(self.dir)
         command = {"argv": self.rank_argv, "socket": path}
-        fd = os.open(self.dir / rank_program.COMMAND_FILE,
-                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # fmt: skip
-        with os.fdopen(fd, "w") as handle:
-            json.dump(command, handle)
-        site_dir = self.dir / rank_program.SITE_DIR
-        site_dir.mkdir(exist_ok=True)
-        (site_dir / "sitecustomize.py").write_text(_source(rank_site))
-        launcher = bin_dir / RANK_PROGRAM
+        owned.write_private_file(str(self.dir / rank_program.COMMAND_FILE),
+                                 json.dumps(command).encode())  # fmt: skip
+        site_dir = self._private_subdir(rank_program.SITE_DIR)
+        owned.write_private_file(str(site_dir / "sitecustomize.py"), _source(rank_site).encode())
         # -I -S: the wrapper needs nothing but the standard library, and starts fastest so.
-        launcher.write_text(
+        launcher = (
             "#!/bin/sh\n"
             f"exec {shlex.quote(self.rank_argv[0])} -I -S {shlex.quote(str(program))} \"$@\"\n"
         )
-        launcher.chmod(0o755)
+        owned.write_private_file(str(bin_dir / RANK_PROGRAM), launcher.encode(), 0o700)
         self.rank_channels = rank_streams.RankChannels(
             self.channel, self.dir, self.node, path, self._rank_ended
         )
+
+    def _prepare(self) -> str | None:
+        """The node directory (made by the head's settings writer, or here: checked either
+        way), the job's settings taken in, its files and the ranks' program written; why
+        not, or None."""
+        try:
+            agent_spec.make_node_dir(self.job_id, self.node, self.uid)
+            problem = self._load_private()
+            if problem:
+                return problem
+            self._write_files()
+            self._prepare_ranks()
+        except owned.UnsafeDirectory as err:
+            return f"the job's directory on {self.node} is not safe to use: {err}"
+        except OSError as err:
+            return f"the job's files on {self.node}: {err.filename}: {err.strerror or err}"
+        return None
 
     def _rank_ended(self, rank: int, local_rank: int, report: dict) -> None:
         """A keeper reported its rank's end: the head hears of it at once."""
@@ -210,13 +234,9 @@ class Supervisor:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.dir.chmod(0o700)
-        problem = self._load_private()
+        problem = self._prepare()
         if problem:
             return self._finish(127, error=problem)
-        self._write_files()
-        self._prepare_ranks()
         workdir = self.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):
             return self._finish(

@@ -1,5 +1,8 @@
 """The node agent's spec: what the head tells every node's agent on its command line, as one
-frozen value, and its one-word wire form; where a job's files live on a node.
+frozen value, and its one-word wire form; where a job's files live on a node: in the user's
+own directory there (/tmp/orch-<uid>/runs/<job>/<node>, the uid the node's own, which only
+the node knows: ssh_config's User may name another account than the head's), each level
+made and checked (remote/owned.py).
 
 STANDARD LIBRARY ONLY: shipped inline beside the agent (plan/agent_command.py). The head's
 plan builds the spec (plan/launch_plan.py; the pdsh launcher's shim adds DeepSpeed's per-node
@@ -12,12 +15,19 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-RUNS_ROOT = "/tmp/orch-runs"
+try:  # on a node, loaded beside this program
+    import orch_owned as owned
+except ImportError:
+    from orchestrator.remote import owned
+
+RUNS_DIR = "runs"  # in the user's own directory: one directory per job, one per node in it
+UID_SHOWN = "<uid>"  # the uid in a node directory as messages name it
 PRIVATE_FILE = "private.json"  # the job's env and the rank's argv, written by the head
 GRACE_S = 5.0  # seconds between TERM and KILL when the job's processes are stopped
 
@@ -25,9 +35,28 @@ Pairs = tuple[tuple[str, str], ...]
 _PAIRS = ("files", "env", "path_first")  # sent as JSON objects
 
 
-def node_dir(job_id: str, node: str) -> str:
+def runs_root(uid: int | str) -> str:
+    """Where the user's jobs keep their files on a node. `uid` a str: a stand-in for the
+    node's uid (UID_SHOWN in messages, `$(id -u)` in a node's shell)."""
+    return os.path.join(owned.user_directory(uid), RUNS_DIR)
+
+
+def node_dir(job_id: str, node: str, uid: int | str) -> str:
     """The job's directory on a node: raw logs, files the spec ships, the ranks' socket."""
-    return f"{RUNS_ROOT}/{job_id}/{node}"
+    return os.path.join(runs_root(uid), job_id, node)
+
+
+def node_dir_shown(job_id: str, node: str) -> str:
+    """The job's directory on a node as the head names it: the uid is the node's."""
+    return node_dir(job_id, node, UID_SHOWN)
+
+
+def make_node_dir(job_id: str, node: str, uid: int) -> str:
+    """The job's directory on this node, made (each level under umask 077) and checked (each
+    a directory of the user's own that nobody else can write, no link): raises
+    owned.UnsafeDirectory naming the path, its owner, its mode and the fix."""
+    below = [RUNS_DIR, job_id, node]
+    return owned.private_directories(owned.user_directory(uid), below, uid)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,9 @@ class OutputPump:
         self.tail = tail
 
     def run(self, read: Callable[[], bytes]) -> None:
-        with self.raw.open("ab") as log:
+        # Readable by the user alone, and never written through a link.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        with os.fdopen(os.open(self.raw, flags, 0o600), "ab") as log:
             while True:
                 try:
                     data = read()

@@ -36,57 +36,24 @@ except ImportError:
     from orchestrator.remote import owned
 
 DEFAULT_DIR = "-"  # the argument for this user's own directory on the node
+PORTS_DIR = "ports"  # in the user's own directory
 _READ_LIMIT = 256  # a reservation holds a job id; anything longer is not one of ours
 
 
-class UnsafeDirectory(Exception):
-    """The reservations directory is not the user's own: one line with the path, its owner,
-    its mode and the fix."""
-
-
-def user_directory(uid: int) -> str:
-    """This user's own directory for orch on the node. Not $XDG_RUNTIME_DIR: it is removed
-    when the user's last session ends, which for the one-command session that reserves a
-    port is right after the reservation is made."""
-    return f"/tmp/orch-{uid}"
+UnsafeDirectory = owned.UnsafeDirectory
 
 
 def default_reservations_dir(uid: int) -> str:
-    return f"{user_directory(uid)}/ports"
-
-
-def directory_problem(path: str, st: os.stat_result, uid: int) -> str | None:
-    """Why `path` (as lstat saw it) is no directory of `uid`'s own to keep reservations in, in
-    one line with its owner, its mode and the fix; None when it is."""
-    fix = f"remove it (rm -rf -- {path}, as its owner or root) and run again"
-    problem = owned.not_own(path, st, uid, directory=True, elsewhere=fix)
-    return problem.line if problem else None
-
-
-def private_directory(path: str, uid: int) -> None:
-    """Make `path` (and missing parents) readable and writable by the user alone, then check
-    what is there: a directory made by someone else first is refused, never used."""
-    old = os.umask(0o077)  # set before mkdir: never open to others, not even for a second
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.makedirs(path, 0o700)
-    finally:
-        os.umask(old)
-    problem = directory_problem(path, os.lstat(path), uid)
-    if problem is not None:
-        raise UnsafeDirectory(problem)
+    return os.path.join(owned.user_directory(uid), PORTS_DIR)
 
 
 def reservations_dir(argument: str, uid: int) -> str:
     """The directory the argument names, made and checked; `-` is the user's own, whose
     parent is checked too (it is the user's directory under the shared /tmp)."""
     if argument != DEFAULT_DIR:
-        private_directory(argument, uid)
+        owned.private_directory(argument, uid)
         return argument
-    private_directory(user_directory(uid), uid)
-    path = default_reservations_dir(uid)
-    private_directory(path, uid)
-    return path
+    return owned.private_directories(owned.user_directory(uid), [PORTS_DIR], uid)
 
 
 def port_is_free(port: int) -> bool:

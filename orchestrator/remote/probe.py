@@ -1,4 +1,6 @@
-"""The node-side probe: STANDARD LIBRARY ONLY, shipped to each node as `python -c`.
+"""The node-side probe: STANDARD LIBRARY ONLY, shipped to each node as `python -c`, with
+owned.py, agent_spec.py and ports.py loaded beside it (as orch_<name>): it makes and checks
+the user's own directory as a launch would.
 
 It prints one JSON document of facts about the node and the job's environment.
 It reads package versions from installed metadata (importing torch would take
@@ -22,6 +24,13 @@ import subprocess
 import sys
 import threading
 import time
+
+try:  # on a node, loaded beside this program
+    import orch_agent_spec as agent_spec
+    import orch_owned as owned
+    import orch_ports as ports
+except ImportError:
+    from orchestrator.remote import agent_spec, owned, ports
 
 PROBE_VERSION = 1
 PACKAGES = ("torch", "deepspeed", "accelerate", "transformers", "colossalai", "tqdm", "numpy")
@@ -337,6 +346,35 @@ def stacks_facts(job_python):
     }
 
 
+def own_directories():
+    """Whether the user's own directory for orch (/tmp/orch-<uid>) can be made and used here
+    where a launch needs it: the jobs' node directories (runs/) and the port reservations
+    (ports/), each made and checked as a launch does, and a file made and removed in it.
+    One fact per place: its path, and what is wrong (`problem`, `fix`) or nothing."""
+    uid = os.getuid()
+    top = owned.user_directory(uid)
+    return [_usable(what, top, below, uid)
+            for what, below in (("runs", agent_spec.RUNS_DIR), ("ports", ports.PORTS_DIR))]
+
+
+def _usable(what, top, below, uid):
+    path = os.path.join(top, below)
+    fact = {"what": what, "path": path}
+    try:
+        owned.private_directories(top, [below], uid)
+        trial = os.path.join(path, f".orch-doctor-{os.getpid()}")
+        os.close(os.open(trial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(trial)
+    except owned.UnsafeDirectory as err:
+        fact.update(problem=err.problem.message, fix=err.problem.fix)
+    except OSError as err:
+        where = err.filename or path
+        fact.update(problem=f"{where}: {err.strerror or err}",
+                    fix="check that you can create files in /tmp on this node (it is normally "
+                        "mode 1777) and that it is not full")
+    return fact
+
+
 def os_name():
     try:
         with open("/etc/os-release") as handle:
@@ -381,6 +419,7 @@ def probe(request):
         "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
         "cpu_count": os.cpu_count(),
         "stacks": stacks_facts(request.get("python")),
+        "own_dirs": own_directories(),
     }
     if listener is not None:
         facts["main_listen"] = listener.finish()

@@ -6,7 +6,8 @@ and, when it names a node (NODE_VAR, which the agent sets beside the id), that n
 may share one kernel (two hostfile entries on one machine, several slurmd on one host,
 containers that share the host's process table), and one node's agent must not take the
 other nodes' processes for its own. Processes are found by their environment, never by a
-command-line pattern.
+command-line pattern, and only the user's own count (their real uid): an agent running as
+root must not take another user's process that carries the job's id for one of the job's.
 
 A rank is such a process with RANK in its environment whose parent is its keeper: orch-rank
 (remote/rank.py) stays every rank's parent and names itself in the rank's environment
@@ -91,17 +92,35 @@ def environ_of(pid: int, proc: str = PROC) -> dict[str, str] | None:
     return None if raw is None else parse_environ(raw)
 
 
-def job_pids(job_id: str, node: str, proc: str = PROC) -> list[int]:
-    """Every live process of the job started on this node, this one left out."""
+def owner_of(pid: int, proc: str = PROC) -> int | None:
+    """The process's real uid (status's Uid line; the /proc entry's owner where there is
+    none), or None when it is gone."""
+    try:
+        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def job_pids(job_id: str, node: str, proc: str = PROC, uid: int | None = None) -> list[int]:
+    """Every live process of the job started on this node by this user (`uid`, this
+    process's by default), this one left out."""
     needle = f"\0{JOB_ID_VAR}={job_id}\0".encode()
     me = os.getpid()
+    user = os.getuid() if uid is None else uid
     found = []
     for pid in all_pids(proc):
         raw = _read_environ(pid, proc) if pid != me else None
         # Most processes are not the job's: look for its id before parsing anything.
         if raw is None or needle not in b"\0" + raw + b"\0":
             continue
-        if started_for(parse_environ(raw), job_id, node):
+        if started_for(parse_environ(raw), job_id, node) and owner_of(pid, proc) == user:
             found.append(pid)
     return found
 

@@ -56,8 +56,10 @@ def _forget(site_dir: str) -> None:
 def _register(node_dir: str) -> None:
     global _handle
     path = stack_file(node_dir, os.getpid())
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    _handle = open(path, "ab", buffering=0)  # noqa: SIM115 - open for the rank's life
+    # In the node directory (the user's own, 0700): private too, and never through a link.
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    _handle = os.fdopen(os.open(path, flags, 0o600), "ab", buffering=0)
     faulthandler.register(STACK_SIGNAL, file=_handle, all_threads=True, chain=False)
 
 

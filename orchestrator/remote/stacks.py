@@ -381,7 +381,7 @@ def report(
     if not ranks:
         doc.update(error=f"no rank of job {job_id} runs on this node", kind=NO_RANKS)
         return doc
-    node_dir = agent_spec.node_dir(job_id, node)
+    node_dir = agent_spec.node_dir(job_id, node, os.getuid())
     if method == "faulthandler":
         doc["ranks"] = [
             {**item, "method": method} for item in _with_signal(ranks, node_dir, seconds, rate)

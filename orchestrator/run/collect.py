@@ -1,11 +1,13 @@
 """Pull each node's raw job logs back to the head, whole and verified.
 
-During a job the node agent tees its ranks' raw output into
-`/tmp/orch-runs/<job-id>/<node>/` on the node. When the job ends, whatever way
-it ended, `collect_logs` fetches every file of that directory over SFTP into
-`runs/<job-id>/<nodes dir>/<node>/`, checks each against the size and sha256
-the node itself computes (over the same SSH connection), and only then removes
-the node's copy (unless keep_remote). The secrets the head masks in its own logs are
+During a job the node agent tees its ranks' raw output into the job's node directory, in
+the user's own directory on the node (`/tmp/orch-<uid>/runs/<job-id>/<node>/`, the uid the
+node's: the head does not know it, since ssh_config's User may name another account). When
+the job ends, whatever way it ended, `collect_logs` asks the node for that directory's files
+with their sizes and sha256 (the node names the directory in the same answer, after checking
+that the user's directory is the user's own), fetches each over SFTP into
+`runs/<job-id>/<nodes dir>/<node>/`, checks it, and only then removes the node's copy
+(unless keep_remote). The secrets the head masks in its own logs are
 masked in them too (logs/redact.py): a rank that prints its token leaves it in its raw
 output (a file's size and sha256 stay the node's, as verified). A node that cannot be
 reached, or whose files do not arrive whole, is reported with what went wrong and how to
@@ -27,7 +29,8 @@ from pathlib import Path
 from orchestrator.errors import UsageError
 from orchestrator.logs.redact import redact_file
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
-from orchestrator.remote.agent import node_dir
+from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
+from orchestrator.remote.owned import user_directory
 from orchestrator.ssh import NodeSession, SSHError, open_session
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
@@ -56,9 +59,14 @@ class _Mismatch(Exception):
     pass
 
 
-def fetch_command(node: str, remote_dir: str) -> str:
-    """How a user copies a node's raw logs by hand when orch could not."""
-    return f"scp -r {node}:{remote_dir} ."
+_NODE_UID = "$(id -u)"  # the user's uid, as the node's shell finds it
+_DIR_LINE = "dir "  # the listing's first line: the node directory, as the node found it
+
+
+def fetch_command(node: str, job_id: str) -> str:
+    """How a user copies a node's raw logs by hand when orch could not: the node finds its
+    own directory (its uid is the node's, not the head's)."""
+    return f"ssh {node} 'tar -C {runs_root(_NODE_UID)}/{job_id} -cf - {node}' | tar -xf -"
 
 
 def _is_safe(value: str) -> bool:
@@ -66,24 +74,39 @@ def _is_safe(value: str) -> bool:
     return bool(_SAFE.fullmatch(value)) and ".." not in value
 
 
-def _hash_command(remote_dir: str) -> str:
-    quoted = shlex.quote(remote_dir)
-    # One line per regular file: "<size> <sha256>  <name>"; exit 3: no such directory.
+def _hash_command(job_id: str, node: str) -> str:
+    """The node's listing: first `dir <the node directory>`, then one line per regular file,
+    "<size> <sha256>  <name>"; exit 3: no such directory; exit 5: the user's directory is not
+    the user's own (a link, another user's, writable by others), and nothing in it is read.
+    Job id and node name are checked safe words (_is_safe)."""
+    top, where = user_directory(_NODE_UID), node_dir(job_id, node, _NODE_UID)
     return (
-        f"cd -- {quoted} 2>/dev/null || exit 3; "
+        f'u="{top}"; d="{where}"; '
+        '[ -e "$u" ] || [ -L "$u" ] || exit 3; '
+        '{ [ -d "$u" ] && [ ! -L "$u" ] && [ -O "$u" ] '
+        '&& [ -z "$(find "$u" -maxdepth 0 -perm /022)" ]; } || '
+        '{ echo "$u is no directory of your own that only you can write: $(ls -ld "$u")" >&2; '
+        "exit 5; }; "
+        'cd -- "$d" 2>/dev/null || exit 3; '
+        f'printf "{_DIR_LINE}%s\n" "$d"; '
         'for f in * .[!.]*; do [ -f "$f" ] || continue; '
         'printf "%s " "$(stat -c %s -- "$f")"; sha256sum -- "$f" || exit 4; done'
     )
 
 
-def _parse_hashes(stdout: bytes) -> dict[str, tuple[int, str]]:
+def _parse_hashes(stdout: bytes) -> tuple[str | None, dict[str, tuple[int, str]]]:
+    """The node directory the listing names (None: it names none) and its files."""
     hashes: dict[str, tuple[int, str]] = {}
-    for line in stdout.decode("utf-8", "surrogateescape").splitlines():
+    lines = stdout.decode("utf-8", "surrogateescape").splitlines()
+    where = None
+    if lines and lines[0].startswith(_DIR_LINE):
+        where = lines.pop(0)[len(_DIR_LINE):]
+    for line in lines:
         size, _, rest = line.partition(" ")
         digest, _, name = rest.partition("  ")
         if size.isdigit() and len(digest) == 64 and name:
             hashes[name] = (int(size), digest)
-    return hashes
+    return where, hashes
 
 
 def _local_sha256(path: Path) -> str:
@@ -94,18 +117,27 @@ def _local_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _remote_hashes(
-    session: NodeSession, remote_dir: str, timeout: float
-) -> dict[str, tuple[int, str]] | None:
-    result = session.run(_hash_command(remote_dir), timeout=timeout)
+class _NotOwn(Exception):
+    """The user's directory on the node is not the user's own: nothing of it is fetched."""
+
+
+Listing = tuple[str, dict[str, tuple[int, str]]]  # the node directory, its files
+
+
+def _remote_hashes(session: NodeSession, job_id: str, node: str, timeout: float) -> Listing | None:
+    result = session.run(_hash_command(job_id, node), timeout=timeout)
+    said = result.stderr.decode("utf-8", "replace").strip()[-300:]
     if result.exit_code == 3:
         return None
-    if result.exit_code != 0:
+    if result.exit_code == 5:
+        raise _NotOwn(said)
+    where, hashes = _parse_hashes(result.stdout)
+    if result.exit_code != 0 or where is None:
         raise _Mismatch(
-            f"hashing the files in {remote_dir} failed (exit {result.exit_code}): "
-            + result.stderr.decode("utf-8", "replace").strip()[-300:]
+            f"hashing the files in {node_dir_shown(job_id, node)} failed "
+            f"(exit {result.exit_code}): {said}"
         )
-    return _parse_hashes(result.stdout)
+    return where, hashes
 
 
 def _pull_files(
@@ -142,25 +174,30 @@ def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledF
 
 
 def _collect_over(
-    session: NodeSession, node: str, remote_dir: str, local_dir: Path, keep_remote: bool,
+    session: NodeSession, node: str, job_id: str, local_dir: Path, keep_remote: bool,
     timeout: float, secrets: Sequence[str] = (),
 ) -> NodeResult[PulledLogs]:  # fmt: skip
     problem = ""
     for _attempt in range(_ATTEMPTS):
-        before = _remote_hashes(session, remote_dir, timeout)
-        if before is None:
+        try:
+            listed = _remote_hashes(session, job_id, node, timeout)
+        except _NotOwn as err:
+            fix = "remove it (as its owner or root), or chmod go-w it if it is yours"
+            return failed(node, f"{node}: raw logs not fetched: {err}", fix)
+        if listed is None:
             return failed(
                 node,
-                f"{node}: no raw logs at {remote_dir}",
+                f"{node}: no raw logs at {node_dir_shown(job_id, node)}",
                 "the job never started on this node, or its logs were already removed",
             )
+        remote_dir, before = listed
         _pull_files(session, remote_dir, local_dir, before, timeout)
-        after = _remote_hashes(session, remote_dir, timeout) or {}
         try:
-            if after != before:
+            after = _remote_hashes(session, job_id, node, timeout)
+            if after != listed:
                 raise _Mismatch("files changed on the node while they were copied")
-            files = _verify(local_dir, after)
-        except _Mismatch as err:
+            files = _verify(local_dir, before)
+        except (_Mismatch, _NotOwn) as err:
             problem = str(err)
             continue
         for item in files:
@@ -172,7 +209,7 @@ def _collect_over(
     return failed(
         node,
         f"{node}: raw logs did not arrive whole: {problem}",
-        f"the node's copy was kept; fetch it by hand: {fetch_command(node, remote_dir)}",
+        f"the node's copy was kept; fetch it by hand: {fetch_command(node, job_id)}",
     )
 
 
@@ -199,7 +236,7 @@ def collect_node(
     raises for a node problem."""
     if not _is_safe(job_id):
         raise UsageError(f"not a job id: {job_id!r}", "see `orch status` for the jobs there are")
-    remote_dir = node_dir(job_id, node)
+    remote_dir = node_dir_shown(job_id, node)
     local_dir = Path(dest_root) / node
     if not _is_safe(node):
         return failed(
@@ -209,7 +246,7 @@ def collect_node(
         )
     try:
         with open_session(node, timeout=connect_timeout) as session:
-            return _collect_over(session, node, remote_dir, local_dir, keep_remote, timeout,
+            return _collect_over(session, node, job_id, local_dir, keep_remote, timeout,
                                  secrets)  # fmt: skip
     except SSHError as err:
         hint = f"{err.failure.hint}; its logs stay on the node in {remote_dir}"
@@ -218,7 +255,7 @@ def collect_node(
         return failed(
             node,
             f"{node}: fetching {remote_dir} failed ({type(err).__name__}: {err})",
-            f"its logs stay on the node; fetch them by hand: {fetch_command(node, remote_dir)}",
+            f"its logs stay on the node; fetch them by hand: {fetch_command(node, job_id)}",
         )
 
 
@@ -278,10 +315,9 @@ class LogCollector:
                     secrets=self.secrets,
                 )  # fmt: skip
             except Exception as err:  # the job is over: a fetch problem is only reported
-                where = node_dir(self.job_id, node)
                 result = failed(
                     node, f"{node}: pulling the raw logs failed ({type(err).__name__}: {err})",
-                    f"fetch them by hand: {fetch_command(node, where)}",
+                    f"fetch them by hand: {fetch_command(node, self.job_id)}",
                 )  # fmt: skip
         self._results[node] = result
 
@@ -297,9 +333,9 @@ class LogCollector:
         done = dict(self._results)
         for node in self._threads:
             if node not in done:
-                where = node_dir(self.job_id, node)
+                by_hand = fetch_command(node, self.job_id)
                 done[node] = failed(
                     node, f"{node}: its raw logs were still coming back after {wait:g}s",
-                    f"they stay on the node; fetch them by hand: {fetch_command(node, where)}",
+                    f"they stay on the node; fetch them by hand: {by_hand}",
                 )  # fmt: skip
         return done

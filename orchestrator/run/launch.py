@@ -24,6 +24,7 @@ import json
 import os
 import queue
 import shutil
+import tempfile
 import threading
 import time
 from collections import deque
@@ -37,7 +38,8 @@ from orchestrator.logs.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tr
 from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
-from orchestrator.remote import agent
+from orchestrator.remote import owned
+from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.remote.logwire import ControlKind, global_rank
 from orchestrator.run import slurm
 from orchestrator.run.collect import LogCollector, fetch_command
@@ -116,15 +118,33 @@ class LaunchResult:
 
 
 # ----- writing the plan's files ----------------------------------------------------
+JOBS_DIR = "jobs"  # in the user's own directory on the head: one private directory per job
+
+
+def head_private_dir(job_id: str) -> str:
+    """The job's private directory on the head: in the user's own directory under the
+    temporary directory (<tmp>/orch-<uid>/jobs/<job>), never a name in the shared one that
+    anyone who learns the job's id could take first (as <tmp>/orch-<job> was)."""
+    user = owned.user_directory(os.getuid(), tempfile.gettempdir())
+    return os.path.join(user, JOBS_DIR, job_id)
+
+
 def write_private_files(plan: LaunchPlan) -> None:
     """The job's private files on the head (its env file with real values, the pdsh shim),
-    in a directory only this user can read, made new for the job (never reused)."""
+    in a directory only this user can read, made new for the job (never reused). The two
+    levels above it (the user's own directory and its jobs/, as head_private_dir names them)
+    are made and checked first: a link, another user's or one others can write is refused."""
     private = Path(plan.job.private_dir)
     files = [f for f in plan.files if f.where == PRIVATE]
     if not files:
         return
+    jobs = private.parent
     try:
+        owned.private_directories(str(jobs.parent), [jobs.name], os.getuid())
         private.mkdir(mode=0o700)
+    except owned.UnsafeDirectory as err:
+        raise OrchError(f"the job's private directory cannot be made: {err}",
+                        "fix that directory as said, then launch again") from err  # fmt: skip
     except OSError as err:
         raise OrchError(
             f"cannot create the job's private directory {private}: {err}",
@@ -133,7 +153,7 @@ def write_private_files(plan: LaunchPlan) -> None:
     for planned in files:
         path = private / planned.name
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, planned.mode)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, planned.mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(planned.content)
 
@@ -447,15 +467,12 @@ class JobRunner:
                 self._node_logs.start(node)  # a node already started is not started again
         outcome = {n: r.why for n, r in self._node_logs.results().items()}
         for node in unreachable:
-            where = self._node_dir(node)
+            where = node_dir_shown(self.plan.job_id, node)
             outcome[node] = (
                 f"{node}: not tried, the teardown could not reach it; its logs stay on the "
-                f"node in {where}; fetch them by hand: {fetch_command(node, where)}"
+                f"node in {where}; fetch them by hand: {fetch_command(node, self.plan.job_id)}"
             )
         return {h: outcome[h] for h in self.plan.hosts}
-
-    def _node_dir(self, node: str) -> str:
-        return agent.node_dir(self.plan.job_id, node)
 
     # -- teardown ------------------------------------------------------------------
     def _begin_teardown(self, failure: Failure) -> None:

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,12 @@ def find_pdsh() -> str:
 
 @dataclass
 class StreamingProcess:
-    """A started fan-out: read `.stdout` line by line; `stop()` ends its whole group."""
+    """A started fan-out: read `.stdout` line by line; `stop()` ends its whole group.
+
+    Its group is signalled only while its leader is known not to be reaped: until then the
+    leader's pid, which is the group's id, cannot be another process's, while after it the
+    kernel may give it to any new process of any user. So `poll()` looks without reaping,
+    and only `stop()` (or `wait()`) reaps, once the group has had its last signal."""
 
     process: subprocess.Popen[bytes]
     watchdog: subprocess.Popen[bytes] | None = None
@@ -58,36 +64,68 @@ class StreamingProcess:
         return self.process.stdout
 
     def poll(self) -> int | None:
-        return self.process.poll()
+        """The exit code once the leader has ended (negative: its signal), else None; the
+        leader is left unreaped."""
+        if self.process.returncode is not None:
+            return self.process.returncode
+        return exit_unreaped(self.process)
 
     def wait(self, timeout: float | None = None) -> int:
         return self.process.wait(timeout)
 
     def signal(self, signum: int) -> None:
+        if self.process.returncode is not None:
+            return  # reaped: the group's id may be another process's by now
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
 
     def stop(self, grace: float = 3.0) -> int:
-        """TERM the process group, KILL it after `grace` seconds."""
-        if self.process.poll() is None:
+        """TERM the process group, KILL it after `grace` seconds, then reap the leader."""
+        if self.poll() is None:
             self.signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(grace)
-        # Children of the group may outlive its leader; KILL whatever is left.
+            self._wait_unreaped(grace)
+        # Children of the group may outlive its leader; KILL whatever is left, while the
+        # unreaped leader still holds the group's id.
         self.signal(signal.SIGKILL)
+        self._release_watchdog()
         try:
             return self.process.wait(grace)
         except subprocess.TimeoutExpired:
             return -9
-        finally:
-            self._release_watchdog()
+
+    def _wait_unreaped(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _release_watchdog(self) -> None:
-        if self.watchdog is not None and self.watchdog.stdin is not None:
+        """The watchdog is ended, not let go: let go (its pipe closed), it signals the group
+        itself, and could do so after the leader is reaped."""
+        if self.watchdog is not None and self.watchdog.returncode is None:
             with contextlib.suppress(OSError):
-                self.watchdog.stdin.close()
+                self.watchdog.kill()  # our own child, not reaped yet: its pid is its own
+            if self.watchdog.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self.watchdog.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.watchdog.wait(2.0)
+
+
+def exit_unreaped(process: subprocess.Popen[bytes]) -> int | None:
+    """A child's exit code (negative: its signal) once it has ended, looked at without
+    reaping it (waitid's WNOWAIT); None while it runs. Where there is no waitid, the child
+    is polled (and reaped): its group is then no longer signalled."""
+    if not hasattr(os, "waitid"):
+        return process.poll()
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return process.poll()
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    return -info.si_status
 
 
 def start_streaming(
@@ -215,6 +253,8 @@ def run_pdsh(
         timed_out = True
         proc.stop(grace=1.0)
         out, _ = proc.process.communicate()
+    finally:
+        proc._release_watchdog()  # it would signal pdsh's group, reaped by then
     return PdshRun(
         exit_code=proc.process.returncode,
         output=tuple(_decoded(line) for line in out.splitlines()),

@@ -10,11 +10,9 @@ the caller's `PipelineReporter` (the CLI prints it).
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,10 +23,11 @@ from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogView
 from orchestrator.pernode import GroupResult
+from orchestrator.plan.agent_command import node_files_command
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import JobRequest
-from orchestrator.run.launch import JobRunner, LaunchResult, prepare_run
+from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
 from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.ports import plan_with_main_port
 from orchestrator.run.records import RunDir, new_job_id, run_dir, runs_root
@@ -43,8 +42,7 @@ def head_context(job_id: str, environ: Mapping[str, str], *, dry_run: bool) -> H
     """A real launch needs pdsh on the head; a dry run only shows where it would be.
     `environ`: the head's environment, as the plan is to see it."""
     pdsh = (shutil.which("pdsh") or "pdsh") if dry_run else find_pdsh()
-    private = os.path.join(tempfile.gettempdir(), f"orch-{job_id}")
-    return HeadContext(pdsh=pdsh, private_dir=private, orch_python=sys.executable,
+    return HeadContext(pdsh=pdsh, private_dir=head_private_dir(job_id), orch_python=sys.executable,
                        cwd=os.getcwd(), environ=environ)  # fmt: skip
 
 
@@ -221,11 +219,10 @@ def _settings_and_port(plan: LaunchPlan, with_port: Callable[[], LaunchPlan] | N
 def _remove_node_private(plan: LaunchPlan) -> None:
     """Nothing started: the settings written on the nodes (secrets among them) go again.
     Best effort: a node that cannot be reached keeps a file only this user can read."""
-    from orchestrator.remote.agent import node_dir
     from orchestrator.ssh import run_on_nodes
 
     def command(node: str) -> str:
-        return f"rm -rf -- {shlex.quote(node_dir(plan.job_id, node))}"
+        return node_files_command(plan.python, "remove", plan.job_id, node)
 
     run_on_nodes(plan.hosts, command, timeout=10.0, connect_timeout=5.0)
 
@@ -233,18 +230,14 @@ def _remove_node_private(plan: LaunchPlan) -> None:
 def _write_node_private(plan: LaunchPlan) -> None:
     """The job's environment and the rank's command, on every node, readable by the user
     only, sent over ssh's own channel (stdin): never on a command line, on the head or a
-    node. The agent checks its hash, takes it in, and removes it."""
-    from orchestrator.remote.agent import PRIVATE_FILE, node_dir
+    node. The agent checks its hash, takes it in, and removes it. On the node, a program of
+    the standard library (remote/node_files.py) makes the node directory in the user's own
+    directory there, level by level, private from the start and checked: a shell's `mkdir
+    -p` took the login umask and followed whatever link another user had planted."""
     from orchestrator.ssh import run_on_nodes
 
     def command(node: str) -> str:
-        directory = shlex.quote(node_dir(plan.job_id, node))
-        target = f"{directory}/{PRIVATE_FILE}"
-        # The file, not the shared /tmp/orch-runs above it, is private to the user.
-        return (
-            f"mkdir -p {directory} && umask 077 && cat > {target}.part && "
-            f"mv -f {target}.part {target}"
-        )
+        return node_files_command(plan.python, "write", plan.job_id, node)
 
     results = run_on_nodes(
         plan.hosts, command, timeout=30.0, connect_timeout=10.0,

@@ -26,11 +26,12 @@ from orchestrator.checks.node import (
     check_gpus,
     check_interpreter,
     check_known_traps,
+    check_own_directories,
     check_stacks,
 )
 from orchestrator.checks.parity import check_parity, majority_value
 from orchestrator.checks.report import build_report
-from orchestrator.probe.facts import GpuInfo, NodeFacts
+from orchestrator.probe.facts import GpuInfo, NodeFacts, OwnDirectory
 from orchestrator.specs.inventory import parse_hostfile
 
 PY = "/opt/venv/bin/python"
@@ -403,3 +404,23 @@ def test_a_node_where_stacks_cannot_be_taken_says_why_and_the_fix(changes, said)
 
 def test_a_probe_that_says_nothing_of_stacks_gives_no_stacks_finding():
     assert check_stacks(probes(facts("n1", py_spy=None)), "/venv/bin/python") == []
+
+
+def test_a_node_whose_own_directory_cannot_be_used_fails_naming_path_owner_mode_and_fix():
+    said = "/tmp/orch-1000 (owner mallory (uid 1001), mode 0755) belongs to another user"
+    fix = "remove it (rm -rf -- /tmp/orch-1000, as its owner or root) and run again"
+    bad = OwnDirectory("runs", "/tmp/orch-1000/runs", said, fix)
+    good = OwnDirectory("ports", "/tmp/orch-1000/ports")
+    probes = [
+        NodeProbe("n1", facts("n1", own_dirs=(good,))),
+        NodeProbe("n2", facts("n2", own_dirs=(bad, good))),
+        NodeProbe("n3", facts("n3")),  # an older probe: says nothing
+    ]
+    [finding] = check_own_directories(probes)
+    assert finding.node == "n2" and finding.check == "files" and finding.severity == "error"
+    assert "/tmp/orch-1000/runs" in finding.problem and "mallory (uid 1001)" in finding.problem
+    assert "mode 0755" in finding.problem and "node directory" in finding.problem
+    assert finding.fix == f"on n2: {fix}"
+    report = build_report(parse_hostfile("n1 slots=1\nn2 slots=1\nn3 slots=1\n"), probes,
+                          python=PY, workdir=None, script=None, env={})  # fmt: skip
+    assert finding in report.findings

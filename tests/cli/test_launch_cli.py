@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 from launch_support import REPO
 
 from orchestrator.plan.ports import port_candidates
+from orchestrator.run.launch import head_private_dir
 
 
 def _hostfile(tmp_path):
@@ -82,7 +82,7 @@ def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothi
     at = lines.index("and the launcher starts every rank through orch-rank, which runs exactly:")
     assert lines[at + 1].endswith(" train.py --lr 'it'\"'\"'s 1'")
     assert not (tmp_path / "runs").exists()
-    assert not any(p.name == f"orch-{job_id}" for p in Path(tempfile.gettempdir()).iterdir())
+    assert not Path(head_private_dir(job_id)).exists()
 
 
 def test_a_given_main_port_is_used_as_given(tmp_path, orch_here):

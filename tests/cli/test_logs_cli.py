@@ -106,7 +106,7 @@ def test_raw_prints_pulled_back_files_and_names_missing_nodes(runs: Path, orch) 
     assert b"no raw logs for n2" in result.stderr
     missing = orch("logs", JOB, "--raw", "-n", "n2", runs=runs)
     assert missing.returncode == 1
-    assert b"error:" in missing.stderr and b"/tmp/orch-runs/" + JOB.encode() in missing.stderr
+    assert b"error:" in missing.stderr and b"/tmp/orch-<uid>/runs/" + JOB.encode() in missing.stderr
 
 
 @pytest.mark.process

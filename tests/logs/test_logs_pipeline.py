@@ -27,6 +27,7 @@ from _logmodel import expected_log, rank_tag, read_log
 
 from orchestrator.logs.sink import LogRouter
 from orchestrator.remote.agent import node_dir
+from orchestrator.remote.agent_spec import runs_root
 from orchestrator.run.collect import collect_logs
 from orchestrator.run.records import RunDir
 
@@ -79,7 +80,7 @@ def pump(
 @pytest.fixture
 def job_dirs(tmp_path: Path):
     job = f"logpipe-{uuid.uuid4().hex[:8]}"
-    raw_dir = Path("/tmp/orch-runs") / job  # where the agent keeps raw logs on each node
+    raw_dir = Path(runs_root(os.getuid())) / job  # where the agent keeps raw logs on each node
     yield job, raw_dir, tmp_path / "run"
     shutil.rmtree(raw_dir, ignore_errors=True)
 
@@ -196,7 +197,8 @@ def raw_logs(job: Path, hosts: list[str]) -> Path:
     assert record["node_logs"] == dict.fromkeys(hosts, "ok")
     root = RunDir(job).node_logs
     assert all((root / h / "stdout.raw").is_file() for h in hosts)
-    assert not any(Path(node_dir(job.name, h)).exists() for h in hosts)  # node copies removed
+    # The nodes' copies are removed.
+    assert not any(Path(node_dir(job.name, h, os.getuid())).exists() for h in hosts)
     return root
 
 
@@ -257,7 +259,7 @@ def test_orch_launch_keeps_every_line_of_every_rank(sandbox, tmp_path: Path) -> 
                 assert len([t for t in err if re.match(rb"bar%d: 100%%\|#+\| 40/40" % i, t)]) == 1
         assert sorted(seen_ranks) == list(range(len(hosts)))
     finally:
-        shutil.rmtree(f"/tmp/orch-runs/{job.name}", ignore_errors=True)
+        shutil.rmtree(f"{runs_root(os.getuid())}/{job.name}", ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -301,4 +303,4 @@ def test_orch_launch_interrupted_half_way_keeps_what_was_written(sandbox, tmp_pa
             check_stream(entries, rank_tag(rank, 0, b"err"), raw_err, complete=False)
             assert len(out) > 10_000
     finally:
-        shutil.rmtree(f"/tmp/orch-runs/{job.name}", ignore_errors=True)
+        shutil.rmtree(f"{runs_root(os.getuid())}/{job.name}", ignore_errors=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import node_launcher_spec
 from orchestrator.plan.request import LaunchSpec
 from orchestrator.remote.agent_spec import AgentSpec, decode
-from orchestrator.run.launch import write_private_files
+from orchestrator.run.launch import head_private_dir, write_private_files
 from orchestrator.specs.constants import HOSTFILE_NAME, PDSH_CONFIG_NAME, standard_config_name
 from orchestrator.specs.inventory import make_hostfile
 from orchestrator.specs.jobenv import JOB_ID_VAR
@@ -272,20 +274,38 @@ def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
 def test_readable_dry_run_gives_each_standard_node_its_own_config():
     text = plan_text(_plan("standard", head=HEAD))
     for rank, node in enumerate(("n1", "n2", "n3")):
-        expected = f"/tmp/orch-runs/job-1/{node}/{standard_config_name(rank)}"
+        # The node's uid is the node's own: the dry run names it as messages do.
+        expected = f"/tmp/orch-<uid>/runs/job-1/{node}/{standard_config_name(rank)}"
         line = next(line for line in text.splitlines() if line.startswith(f"  {node} "))
         assert expected in line and "$ORCH" not in line
 
 
 def test_private_files_are_written_only_for_their_owner_in_a_new_directory(tmp_path):
-    private = tmp_path / "orch-job-1"
+    private = tmp_path / "orch-1000" / "jobs" / "job-1"
     plan = _plan("pdsh", head=HeadContext("/usr/bin/pdsh", str(private), "/venv/py"))
-    write_private_files(plan)
-    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    old = os.umask(0o002)
+    try:
+        write_private_files(plan)
+    finally:
+        os.umask(old)
+    for level in (private.parent.parent, private.parent, private):
+        assert stat.S_IMODE(level.stat().st_mode) == 0o700
     assert stat.S_IMODE((private / "bin" / "pdsh-shim.json").stat().st_mode) == 0o600
     assert stat.S_IMODE((private / "bin" / "pdsh").stat().st_mode) == 0o755
     with pytest.raises(OrchError, match="private directory"):
         write_private_files(plan)  # never into a directory that already exists
+
+
+def test_the_heads_private_directory_is_in_the_users_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert head_private_dir("job-1") == f"{tmp_path}/orch-{os.getuid()}/jobs/job-1"
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (tmp_path / f"orch-{os.getuid()}").symlink_to(theirs)  # claimed first, as a link
+    plan = _plan("pdsh", head=HeadContext("/usr/bin/pdsh", head_private_dir("job-1"), "/py"))
+    with pytest.raises(OrchError, match="symbolic link"):
+        write_private_files(plan)
+    assert list(theirs.iterdir()) == []
 
 
 def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_head():

@@ -88,6 +88,12 @@ def test_probe_runs_locally_and_reads_metadata_without_importing_torch(tmp_path:
     # py-spy is installed beside this interpreter; this machine runs as root.
     assert facts.stacks_probed and facts.py_spy == str(Path(sys.executable).with_name("py-spy"))
     assert facts.root is (os.geteuid() == 0)
+    # The user's own directory is usable here, where a launch needs it.
+    runs = f"/tmp/orch-{os.getuid()}/runs"
+    assert [(d.what, d.path, d.problem) for d in facts.own_dirs] == [
+        ("runs", runs, None), ("ports", f"/tmp/orch-{os.getuid()}/ports", None)
+    ]
+    assert not [p for p in Path(runs).iterdir() if p.name.startswith(".orch-doctor-")]
 
 
 def test_probe_does_not_import_torch() -> None:
@@ -158,3 +164,23 @@ def test_listener_stops_when_stdin_closes(tmp_path: Path) -> None:
     assert json.loads(first) == {"listening": True, "error": None}
     facts = parse_facts("local", facts_line.encode())
     assert facts.port_free is True and facts.peers == ()
+
+
+def test_the_probe_says_where_and_why_the_users_directory_cannot_be_used(tmp_path, monkeypatch):
+    from orchestrator.remote import owned
+    from orchestrator.remote import probe as remote_probe
+
+    mine = tmp_path / "orch-u"
+    monkeypatch.setattr(owned, "user_directory", lambda uid, base="/tmp": str(mine))
+    mine.mkdir(mode=0o700)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (mine / "ports").symlink_to(theirs)  # planted by another user, say
+    runs, ports = remote_probe.own_directories()
+    assert runs == {"what": "runs", "path": str(mine / "runs")}
+    assert ports["path"] == str(mine / "ports") and "symbolic link" in ports["problem"]
+    assert f"rm -rf -- {mine / 'ports'}" in ports["fix"]
+    assert list(theirs.iterdir()) == []
+    doc = {**SAMPLE, "own_dirs": [runs, ports]}
+    [bad] = [d for d in parse_facts("n1", json.dumps(doc)).own_dirs if d.problem]
+    assert bad.what == "ports" and bad.fix == ports["fix"]

@@ -4,6 +4,7 @@ and the agent run from its shipped form on this machine."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -11,7 +12,7 @@ import uuid
 import pytest
 
 from orchestrator.plan.agent_command import agent_command
-from orchestrator.remote.agent_spec import AgentSpec, decode, encode
+from orchestrator.remote.agent_spec import AgentSpec, decode, encode, runs_root
 from orchestrator.remote.logwire import decode_wire
 from orchestrator.remote.procs import job_pids
 
@@ -82,4 +83,4 @@ def test_the_shipped_agent_runs_a_command_and_sweeps_what_it_left(tmp_path):
     assert "node=here rank=0" in lines
     assert exit_fields == {"code": 0, "node": "here"}
     assert job_pids(job_id, "here") == []  # the sleep left behind was ended
-    subprocess.run(["rm", "-rf", f"/tmp/orch-runs/{job_id}"], check=False)
+    subprocess.run(["rm", "-rf", f"{runs_root(os.getuid())}/{job_id}"], check=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -72,7 +73,7 @@ def test_agent_frames_output_tees_raw_logs_and_reports_the_exit_code(sandbox):
     [exit_fields] = _control(run, node, "exit")
     assert exit_fields["code"] == 3
     assert _control(run, node, "started")
-    raw = subprocess.run(["ssh", node, f"cat {node_dir(job_id, node)}/stderr.raw"],
+    raw = subprocess.run(["ssh", node, f"cat {node_dir(job_id, node, os.getuid())}/stderr.raw"],
                          capture_output=True, timeout=30, check=True).stdout  # fmt: skip
     assert raw == b"10%\r50%\r100%\n"
 

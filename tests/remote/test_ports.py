@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.agent_command import port_command
-from orchestrator.remote import ports
+from orchestrator.remote import owned, ports
 
 
 def _listening() -> tuple[socket.socket, int]:
@@ -134,19 +134,19 @@ def _stat(mode: int, uid: int) -> os.stat_result:
 
 
 def test_only_a_directory_of_the_users_own_that_others_cannot_write_is_kept() -> None:
-    ok = ports.directory_problem("/tmp/orch-1000/ports", _stat(stat.S_IFDIR | 0o700, 1000), 1000)
+    ok = owned.directory_problem("/tmp/orch-1000/ports", _stat(stat.S_IFDIR | 0o700, 1000), 1000)
     assert ok is None
-    assert ports.directory_problem("/d", _stat(stat.S_IFDIR | 0o755, 1000), 1000) is None
-    foreign = ports.directory_problem("/d", _stat(stat.S_IFDIR | 0o700, 4242), 1000)
+    assert owned.directory_problem("/d", _stat(stat.S_IFDIR | 0o755, 1000), 1000) is None
+    foreign = owned.directory_problem("/d", _stat(stat.S_IFDIR | 0o700, 4242), 1000)
     assert foreign is not None and "/d" in foreign and "uid 4242" in foreign
     assert "mode 0700" in foreign and "another user" in foreign and "rm -rf -- /d" in foreign
     for loose in (0o770, 0o1777, 0o702):
-        said = ports.directory_problem("/d", _stat(stat.S_IFDIR | loose, 1000), 1000)
+        said = owned.directory_problem("/d", _stat(stat.S_IFDIR | loose, 1000), 1000)
         assert said is not None and f"mode {loose:04o}" in said and "writable by others" in said
         assert "chmod go-w -- /d" in said
-    link = ports.directory_problem("/d", _stat(stat.S_IFLNK | 0o777, 1000), 1000)
+    link = owned.directory_problem("/d", _stat(stat.S_IFLNK | 0o777, 1000), 1000)
     assert link is not None and "symbolic link" in link
-    plain = ports.directory_problem("/d", _stat(stat.S_IFREG | 0o600, 1000), 1000)
+    plain = owned.directory_problem("/d", _stat(stat.S_IFREG | 0o600, 1000), 1000)
     assert plain is not None and "not a directory" in plain
     for said in (foreign, link, plain):
         assert "\n" not in said
@@ -189,8 +189,7 @@ def test_another_users_directory_is_refused(tmp_path: Path) -> None:
 def test_the_users_own_directory_is_made_private_whatever_the_umask(tmp_path, monkeypatch):
     assert ports.default_reservations_dir(1000) == "/tmp/orch-1000/ports"
     mine = tmp_path / "orch-uid"
-    monkeypatch.setattr(ports, "user_directory", lambda uid: str(mine))
-    monkeypatch.setattr(ports, "default_reservations_dir", lambda uid: str(mine / "ports"))
+    monkeypatch.setattr(owned, "user_directory", lambda uid: str(mine))
     old = os.umask(0)
     try:
         [port, _] = _free_pair()

@@ -98,6 +98,18 @@ def test_each_node_finds_only_its_own_processes_of_the_job(shared_proc):
     assert procs.job_pids(JOB, "n3", shared_proc) == []
 
 
+def test_another_users_process_with_the_jobs_id_is_not_the_jobs(shared_proc):
+    # An agent running as root, and another user's process that carries the job's id and a
+    # RANK: it is neither the job's process nor one of its ranks.
+    _process(Path(shared_proc), 400, 1, _job("n1", RANK="5"))
+    Path(shared_proc, "400", "status").write_text("Name:\tx\nUid:\t65534\t65534\t65534\t65534\n")
+    assert sorted(procs.job_pids(JOB, "n1", shared_proc)) == [100, 101, 102, 103]
+    assert procs.job_ranks(JOB, "n1", shared_proc) == [(0, 101), (1, 102)]
+    assert procs.owner_of(400, shared_proc) == 65534
+    assert procs.owner_of(100, shared_proc) == os.getuid()  # no status: its entry's owner
+    assert procs.job_pids(JOB, "n1", shared_proc, uid=65534) == [400]
+
+
 def test_each_node_finds_only_its_own_ranks(shared_proc):
     assert procs.job_ranks(JOB, "n1", shared_proc) == [(0, 101), (1, 102)]
     assert procs.job_ranks(JOB, "n2", shared_proc) == [(2, 201), (3, 202)]

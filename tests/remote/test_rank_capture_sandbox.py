@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import uuid
 import zlib
@@ -41,6 +40,9 @@ import pytest
 from _logmodel import TS_LEN, expected_log, rank_tag, read_log
 from launch_support import ORCH, REPO, job_ids, orch_env
 
+from orchestrator.remote.agent_spec import runs_root
+from orchestrator.run.launch import head_private_dir
+
 pytestmark = pytest.mark.sandbox
 
 CHATTER = str(REPO / "tests" / "jobs" / "rank_chatter.py")
@@ -48,7 +50,7 @@ LAUNCHERS = ("pdsh", "standard", "torchrun")
 NODES, SLOTS = 3, 2
 LINES = 200  # per stream and rank (rank_chatter.py's CHATTER_LINES)
 BAR_EVERY, BAR_FRAMES = 25, 5  # as rank_chatter.py draws its bars
-NODE_RUNS = Path("/tmp/orch-runs")  # where the agents keep a job's node-local files
+NODE_RUNS = Path(runs_root(os.getuid()))  # where the agents keep a job's node-local files
 TAG = uuid.uuid4().hex[:8]  # makes this session's secrets unique to grep for
 SECRET_A = f"orch-test-secret-{TAG}"  # in the head's environment, never forwarded
 DATABASE_URL = f"postgres://user:pa55word{TAG}@db/x"  # forwarded with `--env DATABASE_URL`
@@ -335,7 +337,7 @@ def test_forwarded_secret_reaches_the_ranks_and_is_kept_nowhere(job: Job) -> Non
         leaks += [(name, s.decode()) for s in SECRET_BYTES if s in data]
     assert leaks == []
     # The head's private directory of the job (its secrets, if any) is gone.
-    assert not (Path(tempfile.gettempdir()) / f"orch-{job.job_id}").exists()
+    assert not Path(head_private_dir(job.job_id)).exists()
 
 
 def _cmdline_texts(cmdline: bytes) -> list[bytes]:

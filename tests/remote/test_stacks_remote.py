@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.plan.agent_command import stacks_command
 from orchestrator.remote import program_source
-from orchestrator.remote.agent_spec import node_dir
+from orchestrator.remote.agent_spec import node_dir, runs_root
 from orchestrator.remote.procs import job_ranks
 from orchestrator.remote.rank import SITE_DIR, use_site
 from orchestrator.remote.stacks import GONE, OTHER, PTRACE, _failure
@@ -54,7 +54,7 @@ def _start(program: Path, env: dict[str, str]) -> subprocess.Popen[str]:
 
 def _with_handler(job_id: str, env: dict[str, str]) -> dict[str, str]:
     """The environment orch-rank gives a rank: the agent's sitecustomize first on PYTHONPATH."""
-    directory = node_dir(job_id, env["ORCH_NODE"])
+    directory = node_dir(job_id, env["ORCH_NODE"], os.getuid())
     site = Path(directory) / SITE_DIR
     site.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(program_source("rank_site"))
@@ -86,7 +86,7 @@ def job(request, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
             proc.wait(10)
-        shutil.rmtree(f"/tmp/orch-runs/{job_id}", ignore_errors=True)
+        shutil.rmtree(f"{runs_root(os.getuid())}/{job_id}", ignore_errors=True)
 
 
 def _node_says(

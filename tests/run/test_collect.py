@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.remote.agent import node_dir
+from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
 from orchestrator.run.collect import collect_logs, collect_node
 from orchestrator.ssh import run_on_nodes
 
@@ -25,7 +25,7 @@ def new_job_id() -> str:
 
 def write_on_node(node: str, job_id: str, files: dict[str, bytes]) -> None:
     """Write the files on the node itself (through ssh), the way the agent would."""
-    directory = node_dir(job_id, node)
+    directory = node_dir(job_id, node, os.getuid())
     for name, data in files.items():
         command = f"mkdir -p {directory} && base64 -d > {directory}/{name}"
         outcome = run_on_nodes([node], command, timeout=30, stdin=base64.b64encode(data))[node]
@@ -42,7 +42,7 @@ def job_ids():
 
     yield make
     for job in made:
-        shutil.rmtree(f"/tmp/orch-runs/{job}", ignore_errors=True)
+        shutil.rmtree(f"{runs_root(os.getuid())}/{job}", ignore_errors=True)
 
 
 def test_raw_logs_come_back_byte_for_byte_and_remote_copy_is_removed(
@@ -73,8 +73,8 @@ def test_raw_logs_come_back_byte_for_byte_and_remote_copy_is_removed(
         for name, data in expected[node].items():
             assert (tmp_path / "nodes" / node / name).read_bytes() == data
         assert not list((tmp_path / "nodes" / node).glob("*.partial"))
-        assert not Path(node_dir(job, node)).exists()
-    assert not Path(f"/tmp/orch-runs/{job}").exists()
+        assert not Path(node_dir(job, node, os.getuid())).exists()
+    assert not Path(f"{runs_root(os.getuid())}/{job}").exists()
 
 
 def test_keep_remote_leaves_the_node_copy(sandbox, tmp_path: Path, job_ids) -> None:
@@ -84,7 +84,7 @@ def test_keep_remote_leaves_the_node_copy(sandbox, tmp_path: Path, job_ids) -> N
     result = collect_node(node, job, tmp_path, keep_remote=True)
     assert result.value is not None and not result.value.remote_removed
     assert (tmp_path / node / "stdout.raw").read_bytes() == b"hello\n"
-    assert Path(node_dir(job, node), "stdout.raw").read_bytes() == b"hello\n"
+    assert Path(node_dir(job, node, os.getuid()), "stdout.raw").read_bytes() == b"hello\n"
 
 
 def test_node_without_logs_is_reported(sandbox, tmp_path: Path, job_ids) -> None:
@@ -100,7 +100,8 @@ def test_file_still_growing_is_not_verified_and_stays_on_the_node(
     node = sandbox[1].nodes[2].name
     job = job_ids()
     write_on_node(node, job, {"stdout.raw": b"start\n"})
-    target = Path(node_dir(job, node), "stdout.raw")  # shared filesystem, as on a cluster
+    # A shared filesystem, as on a cluster.
+    target = Path(node_dir(job, node, os.getuid()), "stdout.raw")
     stop = threading.Event()
 
     def keep_writing() -> None:
@@ -141,7 +142,7 @@ def test_dead_node_is_named_and_others_still_collected(sandbox_factory, tmp_path
         assert good.ok and (tmp_path / alive / "stdout.raw").read_bytes().startswith(b"line")
         assert not dead.ok and dead.node == frozen
         assert frozen in dead.problem
-        assert node_dir(job, frozen) in dead.hint
-        assert Path(node_dir(job, frozen), "stdout.raw").exists()
+        assert node_dir_shown(job, frozen) in dead.hint
+        assert Path(node_dir(job, frozen, os.getuid()), "stdout.raw").exists()
     finally:
-        shutil.rmtree(f"/tmp/orch-runs/{job}", ignore_errors=True)
+        shutil.rmtree(f"{runs_root(os.getuid())}/{job}", ignore_errors=True)

@@ -19,9 +19,9 @@ class _LocalNode:
         self.directory = directory
 
     def run(self, command: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
-        if not command.startswith("cd -- "):
+        if "sha256sum" not in command:
             return CommandResult("n1", 0, b"", b"")
-        lines = [
+        lines = [f"dir {self.directory}"] + [
             f"{path.stat().st_size} {hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}"
             for path in sorted(self.directory.iterdir())
         ]
@@ -38,7 +38,7 @@ def test_pulled_logs_are_verified_as_the_node_has_them_then_masked(tmp_path: Pat
     (node / "rank0.stdout.raw").write_bytes(raw)
     (node / "stderr.raw").write_bytes(b"")
     local = tmp_path / "nodes" / "n1"
-    result = _collect_over(_LocalNode(node), "n1", "/tmp/orch-runs/j/n1", local,  # type: ignore[arg-type]
+    result = _collect_over(_LocalNode(node), "n1", "j", local,  # type: ignore[arg-type]
                            keep_remote=True, timeout=5, secrets=("hf_secret123",))  # fmt: skip
     assert result.ok, result.why
     assert (local / "rank0.stdout.raw").read_bytes() == b"loading with token ***\r50%\rdone\n"

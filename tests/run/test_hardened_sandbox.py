@@ -5,11 +5,14 @@ default session limits, no forwarding. Doctor passes, a job runs, its raw logs c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from launch_support import job_ids, job_json, job_processes, launch_args, log_text, run_orch
+
+from orchestrator.remote.agent_spec import runs_root
 
 pytestmark = pytest.mark.sandbox
 
@@ -66,7 +69,7 @@ def test_a_job_succeeds_and_every_raw_log_comes_back(hardened, tmp_path):
             assert f"rank {rank} done" in path.read_text()
             assert (raw / f"rank{rank}.stderr.raw").is_file()
         # NCCL's flight recorder would dump into the node's run directory, which came back.
-        stem = f"/tmp/orch-runs/{job_id}/{node}/nccl_trace_rank_"
+        stem = f"{runs_root(os.getuid())}/{job_id}/{node}/nccl_trace_rank_"
         assert f"fr={stem}" in log_text(tmp_path, job_id, node)
     assert sorted(ranks) == list(range(6))
 

@@ -17,6 +17,8 @@ from launch_support import (
     run_orch,
 )
 
+from orchestrator.remote.agent_spec import runs_root
+
 pytestmark = pytest.mark.sandbox
 RECIPE = str(REPO / "recipes" / "cpu-smoke.yaml")
 
@@ -91,7 +93,7 @@ def test_failing_rank_through_deepspeed_is_named_and_torn_down(pair, tmp_path):
 
 def _private_files() -> set[Path]:
     """The job settings files orch writes on the sandbox nodes (which share this /tmp)."""
-    return set(Path("/tmp/orch-runs").glob("*/*/private.json"))
+    return set(Path(runs_root(os.getuid())).glob("*/*/private.json"))
 
 
 def test_failed_preflight_stops_the_launch_before_anything_runs(pair, tmp_path):

@@ -24,6 +24,8 @@ from launch_support import (
     wait_for,
 )
 
+from orchestrator.run.collect import fetch_command
+
 pytestmark = pytest.mark.sandbox
 
 
@@ -149,7 +151,7 @@ def test_frozen_node_is_named_and_the_job_ends_within_20s(sandbox_factory, tmp_p
         # Not asked twice: the teardown could not reach it, so its logs were not tried.
         assert record["node_logs"][names[0]] == "ok"
         assert record["node_logs"][names[1]].startswith(f"{names[1]}: not tried")
-        assert f"scp -r {names[1]}:/tmp/orch-runs/{job_id}/{names[1]} ." in text
+        assert fetch_command(names[1], job_id) in text
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from orchestrator.errors import OrchError
@@ -13,7 +17,13 @@ from orchestrator.plan.pdsh_command import (
     pdsh_environment,
     split_pdsh_args,
 )
-from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, split_node_line, ssh_exit_of
+from orchestrator.run.pdsh import (
+    is_pdsh_own,
+    run_pdsh,
+    split_node_line,
+    ssh_exit_of,
+    start_streaming,
+)
 
 
 def test_argv_runs_over_ssh_on_every_host_with_timeouts():
@@ -104,3 +114,43 @@ def test_run_pdsh_never_outlives_its_timeout(sandbox):
     _box, state = sandbox
     run = run_pdsh([state.nodes[0].name], "sleep 60", timeout=2)
     assert run.exit_code != 0
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_fan_out_is_looked_at_without_reaping_and_its_group_signalled_only_before(
+    monkeypatch,
+):
+    proc = start_streaming(["sh", "-c", "exit 3"], env=dict(os.environ))
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() == 3
+    assert _state(proc.pid) == "Z"  # ended, not reaped: its pid is still the group's id
+    signalled: list[tuple[int, int]] = []
+    real_killpg = os.killpg
+
+    def killpg(pgid: int, signum: int) -> None:
+        signalled.append((pgid, signum))
+        real_killpg(pgid, signum)
+
+    monkeypatch.setattr(os, "killpg", killpg)
+    assert proc.stop(grace=2.0) == 3
+    assert signalled == [(proc.pid, 9)]  # KILL for what is left of the group, before the reap
+    assert proc.watchdog is not None and proc.watchdog.returncode is not None
+    proc.signal(15)  # reaped: the group's id may be anyone's now
+    assert signalled == [(proc.pid, 9)]
+    assert proc.stop(grace=1.0) == 3
+
+
+def test_a_killed_fan_out_reads_as_its_signal():
+    proc = start_streaming(["sleep", "30"], env=dict(os.environ))
+    os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() == -signal.SIGTERM
+    assert proc.stop(grace=1.0) == -signal.SIGTERM
