@@ -126,12 +126,12 @@ def sandbox_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     node_names: list[str] = []
 
     def start(nodes: int = 4, slots: int = 2, sshd_profile: str = "default", slurm: bool = False,
-              shared_pids: bool = False):  # fmt: skip
+              shared_pids: bool = False, guests: tuple[str, ...] = ()):  # fmt: skip
         tag = uuid.uuid4().hex[:6]
         box = Sandbox(tmp_path_factory.mktemp(f"sandbox-{tag}", numbered=False))
         started.append(box)
         state = box.up(nodes=nodes, slots=slots, prefix=f"t{tag}n", sshd_profile=sshd_profile,
-                       slurm=slurm, shared_pids=shared_pids)  # fmt: skip
+                       slurm=slurm, shared_pids=shared_pids, guest_users=guests)  # fmt: skip
         node_names.extend(node.name for node in state.nodes)
         return box, state
 

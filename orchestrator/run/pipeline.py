@@ -107,15 +107,21 @@ def pipeline_options(request: JobRequest) -> PipelineOptions:
 
 
 def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> LaunchResult:
-    """Run a prepared job to its end (`execute_plan`), with the port node 0 picks for it."""
+    """Run a prepared job to its end (`execute_plan`), with the port node 0 picks for it.
+    Everything it writes on the head (the record, the logs, the raw node logs, the stacks)
+    is the user's alone, whatever the login umask: the umask is 077 for the job's time."""
     options = pipeline_options(job.request)
 
     def with_port() -> LaunchPlan:
         return plan_with_main_port(job.build, job.request.spec.main_port, job.plan.job_id,
                                    dry_run=False, preflight=options.preflight)  # fmt: skip
 
-    return execute_plan(job.plan, job.root, options, view=view, reporter=reporter,
-                        with_port=with_port)  # fmt: skip
+    before = os.umask(0o077)
+    try:
+        return execute_plan(job.plan, job.root, options, view=view, reporter=reporter,
+                            with_port=with_port)  # fmt: skip
+    finally:
+        os.umask(before)
 
 
 class PipelineReporter(Protocol):

@@ -42,6 +42,14 @@ def admit(directory: Path, guest: str) -> None:
     folder = directory / GUESTS_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     shutil.copyfile(public, folder / f"{guest}.pub")
+    # sshd reads it as the guest: the key goes where the guest itself would put it.
+    key = public.read_text().strip()
+    authorized = public.parent / "authorized_keys"
+    known = authorized.read_text().splitlines() if authorized.exists() else []
+    if key not in known:
+        authorized.write_text("\n".join([*known, key]) + "\n")
+    authorized.chmod(0o600)
+    os.chown(authorized, account.pw_uid, account.pw_gid)
 
 
 def client_dir(state: SandboxState, guest: str) -> Path:

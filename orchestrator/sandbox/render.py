@@ -126,6 +126,15 @@ def guest_ssh_config(directory: Path, names: Sequence[str], addresses: Sequence[
     return _ssh_config(directory, names, addresses, port, guest, identity, known_hosts)
 
 
+def _guest_keys(directory: Path) -> list[str]:
+    """sshd reads a user's keys as that user, who cannot read the sandbox's directory: a
+    guest logs in with the keys in its own ~/.ssh/authorized_keys (last: a Match block)."""
+    names = guests(directory)
+    if not names:
+        return []
+    return [f"Match User {','.join(names)}", "    AuthorizedKeysFile .ssh/authorized_keys"]
+
+
 def write_sshd_config(directory: Path, name: str, address: str, port: int, sandbox_id: str,
                       profile: str) -> Path:  # fmt: skip
     d = directory
@@ -138,7 +147,7 @@ def write_sshd_config(directory: Path, name: str, address: str, port: int, sandb
                 f"ListenAddress {address}:{port}",
                 f"HostKey {node_dir(d, name) / 'ssh_host_ed25519_key'}",
                 "PidFile none",
-                f"AuthorizedKeysFile {d / 'authorized_keys'} {d / GUESTS_DIR}/%u.pub",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
                 "StrictModes no",
                 "PubkeyAuthentication yes",
                 "PasswordAuthentication no",
@@ -152,6 +161,7 @@ def write_sshd_config(directory: Path, name: str, address: str, port: int, sandb
                 *SSHD_PROFILES[profile],
                 f"SetEnv {SANDBOX_ENV}={sandbox_id} {NODE_ENV}={name}",
                 "LogLevel ERROR",
+                *_guest_keys(d),
                 "",
             ]
         )
