@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from orchestrator.plan.agent_command import agent_command
 from orchestrator.remote import main_port
+from orchestrator.remote.agent_spec import AgentSpec, runs_root
+from orchestrator.remote.logwire import decode_wire
 from orchestrator.remote.main_port import TcpSocket
 
 HEADER = (
@@ -243,3 +248,75 @@ def test_another_users_listener_is_named_by_its_user():
     assert f"main port {port} on here" in problem
     assert main_port.user_shown(65534) in problem and "uid 65534" in problem
     assert "another user's process" in problem
+
+
+# ----- the shipped agent on node 0 --------------------------------------------------
+def _run_agent(spec: AgentSpec) -> tuple[int, list[str], dict]:
+    """The agent as node 0 runs it: its return code, its lines, its exit message."""
+    command = agent_command(sys.executable, spec).replace("%h", "here").replace("%n", "0")
+    result = subprocess.run(["sh", "-c", command], capture_output=True, timeout=60, check=False)
+    records = [decode_wire(line + b"\n") for line in result.stdout.splitlines()]
+    lines = [r.text for r in records if r and r.kind == "line"]
+    [exit_fields] = [r.fields for r in records if r and r.kind == "control" and r.text == "exit"]
+    subprocess.run(["rm", "-rf", f"{runs_root(os.getuid())}/{spec.job_id}"], check=False)
+    return result.returncode, lines, exit_fields
+
+
+def test_node_0_does_not_start_its_launcher_on_a_port_already_taken(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        spec = AgentSpec(f"mp-{uuid.uuid4().hex[:8]}", workdir=str(tmp_path),
+                         main_port=port, command=("echo", "started"))  # fmt: skip
+        code, lines, fields = _run_agent(spec)
+    assert code == 1 and "started" not in lines
+    assert f"main port {port} on here" in fields["error"]
+    assert main_port.user_shown(os.getuid()) in fields["error"]
+
+
+def test_node_0_confirms_the_listener_its_launcher_opened(tmp_path):
+    port = _free_port()
+    listen = (f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0',{port})); "
+              "s.listen(); time.sleep(1.5); print('done')")  # fmt: skip
+    spec = AgentSpec(f"mp-{uuid.uuid4().hex[:8]}", workdir=str(tmp_path), main_port=port,
+                     command=(sys.executable, "-c", listen))  # fmt: skip
+    code, lines, fields = _run_agent(spec)
+    assert (code, fields.get("error")) == (0, None) and "done" in lines
+
+
+def test_node_0_ends_the_job_when_a_process_not_of_the_job_takes_the_port(tmp_path):
+    # The launcher starts a process that is not the job's (its job id taken off) and that
+    # binds the port: the agent ends the job, naming the port and the owner.
+    port = _free_port()
+    pid_file = tmp_path / "stranger.pid"
+    stranger = (f"import os,socket,time; s=socket.socket(); s.bind(('0.0.0.0',{port})); "
+                f"s.listen(); open({str(pid_file)!r},'w').write(str(os.getpid())); "
+                "time.sleep(30)")  # fmt: skip
+    # Its output elsewhere: it outlives the job, and would hold the launcher's pipes open.
+    launcher = f'env -u ORCH_JOB_ID {sys.executable} -c "{stranger}" >/dev/null 2>&1 & sleep 30'
+    spec = AgentSpec(f"mp-{uuid.uuid4().hex[:8]}", workdir=str(tmp_path), main_port=port,
+                     grace=1.0, command=("sh", "-c", launcher))  # fmt: skip
+    started = time.monotonic()
+    try:
+        code, _lines, fields = _run_agent(spec)
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert code == 1 and time.monotonic() - started < 20
+    assert f"main port {port} on here" in fields["error"]
+    assert "another process of yours" in fields["error"]
+    assert main_port.user_shown(os.getuid()) in fields["error"]
+
+
+def test_a_worker_checks_nothing(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        spec = AgentSpec(f"mp-{uuid.uuid4().hex[:8]}", workdir=str(tmp_path),
+                         main_port=sock.getsockname()[1], command=("echo", "started"))  # fmt: skip
+        command = agent_command(sys.executable, spec).replace("%h", "w").replace("%n", "1")
+        result = subprocess.run(["sh", "-c", command], capture_output=True, timeout=60,
+                                check=False)  # fmt: skip
+    subprocess.run(["rm", "-rf", f"{runs_root(os.getuid())}/{spec.job_id}"], check=False)
+    assert result.returncode == 0, result.stderr
