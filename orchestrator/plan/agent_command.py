@@ -16,8 +16,8 @@ from orchestrator.remote.agent_spec import AgentSpec
 # The agent's parts (a part after those it imports), and the per-rank program and
 # sitecustomize it writes for the ranks.
 _AGENT_PARTS = (
-    "logwire", "owned", "agent_spec", "procs", "sweep", "rank_watch", "channel", "rank_streams",
-    "flight_recorder", "rank", "rank_site",
+    "logwire", "owned", "agent_spec", "procs", "main_port", "sweep", "rank_watch", "channel",
+    "rank_streams", "flight_recorder", "rank", "rank_site",
 )  # fmt: skip
 
 

@@ -288,6 +288,7 @@ def agent_spec(
         files=tuple((f.name, f.content) for f in node_files),
         private_sha256=hashlib.sha256(private.encode()).hexdigest(),
         wait_for=(job.hostfile.names[0], job.main_port) if wait_for_main else None,
+        main_port=job.main_port,  # every launcher's rendezvous is there, on node 0
         command=node_command,
         commands=per_node,
         # srun prints its tasks' lines as they come: each agent names its node on every

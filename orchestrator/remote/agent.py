@@ -18,6 +18,7 @@ the job on this node (remote/sweep.py).
 The parts:
   agent_spec.py      the spec (one frozen value) and where the job's files live on a node
   procs.py           the job's processes and ranks on this node, under /proc
+  main_port.py       on node 0: whether what listens on the main port is the job's
   sweep.py           TERM, grace, KILL of the job's processes on this node (also `orch kill`)
   channel.py         the channel to the head: wire lines, control messages, heartbeats
   rank_streams.py    the ranks' own output, over a unix socket
@@ -47,6 +48,7 @@ try:  # shipped inline: the bootstrap loaded them beside this program as orch_<n
     import orch_channel as channel
     import orch_flight_recorder as flight_recorder
     import orch_logwire as logwire
+    import orch_main_port as main_port
     import orch_owned as owned
     import orch_procs as procs
     import orch_rank as rank_program
@@ -60,6 +62,7 @@ except ImportError:
         channel,
         flight_recorder,
         logwire,
+        main_port,
         owned,
         procs,
         rank_site,
@@ -104,6 +107,8 @@ class Supervisor:
         self.rank_channels: rank_streams.RankChannels | None = None
         self.job_env: dict[str, str] = {}  # from the private file: secrets included
         self.rank_argv: list[str] = []
+        self.port_watch: main_port.Watch | None = None  # node 0's, once its launcher runs
+        self.error: str | None = None  # why the job was ended here, when not by its command
 
     def _load_private(self) -> str | None:
         """Take in what the head wrote for this job on the node (the job's env, the rank's
@@ -228,6 +233,10 @@ class Supervisor:
             time.sleep(0.5)
         return False
 
+    def _guarded_port(self) -> int:
+        """The main port this agent vouches for: node 0's, where every launcher listens."""
+        return self.spec.main_port if self.rank == "0" else 0
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stop_reason = signal.Signals(signum).name
 
@@ -245,6 +254,10 @@ class Supervisor:
         if not self._wait_for_main():
             host, port = self.spec.wait_for or ("", 0)
             return self._finish(1, error=f"main port {host}:{port} never answered")
+        port = self._guarded_port()
+        taken = port and main_port.check_before_start(port, self.job_id, self.node, self.uid)
+        if taken:  # another's listener there before the launcher even started
+            return self._finish(1, error=taken)
         argv = self.spec.node_argv(self.rank)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -265,6 +278,8 @@ class Supervisor:
             return self._finish(127, error=f"cannot start {argv[0]}: {err}")
         os.close(out_w)
         os.close(err_w)
+        if port:  # the workers connect as soon as it listens: what listens must be the job's
+            self.port_watch = main_port.Watch(port, self.job_id, self.node, self.uid).start()
         step = os.environ.get("SLURM_STEP_ID")
         where = {"slurm_step": f"{os.environ.get('SLURM_JOB_ID')}.{step}"} if step else {}
         self.channel.control(logwire.ControlKind.STARTED, pid=child.pid, node=self.node,
@@ -276,11 +291,13 @@ class Supervisor:
         for pump in pumps:
             pump.start()
         code = self._watch(child)
+        if self.port_watch is not None:
+            self.port_watch.stop()
         for pump in pumps:
             pump.join(5.0)
         if self.rank_channels is not None:
             self.rank_channels.close(5.0)
-        return self._finish(code)
+        return self._finish(code, error=self.error)
 
     def _watch(self, child: subprocess.Popen[bytes]) -> int:
         while True:
@@ -290,10 +307,14 @@ class Supervisor:
                 return code
             if self.channel.gone():
                 self.stop_reason = "head gone"
-            if self.stop_reason:
+            problem = self.port_watch.problem if self.port_watch is not None else None
+            if self.stop_reason or problem:
                 self._sweep()
                 child.wait()
-                return 128 + signal.SIGTERM
+                if self.stop_reason:
+                    return 128 + signal.SIGTERM
+                self.error = problem  # the head hears it and tears the job down everywhere
+                return 1
             self.channel.heartbeat()
             time.sleep(_EXIT_SCAN_S)
 

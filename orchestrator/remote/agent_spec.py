@@ -67,6 +67,7 @@ class AgentSpec:
     files: Pairs = ()  # (name, content), written into the node directory
     private_sha256: str = ""  # "": no private file for this job
     wait_for: tuple[str, int] | None = None  # workers start once node 0's main port answers
+    main_port: int = 0  # node 0 confirms what listens there is the job's (0: nothing to check)
     # What the node runs: `shell` if set, else its node rank's entry of `commands` (when the
     # nodes' commands differ), else `command` with `node_rank_word` replaced by its rank.
     command: tuple[str, ...] = ()

@@ -44,13 +44,14 @@ def parse_environ(raw: bytes) -> dict[str, str]:
     return env
 
 
-def started_for(env: Mapping[str, str], job_id: str, node: str) -> bool:
+def started_for(env: Mapping[str, str], job_id: str, node: str | None) -> bool:
     """Whether a process with this environment was started for the job on this node (one
-    that names no node is taken as this node's: nothing tells it apart)."""
+    that names no node is taken as this node's: nothing tells it apart); node None: on any
+    node of the job."""
     if env.get(JOB_ID_VAR) != job_id:
         return False
     started_on = env.get(NODE_VAR)
-    return started_on is None or started_on == node
+    return started_on is None or node is None or started_on == node
 
 
 def own_rank(
@@ -108,9 +109,10 @@ def owner_of(pid: int, proc: str = PROC) -> int | None:
         return None
 
 
-def job_pids(job_id: str, node: str, proc: str = PROC, uid: int | None = None) -> list[int]:
-    """Every live process of the job started on this node by this user (`uid`, this
-    process's by default), this one left out."""
+def job_pids(job_id: str, node: str | None, proc: str = PROC, uid: int | None = None) -> list[int]:
+    """Every live process of the job started on this node (None: on any node of the job
+    that shares this kernel) by this user (`uid`, this process's by default), this one
+    left out."""
     needle = f"\0{JOB_ID_VAR}={job_id}\0".encode()
     me = os.getpid()
     user = os.getuid() if uid is None else uid

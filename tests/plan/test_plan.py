@@ -184,6 +184,12 @@ def test_plan_is_frozen():
         plan.job_id = "other"  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("launcher", ["pdsh", "standard", "torchrun"])
+def test_every_launchers_agents_are_told_the_main_port_node_0_vouches_for(launcher):
+    # Each launcher's rendezvous listens there on node 0: another's listener must not be it.
+    assert _plan(launcher, main_port=29517).launch.agent_spec.main_port == 29517
+
+
 # ----- the plan holds every command line ------------------------------------------------
 HEAD = HeadContext(pdsh="/usr/bin/pdsh", private_dir="/tmp/orch-job-1", orch_python="/venv/py")
 

@@ -23,6 +23,7 @@ FULL = AgentSpec(
     files=(("a.json", "{}"), ("b.yaml", "x: 1\n")),
     private_sha256="ab" * 32,
     wait_for=("n1", 29500),
+    main_port=29500,
     command=("python", "-m", "torch.distributed.run", "--node_rank=%n"),
     commands=(("a", "0"), ("b", "1")),
     node_rank_word="%n",

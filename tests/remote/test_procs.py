@@ -40,6 +40,12 @@ def test_a_process_is_the_jobs_on_this_node_by_its_environment(env, expected):
     assert procs.started_for(env, JOB, "n1") is expected
 
 
+def test_a_process_of_the_job_on_any_node_is_asked_for_with_no_node():
+    # Node 0's main port may be bound by another node's launcher where nodes share a kernel.
+    assert procs.started_for({"ORCH_JOB_ID": JOB, "ORCH_NODE": "n2"}, JOB, None)
+    assert not procs.started_for({"ORCH_JOB_ID": "job-10", "ORCH_NODE": "n2"}, JOB, None)
+
+
 @pytest.mark.parametrize(
     ("env", "parent_env", "expected"),
     [
