@@ -28,6 +28,11 @@ import os
 import socket
 import stat
 import sys
+
+try:  # shipped inline: loaded beside this program as orch_<name>
+    import orch_main_port as main_port
+except ImportError:
+    from orchestrator.remote import main_port
 import time
 
 try:  # on a node, loaded beside this program
@@ -138,7 +143,21 @@ def choose(directory: str, job_id: str, ttl: float, candidates: list[int]) -> di
         if ttl <= 0 or _reserve(path, ttl, job_id):
             return {"port": port}
     first, last = min(candidates), max(candidates)
+    if len(candidates) == 1:  # a port the user gave: say who holds it
+        return {"error": f"port {first} is taken: {_holder(first)}"}
     return {"error": f"no free port among {len(candidates)} in {first}-{last}"}
+
+
+def _holder(port: int) -> str:
+    """Who listens on the port, from /proc/net/tcp (the listener's owner), where it shows."""
+    try:
+        listeners = main_port.listeners_on(port)
+    except OSError:
+        listeners = []
+    if not listeners:
+        return "something binds it (no listener shows in /proc/net/tcp)"
+    owners = sorted({main_port.user_shown(s.uid) for s in listeners})
+    return f"a listener owned by {', '.join(owners)}"
 
 
 def main(argv: list[str]) -> int:

@@ -21,27 +21,38 @@ RESERVATIONS_DIR = DEFAULT_DIR
 RESERVATION_TTL_S = 900.0  # longer than any sync + pre-flight before the launcher binds
 
 
-def choose_main_port(node: str, job_id: str, python: str, *, reserve: bool = True,
-                     timeout: float = 15.0) -> int:  # fmt: skip
-    """A port free on `node` (node 0) for this job; reserved for it unless `reserve` is
-    False (doctor only looks). Raises OrchError naming the node when it cannot be asked."""
-    ttl = RESERVATION_TTL_S if reserve else 0.0
-    command = port_command(python, job_id, RESERVATIONS_DIR, ttl, port_candidates(job_id))
+def _ask(node: str, python: str, job_id: str, ttl: float, candidates: tuple[int, ...],
+         timeout: float) -> tuple[dict | None, str]:  # fmt: skip
+    """Node 0's answer of the port program ({"port": N} or {"error": ...}); None and why when
+    it could not be asked."""
+    command = port_command(python, job_id, RESERVATIONS_DIR, ttl, candidates)
     [answer] = run_on_nodes([node], command, timeout=timeout, connect_timeout=timeout)
-    low, high = CHOSEN_PORT_RANGE
-    fix = f"give one with --main-port (orch picks from {low}-{high} when none is given)"
     if not answer.ok or answer.value is None:
-        raise OrchError(f"{answer.problem or node}: could not pick a main port on it", fix)
+        return None, answer.problem or node
     result = answer.value
     text = result.stdout.decode(errors="replace").strip()
     try:
         doc = json.loads(text.splitlines()[-1]) if text else {}
     except json.JSONDecodeError:
         doc = {}
+    if not isinstance(doc.get("port"), int) and not doc.get("error"):
+        doc = {"error": result.stderr.decode(errors="replace").strip()[-300:] or "no answer"}
+    return doc, ""
+
+
+def choose_main_port(node: str, job_id: str, python: str, *, reserve: bool = True,
+                     timeout: float = 15.0) -> int:  # fmt: skip
+    """A port free on `node` (node 0) for this job; reserved for it unless `reserve` is
+    False (doctor only looks). Raises OrchError naming the node when it cannot be asked."""
+    ttl = RESERVATION_TTL_S if reserve else 0.0
+    doc, problem = _ask(node, python, job_id, ttl, port_candidates(job_id), timeout)
+    low, high = CHOSEN_PORT_RANGE
+    fix = f"give one with --main-port (orch picks from {low}-{high} when none is given)"
+    if doc is None:
+        raise OrchError(f"{problem}: could not pick a main port on it", fix)
     if isinstance(doc.get("port"), int):
         return int(doc["port"])
-    said = doc.get("error") or result.stderr.decode(errors="replace").strip()[-300:]
-    raise OrchError(f"{node}: could not pick a main port: {said or 'no answer'}", fix)
+    raise OrchError(f"{node}: could not pick a main port: {doc['error']}", fix)
 
 
 def plan_with_main_port(build: Callable[[int, bool], LaunchPlan], given: int | None,
@@ -53,7 +64,10 @@ def plan_with_main_port(build: Callable[[int, bool], LaunchPlan], given: int | N
     and reserves it. When node 0 cannot be asked and the pre-flight follows, the first
     candidate stands: the pre-flight names the node and the fix."""
     plan = build(given if given is not None else port_candidates(job_id)[0], given is None)
-    if given is not None or dry_run:
+    if dry_run:
+        return plan
+    if given is not None:
+        check_given_port(plan.main_host, given, plan.python, preflight=preflight)
         return plan
     try:
         port = choose_main_port(plan.main_host, job_id, plan.python)
@@ -62,6 +76,22 @@ def plan_with_main_port(build: Callable[[int, bool], LaunchPlan], given: int | N
             raise
         return plan
     return plan if port == plan.main_port else build(port, True)
+
+
+def check_given_port(node: str, port: int, python: str, *, preflight: bool) -> None:
+    """A main port the user gave is free on node 0 before anything starts; taken, the error
+    names who holds it. When node 0 cannot be asked, the pre-flight (if it follows) says why."""
+    doc, problem = _ask(node, python, "given", 0.0, (port,), 15.0)
+    if doc is None:
+        if preflight:
+            return
+        raise OrchError(f"{problem}: could not check main port {port} on it",
+                        "check that the node answers: orch doctor")  # fmt: skip
+    if doc.get("port") != port:
+        raise OrchError(
+            f"{node}: main port {port} cannot be this job's: {doc.get('error')}",
+            "give another with --main-port, or none and orch picks a free one",
+        )
 
 
 def free_port_on(node: str, python: str) -> int | None:

@@ -342,3 +342,25 @@ def test_the_records_of_another_user_are_refused_as_code(victim, attacker, tmp_p
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
+
+
+def test_a_main_port_the_other_account_holds_is_refused_naming_it(victim, attacker):
+    """The attacker listens on the port the victim's job would meet on: the job does not
+    start its ranks against it, and says whose it is."""
+    port = free_port()
+    listen = ("import socket, time; s = socket.socket(); "
+              "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              f"s.bind(('0.0.0.0', {port})); s.listen(); print('listening', flush=True); "
+              "time.sleep(300)")  # fmt: skip
+    squatter = subprocess.Popen(attacker.argv("python3", "-c", listen), stdout=subprocess.PIPE)
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == b"listening\n"
+        args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "2",
+                "--main-port", str(port), "--no-doctor", ALLREDUCE, "--", "--steps", "1"]
+        result = victim.orch(*args)
+        assert result.returncode != 0
+        assert str(port) in result.stderr and ATTACKER in result.stderr, result.stderr[-3000:]
+        assert " up on " not in result.stderr  # no rank met the attacker's listener
+    finally:
+        squatter.kill()
+        squatter.wait(30)
