@@ -89,4 +89,4 @@ def port_command(python: str, job_id: str, directory: str, ttl: float,
     """The remote shell command that picks (and with ttl > 0 reserves) a free main port on
     node 0 among `candidates`, in order; any python3 runs it."""
     words = (directory, job_id, f"{ttl:g}", *map(str, candidates))
-    return _with_any_python3(python, _boot_blob(("owned", "main_port"), "ports"), words)
+    return _with_any_python3(python, _boot_blob(("owned", "procs", "main_port"), "ports"), words)

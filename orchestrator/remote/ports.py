@@ -28,11 +28,6 @@ import os
 import socket
 import stat
 import sys
-
-try:  # shipped inline: loaded beside this program as orch_<name>
-    import orch_main_port as main_port
-except ImportError:
-    from orchestrator.remote import main_port
 import time
 
 try:  # on a node, loaded beside this program
@@ -149,7 +144,12 @@ def choose(directory: str, job_id: str, ttl: float, candidates: list[int]) -> di
 
 
 def _holder(port: int) -> str:
-    """Who listens on the port, from /proc/net/tcp (the listener's owner), where it shows."""
+    """Who listens on the port, from /proc/net/tcp (the listener's owner), where it shows.
+    Imported here: the probe ships this module for its directories alone."""
+    try:  # shipped inline: loaded beside this program as orch_<name>
+        import orch_main_port as main_port  # type: ignore[import-not-found]
+    except ImportError:
+        from orchestrator.remote import main_port
     try:
         listeners = main_port.listeners_on(port)
     except OSError:

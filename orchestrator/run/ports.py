@@ -28,15 +28,17 @@ def _ask(node: str, python: str, job_id: str, ttl: float, candidates: tuple[int,
     command = port_command(python, job_id, RESERVATIONS_DIR, ttl, candidates)
     [answer] = run_on_nodes([node], command, timeout=timeout, connect_timeout=timeout)
     if not answer.ok or answer.value is None:
-        return None, answer.problem or node
+        return None, answer.problem or f"{node}: no answer"
     result = answer.value
     text = result.stdout.decode(errors="replace").strip()
     try:
-        doc = json.loads(text.splitlines()[-1]) if text else {}
+        doc = json.loads(text.splitlines()[-1]) if text else None
     except json.JSONDecodeError:
-        doc = {}
-    if not isinstance(doc.get("port"), int) and not doc.get("error"):
-        doc = {"error": result.stderr.decode(errors="replace").strip()[-300:] or "no answer"}
+        doc = None
+    if not isinstance(doc, dict) or not (isinstance(doc.get("port"), int) or doc.get("error")):
+        # The program itself did not run (no such interpreter, say): not an answer.
+        said = result.stderr.decode(errors="replace").strip()[-300:] or "no answer"
+        return None, f"{node}: {said}"
     return doc, ""
 
 
@@ -49,7 +51,7 @@ def choose_main_port(node: str, job_id: str, python: str, *, reserve: bool = Tru
     low, high = CHOSEN_PORT_RANGE
     fix = f"give one with --main-port (orch picks from {low}-{high} when none is given)"
     if doc is None:
-        raise OrchError(f"{problem}: could not pick a main port on it", fix)
+        raise OrchError(f"{problem} (could not pick a main port there)", fix)
     if isinstance(doc.get("port"), int):
         return int(doc["port"])
     raise OrchError(f"{node}: could not pick a main port: {doc['error']}", fix)
@@ -85,7 +87,7 @@ def check_given_port(node: str, port: int, python: str, *, preflight: bool) -> N
     if doc is None:
         if preflight:
             return
-        raise OrchError(f"{problem}: could not check main port {port} on it",
+        raise OrchError(f"{problem} (could not check main port {port} there)",
                         "check that the node answers: orch doctor")  # fmt: skip
     if doc.get("port") != port:
         raise OrchError(
