@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything orch needs on a Debian/Ubuntu machine that has only Python:
-# system packages (OpenSSH, pdsh), a virtual environment in .venv with a pinned
-# torch build, DeepSpeed, accelerate and orch itself. Safe to run again.
+# system packages (OpenSSH, pdsh, Chromium for the report's tests), a virtual
+# environment in .venv with a pinned torch build, DeepSpeed, accelerate and orch
+# itself. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,8 @@ command -v slurmctld >/dev/null || need_pkgs+=(slurmctld)
 command -v slurmd >/dev/null || need_pkgs+=(slurmd)
 command -v srun >/dev/null || need_pkgs+=(slurm-client)
 command -v munged >/dev/null || need_pkgs+=(munge)
+# The tests render each job's report.html in a real browser (headless).
+command -v chromium >/dev/null || need_pkgs+=(chromium)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"

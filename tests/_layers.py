@@ -27,10 +27,13 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("run", 5),
     ("logs", 5),
     ("sandbox", 5),
-    ("cli", 6),
-    ("__main__", 6),
+    ("report", 6),  # a job's page, from its run directory: after run/, whose records it reads
+    ("cli", 7),
+    ("__main__", 7),
 )
-PURE = ("errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "run/verdict")
+PURE = (
+    "errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "run/verdict", "report",
+)  # fmt: skip
 IMPURE_MODULES = ("subprocess", "socket", "paramiko")
 JOB_STACK = ("torch", "accelerate", "yaml")  # what a node's job interpreter has anyway
 SHIPPED_PREFIX = "orch_"  # remote/<name>.py as a node loads it, beside a program

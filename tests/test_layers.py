@@ -18,7 +18,7 @@ def test_orch_keeps_every_layer_rule():
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "orchestrator"
-    for name in ("", "specs", "remote", "ssh", "checks", "plan", "run", "cli"):
+    for name in ("", "specs", "remote", "ssh", "checks", "plan", "run", "report", "cli"):
         (root / name).mkdir(parents=True, exist_ok=True)
         (root / name / "__init__.py").write_text("")
     for name, text in files.items():
@@ -111,6 +111,15 @@ def test_a_tree_that_keeps_the_rules_passes(tmp_path):
             {"checks/node.py": "def f():\n    from orchestrator.plan import launch_plan\n"},
             "orchestrator/checks/node.py:2 imports orchestrator.plan.launch_plan "
             "(checks comes before plan in the data flow)",
+        ),
+        (
+            {"report/page.py": "import subprocess\n"},
+            "orchestrator/report/page.py:1 imports subprocess (report/ is pure)",
+        ),
+        (
+            {"run/launch.py": "def f():\n    from orchestrator.report import page\n"},
+            "orchestrator/run/launch.py:2 imports orchestrator.report "
+            "(run comes before report in the data flow)",
         ),
         (
             {"cli/app.py": "from orchestrator.cli import job_cmds\n"},

@@ -15,6 +15,7 @@ from rich.table import Table
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
+from orchestrator.errors import OrchError
 from orchestrator.logs.view import make_view
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import plan_summary, plan_text
@@ -25,6 +26,7 @@ from orchestrator.plan.request import (
     launch_spec,
     recipe_spec,
 )
+from orchestrator.report import write_report
 from orchestrator.run.batch import submit_batch_job
 from orchestrator.run.launch import LaunchResult
 from orchestrator.run.ownership import check_job, check_runs_root
@@ -136,6 +138,18 @@ def _print_summary(result: LaunchResult) -> None:
         if problem != "ok":
             err.print(f"[yellow]raw logs of {node} not collected[/]: {problem}")
     err.print(f"record: {result.run_dir}")
+    _print_report(err, result.run_dir)
+
+
+def _print_report(err: Console, run_dir: Path) -> None:
+    """The job's page, written as it ends. Whatever goes wrong there is one line: the
+    job's own outcome and exit code are what matter."""
+    try:
+        path = write_report(run_dir)
+    except (OrchError, OSError) as problem:
+        err.print(f"[yellow]report not written[/]: {escape(str(problem))}")
+        return
+    err.print(f"report: {path}", markup=False)
 
 
 class _PipelinePrinter:

@@ -12,6 +12,7 @@ from orchestrator.cli import (
     files_cmds,
     job_cmds,
     logs_cmds,
+    report_cmds,
     sandbox_cmds,
     stacks_cmds,
 )
@@ -19,7 +20,9 @@ from orchestrator.cli.app import app, debug_requested
 from orchestrator.errors import OrchError
 
 # Importing a command module registers its commands on `app`.
-COMMAND_GROUPS = (doctor_cmds, files_cmds, job_cmds, logs_cmds, sandbox_cmds, stacks_cmds)
+COMMAND_GROUPS = (
+    doctor_cmds, files_cmds, job_cmds, logs_cmds, report_cmds, sandbox_cmds, stacks_cmds,
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

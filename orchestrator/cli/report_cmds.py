@@ -1,0 +1,28 @@
+"""`orch report JOB`: the job's one page, runs/<job>/report.html, written again from its
+directory (every job writes it when it ends: cli/job_cmds.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from orchestrator.cli.app import app
+from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.report import write_report
+from orchestrator.run.ownership import check_job, check_runs_root
+from orchestrator.run.records import find_job, runs_root
+
+
+@app.command()
+def report(
+    job: str = typer.Argument(None, help="A job id (or unique prefix); none: the newest job."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Write the job's report (runs/<job>/report.html: one self-contained page) and print
+    its path."""
+    root = runs_root(runs_dir)
+    check_runs_root(root)  # before any record in it is read
+    run = find_job(root, job)
+    check_job(run)
+    typer.echo(str(write_report(run.path)))

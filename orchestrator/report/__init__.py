@@ -1,0 +1,14 @@
+"""One page per job: runs/<job>/report.html, a pure function of the run directory's files.
+
+`build_report` reads job.json, the teardown's stacks and the tail of each node's log into a
+frozen `ReportModel`; `render_html` draws it (jinja2 with autoescaping, inline CSS and SVG,
+nothing fetched from anywhere); `write_report` puts it beside the record.
+"""
+
+from __future__ import annotations
+
+from orchestrator.report.model import ReportModel
+from orchestrator.report.read import build_report
+from orchestrator.report.render import REPORT_FILE, render_html, write_report
+
+__all__ = ["REPORT_FILE", "ReportModel", "build_report", "render_html", "write_report"]

@@ -1,0 +1,128 @@
+"""What a job's report shows, as frozen values: built from the run directory by read.py,
+drawn by render.py. Times are seconds since the epoch on the head's clock, as job.json
+keeps them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.run.rank_ends import Role
+from orchestrator.run.records import RankRecord
+from orchestrator.stacks.fold import rank_ranges
+
+# Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
+# read by nobody.
+FOLD_RANKS_ABOVE = 64
+TAIL_LINES = 20  # last lines shown per node
+
+
+def how(rank: RankRecord) -> str:
+    """How a rank ended, in words."""
+    if rank.signal:
+        return f"killed by {rank.signal}"
+    if rank.exit_code is None:
+        return "ended (exit code not seen)"
+    return f"exited {rank.exit_code}"
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node: str
+    exit_code: int | None
+    ranks: tuple[RankRecord, ...]
+    last_lines: tuple[str, ...]
+    log_href: str | None  # relative to the report: logs/<node>.log, None when absent
+    is_cause: bool
+    raw_logs: str | None = None  # why the node's raw logs were not collected
+
+    @property
+    def start(self) -> float | None:
+        starts = [rank.start for rank in self.ranks if rank.start is not None]
+        return min(starts) if starts else None
+
+    @property
+    def end(self) -> float | None:
+        return max((rank.end for rank in self.ranks), default=None)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The first failure: where, why, and what followed."""
+
+    node: str
+    rank: int | None
+    reason: str
+    exit_code: int | None
+    kind: str
+    then: str | None
+    hint: str | None
+    exception: str | None  # the root cause's exception line
+    traceback: tuple[str, ...]
+    last_lines: tuple[str, ...]
+    at: float | None  # when the cause rank ended, if its end was recorded
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks whose stacks were identical at the teardown, and those stacks."""
+
+    ranks: str  # "0-2,5"
+    count: int
+    nodes: tuple[str, ...]
+    majority: bool
+    threads: tuple[tuple[str, tuple[str, ...]], ...]  # (thread name, frames innermost first)
+
+
+@dataclass(frozen=True)
+class Stacks:
+    path: str  # relative to the run directory
+    groups: tuple[StackGroup, ...]
+    problems: tuple[str, ...]  # nodes or ranks whose stacks could not be taken or read
+
+
+@dataclass(frozen=True)
+class ReportModel:
+    job_id: str
+    state: str
+    verdict: str  # the job's end in words
+    command: str
+    launcher: str
+    fanout: str
+    shape: str  # "2 nodes × 4 ranks"
+    started_at: str
+    ended_at: str | None
+    duration: str | None
+    exit_code: int | None
+    start: float | None  # the timeline's bounds
+    end: float | None
+    nodes: tuple[NodeRow, ...]
+    cause: Cause | None
+    stacks: Stacks | None
+
+    @property
+    def ranks(self) -> tuple[RankRecord, ...]:
+        return tuple(rank for node in self.nodes for rank in node.ranks)
+
+    @property
+    def folded(self) -> bool:
+        return len(self.ranks) > FOLD_RANKS_ABOVE
+
+    @property
+    def consequences(self) -> tuple[RankRecord, ...]:
+        return tuple(rank for rank in self.ranks if rank.role == Role.CONSEQUENCE)
+
+    @property
+    def consequence_groups(self) -> tuple[tuple[str, str, str], ...]:
+        """(node, ranks, how) for the consequences, ranks that ended alike on a node in one
+        line: 130 lines of "killed by SIGTERM" say less than one."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for rank in self.consequences:
+            groups.setdefault((rank.node, how(rank)), []).append(rank.rank)
+        return tuple((node, rank_ranges(ranks), ended) for (node, ended), ranks in groups.items())
+
+
+def since(start: float | None, t: float | None) -> str:
+    """A moment as seconds after the job's start: "+12.3s"; "-" when unknown."""
+    if start is None or t is None:
+        return "-"
+    return f"+{t - start:.1f}s"

@@ -1,0 +1,50 @@
+"""The report as one self-contained HTML file: jinja2 with autoescaping (every log line,
+command and frame is the job's own text, and may hold markup), inline CSS and SVG, no
+script and nothing fetched from anywhere, so that it reads the same offline years later."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jinja2
+
+from orchestrator.errors import OrchError
+from orchestrator.report.model import ReportModel, how, since
+from orchestrator.report.read import build_report
+from orchestrator.report.timeline import timeline
+
+REPORT_FILE = "report.html"
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("orchestrator.report", "templates"),
+    autoescape=True,  # the template is HTML whatever its name: escape everything put in
+    undefined=jinja2.StrictUndefined,  # a misspelt field fails the tests, not the page
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.globals.update(since=since, how=how)
+
+
+def render_html(model: ReportModel) -> str:
+    try:
+        return _ENV.get_template("report.html.j2").render(m=model, t=timeline(model))
+    except jinja2.TemplateError as err:
+        raise OrchError(f"the report of job {model.job_id} could not be drawn ({err})") from err
+
+
+def write_report(run_dir: Path) -> Path:
+    """runs/<job>/report.html, replaced whole (a reader never sees half a page), as private
+    as the rest of the job's directory."""
+    path = Path(run_dir) / REPORT_FILE
+    html = render_html(build_report(Path(run_dir)))
+    tmp = path.with_name(f".{REPORT_FILE}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(html)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,153 @@
+"""The job's page on values: what the model holds for a failed job, and what the HTML says."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from _report_job import CAUSE_NODE, CAUSE_RANK, EXCEPTION, HOSTILE, failed_job
+
+from orchestrator.errors import OrchError
+from orchestrator.report import build_report, render_html, write_report
+from orchestrator.report.model import FOLD_RANKS_ABOVE
+from orchestrator.report.read import duration, shape, tail_lines
+from orchestrator.report.timeline import timeline
+
+
+@pytest.fixture
+def run(tmp_path):
+    return failed_job(tmp_path / "runs")
+
+
+def test_the_model_names_the_cause_and_its_consequences(run):
+    model = build_report(run.path)
+    assert model.cause is not None
+    assert (model.cause.node, model.cause.rank) == (CAUSE_NODE, CAUSE_RANK)
+    assert model.cause.exception == EXCEPTION
+    assert model.cause.then == "then 6 ranks failed after losing rank 5"
+    assert [r.rank for r in model.consequences] == [1, 2, 3, 4, 6, 7]
+    assert model.consequence_groups == (
+        ("n1", "1-3", "killed by SIGTERM"), ("n2", "4,6-7", "killed by SIGTERM"),
+    )  # fmt: skip
+    assert [n.node for n in model.nodes if n.is_cause] == [CAUSE_NODE]
+    assert model.verdict.startswith("Failed: rank 5 on n2: exited with code 1")
+    assert (model.shape, model.duration, model.exit_code) == ("2 nodes × 4 ranks", "16s", 1)
+
+
+def test_the_stacks_are_read_back_folded(run):
+    stacks = build_report(run.path).stacks
+    assert stacks is not None and stacks.problems == ()
+    assert [(g.ranks, g.majority) for g in stacks.groups] == [("0", False), ("1-4,6-7", True)]
+    assert stacks.groups[1].threads[0][1][0] == "torch/distributed/c10d.py:2501 all_reduce"
+
+
+def test_the_html_shows_the_cause_and_every_node_and_rank(run):
+    model = build_report(run.path)
+    html = render_html(model)
+    assert EXCEPTION in html and "then 6 ranks failed after losing rank 5" in html
+    assert "ranks 4,6-7 on n2: killed by SIGTERM" in html
+    for node in model.nodes:
+        assert f'data-node="{node.node}"' in html
+        assert f'href="logs/{node.node}.log"' in html
+    for rank in model.ranks:
+        assert f'data-rank="{rank.rank}"' in html
+    assert re.search(r'<section id="cause" data-node="n2" data-rank="5"', html)
+
+
+def test_nothing_in_the_page_leaves_the_file(run):
+    html = render_html(build_report(run.path))
+    assert "http://" not in html and "https://" not in html
+    assert "<script" not in html.replace("&lt;script", "")  # no script, and none let in
+    assert not re.search(r"""(src|href)=["'](?!logs/)""", html)
+    assert "@import" not in html and "url(" not in html
+
+
+def test_a_hostile_log_line_is_escaped(run):
+    html = render_html(build_report(run.path))
+    assert HOSTILE not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_many_ranks_fold_into_one_strip_per_node(tmp_path):
+    per_node = FOLD_RANKS_ABOVE // 2 + 1
+    model = build_report(failed_job(tmp_path, nodes=3, per_node=per_node).path)
+    assert model.folded
+    drawn = timeline(model)
+    assert drawn is not None
+    strips = [row for row in drawn.rows if row.css == "strip"]
+    assert [row.node for row in strips] == ["n1", "n2", "n3"]
+    assert [row for row in drawn.rows if row.rank is not None] == []  # no row per rank
+    assert sorted(c.rank for row in strips for c in row.cells) == list(range(3 * per_node))
+    html = render_html(model)
+    assert all(f'data-rank="{rank}"' in html for rank in range(3 * per_node))
+
+
+def test_the_timeline_marks_the_cause_row_and_the_first_failure(run):
+    model = build_report(run.path)
+    drawn = timeline(model)
+    assert drawn is not None
+    at_fault = [(row.node, row.rank) for row in drawn.rows if row.at_fault]
+    assert at_fault == [(CAUSE_NODE, None), (CAUSE_NODE, CAUSE_RANK)]
+    cause_row = next(row for row in drawn.rows if row.rank == CAUSE_RANK)
+    assert drawn.marker is not None
+    assert drawn.marker[0] == pytest.approx(cause_row.bar[0] + cause_row.bar[1], abs=0.2)
+
+
+def test_a_job_without_stacks_or_logs_still_has_a_page(tmp_path):
+    run = failed_job(tmp_path, stacks=False)
+    for log in run.logs.iterdir():
+        log.unlink()
+    model = build_report(run.path)
+    assert model.stacks is None and all(n.log_href is None for n in model.nodes)
+    assert "No output." in render_html(model)
+
+
+def test_unreadable_stacks_are_named_not_fatal(run):
+    (run.path / "stacks" / "teardown.json").write_text("{not json")
+    stacks = build_report(run.path).stacks
+    assert stacks is not None and stacks.groups == ()
+    assert "unreadable" in stacks.problems[0]
+
+
+def test_stacks_outside_the_job_directory_are_not_read(run):
+    doc = json.loads(run.job_file.read_text())
+    doc["teardown_stacks"] = "../../elsewhere.json"
+    run.job_file.write_text(json.dumps(doc))
+    stacks = build_report(run.path).stacks
+    assert stacks is not None and "outside the job's directory" in stacks.problems[0]
+
+
+def test_no_record_no_page(tmp_path):
+    with pytest.raises(OrchError, match="no job record"):
+        build_report(tmp_path)
+
+
+def test_write_report_replaces_the_page_privately(run):
+    path = write_report(run.path)
+    assert path == run.path / "report.html"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert "rank 5" in path.read_text()
+
+
+def test_a_log_tail_is_its_last_lines_read_from_its_end(tmp_path):
+    log = tmp_path / "n1.log"
+    log.write_bytes(b"".join(b"line %d " % i + b"x" * 200 + b"\n" for i in range(2000)))
+    lines = tail_lines(log, count=3)
+    assert [line.split()[1] for line in lines] == ["1997", "1998", "1999"]
+    assert tail_lines(tmp_path / "missing.log") == ()
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"),
+    [(0.0, 16.4, "16s"), (0.0, 125.0, "2m 05s"), (0.0, 3725.0, "1h 02m 05s"), (None, 3.0, None)],
+)
+def test_duration_in_words(start, end, expected):
+    assert duration(start, end) == expected
+
+
+def test_shape_of_uneven_nodes_gives_the_totals(run):
+    ranks = build_report(run.path).ranks
+    assert shape(2, ranks) == "2 nodes × 4 ranks"
+    assert shape(3, ranks) == "3 nodes, 8 ranks"
+    assert shape(1, ()) == "1 node"
