@@ -226,7 +226,7 @@ def test_a_crash_as_an_ordinary_user_names_the_rank_and_its_code(victim, tmp_pat
 def test_a_hang_as_an_ordinary_user_keeps_every_ranks_stack(victim):
     before = set(victim.jobs())
     args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "2",
-            "--main-port", str(free_port()), "--no-doctor", "--hang-timeout", "15", STEPPING,
+            "--main-port", str(free_port()), "--no-doctor", "--hang-timeout", "10", STEPPING,
             "--", "--compute", "0", "--stall-rank", "3", "--stall-after", "3",
             "--max-seconds", "120"]  # fmt: skip
     result = victim.orch(*args)
