@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from launch_support import wait_for
 
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox.cluster import Sandbox
@@ -97,7 +98,9 @@ def test_lifecycle_up_twice_status_down_twice(tmp_path, request):
     # A session that leaves a process behind: down must end it too.
     result = _ssh(state.nodes[0].name, "nohup sleep 600 >/dev/null 2>&1 & echo started")
     assert result.stdout.strip() == "started", result.stderr
-    assert _processes_with(SANDBOX_ENV, state.sandbox_id)
+    # The session's shell has gone; its background child may be in the middle of exec, when
+    # /proc/<pid>/environ reads empty for a moment.
+    assert wait_for(lambda: _processes_with(SANDBOX_ENV, state.sandbox_id), 10, 0.05)
 
     box.down()
     assert box.status() == []
