@@ -13,6 +13,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ALLREDUCE = str(REPO / "tests" / "jobs" / "allreduce.py")
+# The first-failure race (allreduce.py): five all_reduce steps of 20 ms, then a fault while
+# the peers wait in one more all_reduce; a peer that loses it exits at once.
+RACE = ("--steps", "5", "--step-sleep", "0.02", "--peers-exit-at-once")
 ORCH = [str(Path(sys.executable).with_name("orch"))]
 
 

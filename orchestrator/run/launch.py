@@ -269,10 +269,11 @@ class _Tracker:
 
     def rank_lines(self) -> dict[int, list[str]]:
         """Each rank's last lines, decoded."""
-        return {
-            rank: [data.decode("utf-8", "replace") for data in tail]
-            for rank, tail in self.rank_tails.items()
-        }
+        return {rank: self.lines_of(rank) for rank in self.rank_tails}
+
+    def lines_of(self, rank: int) -> list[str]:
+        """One rank's last lines, decoded."""
+        return [data.decode("utf-8", "replace") for data in self.rank_tails.get(rank, ())]
 
     def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
         self.heard.add(node)
@@ -515,37 +516,35 @@ class JobRunner:
         except (OrchError, OSError) as err:
             self.stacks_problem = f"stacks not taken: {err}"
 
-    def _first_rank_end(self, failure: Failure) -> tuple[Failure, RankOrder]:
+    def _first_rank_end(
+        self, failure: Failure, tracebacks: list[RankTraceback]
+    ) -> tuple[Failure, RankOrder]:
         """The failure as the ranks' own ends tell it: the earliest failing end is the cause
         (its node, rank and exit code are the job's), the later ones that lost a peer its
         consequences. Unchanged when no rank's failing end was reported."""
-        tracker = self.tracker
-        lost_peer = {
-            found.rank
-            for found in rank_tracebacks(tracker.rank_lines(), tracker.traceback_at)
-            if found.cascade
-        }
-        order = order_ends(list(tracker.rank_ends.values()), lost_peer)
+        lost_peer = {found.rank for found in tracebacks if found.cascade}
+        order = order_ends(list(self.tracker.rank_ends.values()), lost_peer)
         cause = order.cause
         if cause is None:
             return failure, order
         return replace(failure, node=cause.node, rank=cause.rank, exit_code=cause.exit_code,
                        reason=cause.how(), when=cause.end), order  # fmt: skip
 
-    def _rank_lines(self, rank: int) -> list[str]:
-        return self.tracker.rank_lines().get(rank, [])
-
     def _cause_lines(self, cause: RankEnd) -> tuple[str, ...]:
         """The failing rank's own last lines (its node's would show its peers' cascade)."""
-        lines = self._rank_lines(cause.rank)[-TAIL_LINES:]
+        lines = self.tracker.lines_of(cause.rank)[-TAIL_LINES:]
         return tuple(f"[r{cause.rank}] {line}" for line in lines) or self._last_lines(cause.node)
 
-    def _root_cause(self, failure: Failure) -> RankTraceback | None:
-        """The failing rank's own traceback, read from each rank's last lines: the earliest
-        that is not a cascade of another rank's failure, or the failing rank's own. A cascade
-        on another rank is never named as the cause (the failing rank may have printed none)."""
-        tracker = self.tracker
-        for found in rank_tracebacks(tracker.rank_lines(), tracker.traceback_at):
+    def _tracebacks(self) -> list[RankTraceback]:
+        """Every rank's last traceback, read from its last lines, root cause first."""
+        return rank_tracebacks(self.tracker.rank_lines(), self.tracker.traceback_at)
+
+    @staticmethod
+    def _root_cause(failure: Failure, tracebacks: list[RankTraceback]) -> RankTraceback | None:
+        """The failing rank's own traceback: the earliest that is not a cascade of another
+        rank's failure, or the failing rank's own. A cascade on another rank is never named
+        as the cause (the failing rank may have printed none)."""
+        for found in tracebacks:
             if not found.cascade or found.rank == failure.rank:
                 return found
         return None
@@ -575,14 +574,15 @@ class JobRunner:
                 slurm.node_problems(self.plan.hosts),
             )  # fmt: skip
         order: RankOrder | None = None
+        tracebacks = self._tracebacks() if failure is not None else []
         if failure is not None and failure.kind == FailureKind.RANK:
-            failure, order = self._first_rank_end(failure)
+            failure, order = self._first_rank_end(failure, tracebacks)
             outcome = replace(outcome, exit_code=failure.exit_code, failure=failure)
         elif failure is not None:
             order = after_a_fault(list(self.tracker.rank_ends.values()))
         if failure is not None:
             caused_by_a_rank = failure.kind in (FailureKind.RANK, FailureKind.LOST)
-            root = self._root_cause(failure) if caused_by_a_rank else None
+            root = self._root_cause(failure, tracebacks) if caused_by_a_rank else None
             cause = order.cause if order is not None else None
             first = FirstFailure(
                 node=failure.node or "head",
@@ -596,7 +596,7 @@ class JobRunner:
                 root_cause=root.exception if root else None,
                 traceback=root.lines if root else (),
                 then=order.summary() if order is not None else None,
-                hint=end_hint(cause, self._rank_lines(cause.rank)) if cause else None,
+                hint=end_hint(cause, self.tracker.lines_of(cause.rank)) if cause else None,
             )
         self.record = finished(
             self.record,

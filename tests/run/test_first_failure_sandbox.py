@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from launch_support import job_ids, job_json, launch_args, run_orch
+from launch_support import RACE, job_ids, job_json, launch_args, run_orch
 
 pytestmark = pytest.mark.sandbox
 
 RUNS = int(os.environ.get("ORCH_FIRST_FAILURE_RUNS", "2"))
-RACE = ("--steps", "5", "--step-sleep", "0.02", "--peers-exit-at-once")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 from launch_support import (
     ALLREDUCE,
     ORCH,
+    RACE,
     REPO,
     all_ranks_up,
     job_ids,
@@ -133,8 +134,7 @@ def test_under_srun_the_rank_that_exits_first_is_named_with_its_own_code(slurm_s
     """The race of tests/run/test_first_failure_sandbox.py inside an allocation of 2 nodes x
     2 ranks, on the default launcher: rank 3 exits 7, its peers exit 1 milliseconds later."""
     _box, state = slurm_sandbox
-    race = ("--steps", "5", "--step-sleep", "0.02", "--peers-exit-at-once", "--fail-rank", "3",
-            "--exit-code", "7")  # fmt: skip
+    race = (*RACE, "--fail-rank", "3", "--exit-code", "7")
     result = _in_allocation(state, tmp_path, _launch("pdsh", *race), nodes=2)
     assert result.returncode == 7, result.stderr[-3000:]
     [job_id] = job_ids(tmp_path)
