@@ -22,12 +22,14 @@ NO_ALLOCATION_HINT = (
 @dataclass(frozen=True)
 class Allocation:
     """What Slurm granted: the job id, its nodes in Slurm's order, and per node the tasks
-    (SLURM_TASKS_PER_NODE) and GPUs (SLURM_GPUS_ON_NODE, the same on every node) it holds."""
+    (SLURM_TASKS_PER_NODE), the CPUs (SLURM_JOB_CPUS_PER_NODE) and the GPUs
+    (SLURM_GPUS_ON_NODE, the same on every node) it holds."""
 
     job_id: str
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...] = ()
     gpus_on_node: int | None = None
+    cpus_per_node: tuple[int, ...] = ()
 
     @property
     def slots(self) -> tuple[int, ...]:
@@ -37,6 +39,16 @@ class Allocation:
         if len(self.tasks_per_node) == len(self.nodes):
             return self.tasks_per_node
         return (1,) * len(self.nodes)
+
+    def slots_for(self, nproc_per_node: int | None) -> tuple[int, ...]:
+        """Ranks per node for a job that asks for `nproc_per_node`. Without GPUs an explicit
+        count is honoured where every node holds that many CPUs: the torchrun recipe
+        allocates one task per node (`--ntasks-per-node=1 --cpus-per-task=N`) and lets
+        torchrun start the ranks, so the task count says nothing about them."""
+        cpus = self.cpus_per_node
+        if nproc_per_node is None or self.gpus_on_node or len(cpus) != len(self.nodes):
+            return self.slots
+        return (nproc_per_node,) * len(self.nodes)
 
 
 def expand_counts(text: str) -> tuple[int, ...]:
@@ -62,12 +74,25 @@ def allocation_from_env(environ: Mapping[str, str]) -> Allocation | None:
             "run orch from the allocation's own shell (salloc) or batch script",
         )
     gpus = environ.get("SLURM_GPUS_ON_NODE", "")
+    nodes = tuple(expand_nodeset(nodelist))
     return Allocation(
         job_id=job_id,
-        nodes=tuple(expand_nodeset(nodelist)),
+        nodes=nodes,
         tasks_per_node=expand_counts(environ.get("SLURM_TASKS_PER_NODE", "")),
         gpus_on_node=int(gpus) if gpus.isdigit() and int(gpus) > 0 else None,
+        cpus_per_node=_cpus_per_node(environ, len(nodes)),
     )
+
+
+def _cpus_per_node(environ: Mapping[str, str], nodes: int) -> tuple[int, ...]:
+    """The CPUs the allocation holds on each node: SLURM_JOB_CPUS_PER_NODE (`2(x3)`), else
+    SLURM_CPUS_ON_NODE (set in a batch script and a step, for the node it runs on) for
+    every node; () when Slurm said neither."""
+    per_node = expand_counts(environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    if len(per_node) == nodes:
+        return per_node
+    on_node = environ.get("SLURM_CPUS_ON_NODE", "")
+    return (int(on_node),) * nodes if on_node.isdigit() else ()
 
 
 def require_allocation(environ: Mapping[str, str]) -> Allocation:
@@ -96,9 +121,24 @@ def allocation_hostfile(
             f"{nproc_per_node} ranks per node asked for",
             f"allocate them: `salloc --gpus-per-node={nproc_per_node} ...`",
         )
-    slots = allocation.slots
     names = allocation.nodes[: nodes or have]
+    if nproc_per_node is not None and gpus is None:
+        _check_cpus(allocation, names, nproc_per_node)
+    slots = allocation.slots_for(nproc_per_node)
     return make_hostfile(names, list(slots[: len(names)]), source=f"Slurm job {allocation.job_id}")
+
+
+def _check_cpus(allocation: Allocation, names: tuple[str, ...], nproc_per_node: int) -> None:
+    """Without GPUs, ranks per node beyond the CPUs Slurm gave a node are refused, naming it."""
+    cpus = dict(zip(allocation.nodes, allocation.cpus_per_node, strict=False))
+    short = [name for name in names if name in cpus and cpus[name] < nproc_per_node]
+    if short:
+        raise UsageError(
+            f"Slurm job {allocation.job_id} holds {cpus[short[0]]} CPU(s) on {short[0]!r}, "
+            f"fewer than the {nproc_per_node} ranks per node asked for",
+            f"allocate them: `salloc -N {len(names)} --ntasks-per-node=1 "
+            f"--cpus-per-task={nproc_per_node} ...`, or ask for fewer ranks per node",
+        )
 
 
 def job_inventory(

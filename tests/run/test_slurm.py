@@ -341,3 +341,46 @@ def test_ranks_do_not_inherit_what_srun_says_of_orchs_own_step():
         "PATH": "/bin", "SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-3]",
         "SLURMD_NODENAME": "n2",
     }  # fmt: skip
+
+
+ONE_TASK_PER_NODE = {
+    "SLURM_JOB_ID": "77",
+    "SLURM_JOB_NODELIST": "hnode[1-2]",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_JOB_CPUS_PER_NODE": "4(x2)",
+}
+
+
+def test_ranks_per_node_that_fit_the_cpus_of_a_one_task_allocation_are_honoured():
+    allocation = allocation_from_env(ONE_TASK_PER_NODE)
+    assert allocation.cpus_per_node == (4, 4)
+    hostfile = allocation_hostfile(allocation, nproc_per_node=2)
+    assert [(h.host, h.slots) for h in hostfile.hosts] == [("hnode1", 2), ("hnode2", 2)]
+    # Without a count asked for, the tasks stay the ranks, as before.
+    assert [h.slots for h in allocation_hostfile(allocation).hosts] == [1, 1]
+
+
+def test_ranks_per_node_beyond_a_nodes_cpus_are_refused_naming_node_and_fix():
+    env = {**ONE_TASK_PER_NODE, "SLURM_JOB_CPUS_PER_NODE": "4,1"}
+    with pytest.raises(UsageError) as err:
+        allocation_hostfile(allocation_from_env(env), nproc_per_node=2)
+    assert "Slurm job 77 holds 1 CPU(s) on 'hnode2', fewer than the 2 ranks per node" in str(
+        err.value
+    )
+    assert "--cpus-per-task=2" in err.value.hint
+
+
+def test_the_cpus_on_this_node_stand_for_every_node_when_the_list_is_missing():
+    env = {**ONE_TASK_PER_NODE, "SLURM_CPUS_ON_NODE": "8"}
+    del env["SLURM_JOB_CPUS_PER_NODE"]
+    assert allocation_from_env(env).cpus_per_node == (8, 8)
+    assert "SLURM_CPUS_ON_NODE" not in ALLOC_ENV
+    assert allocation_from_env(ALLOC_ENV).cpus_per_node == ()
+
+
+def test_gpus_still_bound_the_ranks_whatever_the_cpus():
+    env = {**ONE_TASK_PER_NODE, "SLURM_GPUS_ON_NODE": "2"}
+    assert [h.slots for h in allocation_hostfile(allocation_from_env(env), nproc_per_node=2)
+            .hosts] == [2, 2]  # fmt: skip
+    with pytest.raises(UsageError, match="holds 2 GPU"):
+        allocation_hostfile(allocation_from_env(env), nproc_per_node=4)

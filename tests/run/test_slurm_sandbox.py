@@ -51,9 +51,10 @@ def _slurm(state, *argv: str, timeout: float = 30) -> subprocess.CompletedProces
 
 
 def _in_allocation(state, runs: Path, orch_args: list[str], *, nodes: int = 3,
-                   timeout: float = 300) -> subprocess.CompletedProcess[str]:  # fmt: skip
+                   timeout: float = 300, shape: tuple[str, ...] = ("--ntasks-per-node=2",),
+                   ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """`salloc -N <nodes> --ntasks-per-node=2 orch ...`, as a user types it."""
-    argv = ["salloc", f"-N{nodes}", "--ntasks-per-node=2", *ORCH, *orch_args]
+    argv = ["salloc", f"-N{nodes}", *shape, *ORCH, *orch_args]
     return subprocess.run(argv, cwd=REPO, env=_slurm_env(state, runs), capture_output=True,
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
@@ -302,6 +303,24 @@ def test_an_allocation_smaller_than_asked_is_refused_before_anything_runs(slurm_
     assert result.returncode == 2
     assert "holds 2 node(s)" in result.stderr and "fewer than the 3 asked for" in result.stderr
     assert job_ids(tmp_path) == []
+
+
+def test_one_task_per_node_runs_the_ranks_per_node_its_cpus_hold(slurm_sandbox, tmp_path):
+    """The torchrun recipe: one task per node, torchrun starts the ranks. An explicit
+    --nproc-per-node that the node's CPUs hold is honoured; one beyond them is refused."""
+    _box, state = slurm_sandbox
+    args = ["launch", "--slurm", "--launcher", "torchrun", "--nproc-per-node", "2",
+            "--no-doctor", ALLREDUCE, "--", "--steps", "1"]  # fmt: skip
+    result = _in_allocation(state, tmp_path, args, nodes=2,
+                            shape=("--ntasks-per-node=1", "--cpus-per-task=2"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "torchrun on 2 nodes x 2 ranks" in result.stderr
+    refused = _in_allocation(state, tmp_path / "refused", args, nodes=2, shape=())
+    assert refused.returncode == 2, refused.stderr
+    first = _names(state)[0]
+    assert f"holds 1 CPU(s) on '{first}', fewer than the 2 ranks per node" in refused.stderr
+    assert "--cpus-per-task=2" in refused.stderr
+    assert job_ids(tmp_path / "refused") == []
 
 
 def test_a_crash_under_srun_keeps_where_the_survivors_stood(slurm_sandbox, tmp_path):
