@@ -13,9 +13,9 @@ def ssh_inside_allocation(findings: Sequence[Finding], slurm_job: str) -> tuple[
     job's settings, node 0's port, the raw logs, stacks): an SSH failure says so, and how
     clusters allow it."""
     note = (
-        f"inside Slurm job {slurm_job}, srun reaches this node but orch also needs SSH to it "
-        "(the job's settings, the main port, raw logs, stacks): clusters with pam_slurm_adopt "
-        "allow SSH to the nodes of your own allocation; ask your admins otherwise"
+        f"inside Slurm job {slurm_job}, srun reaches this node: `--transport slurm` checks it "
+        "through srun steps (launch still needs SSH for now); clusters with pam_slurm_adopt "
+        "allow SSH to the nodes of your own allocation"
     )
     return tuple(
         replace(f, fix=f"{f.fix}; {note}") if f.check == "ssh" and f.severity == "error" else f

@@ -17,7 +17,7 @@ from orchestrator.checks.model import DoctorReport, Finding
 from orchestrator.checks.node import check_accelerate_config
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
 from orchestrator.cli.progress import node_progress
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
@@ -44,12 +44,12 @@ def _accelerate_findings(path: Path | None) -> list[Finding]:
     return check_accelerate_config(loaded, str(path))
 
 
-def _node_table(report: DoctorReport) -> Table:
+def _node_table(report: DoctorReport, reached_by: str) -> Table:
     groups = list(report.nodes[0].groups) if report.nodes else []
     table = Table(title="orch doctor", title_justify="left")
     table.add_column("node", style="bold")
-    for group in groups:
-        table.add_column(group)
+    for group in groups:  # the ssh column says how the node was reached: ssh, or srun
+        table.add_column(reached_by if group == "ssh" else group)
     for column in ("python / torch", "gpus", "free"):
         table.add_column(column, style="dim")
     for node in report.nodes:
@@ -90,8 +90,8 @@ def _parity_table(report: DoctorReport) -> Table:
     return table
 
 
-def print_report(report: DoctorReport, console: Console) -> None:
-    console.print(_node_table(report))
+def print_report(report: DoctorReport, console: Console, reached_by: str = "ssh") -> None:
+    console.print(_node_table(report, reached_by))
     if report.parity:
         console.print(_parity_table(report))
     if report.deep:
@@ -131,10 +131,15 @@ _ACCELERATE_CONFIG = typer.Option(
 )
 
 
+def _say(text: str) -> None:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(text, markup=False)
+
+
 @app.command("doctor")
 def doctor(
     hostfile: Path | None = _HOSTFILE,
     slurm: bool = SLURM,
+    transport_name: str | None = TRANSPORT,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     deep: bool = typer.Option(False, "--deep", help="Also run an all_reduce across the nodes."),
     timeout: float = typer.Option(
@@ -171,6 +176,7 @@ def doctor(
     from orchestrator.errors import UsageError
     from orchestrator.run.ports import free_port_on
     from orchestrator.run.preflight import run_preflight
+    from orchestrator.run.transport import SSH, choose_transport
 
     if timeout <= 0:
         raise UsageError("--timeout must be positive", "for example --timeout 10")
@@ -179,8 +185,13 @@ def doctor(
     given = read_hostfile(hostfile) if hostfile is not None else None
     inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ)
     hosts = filter_hosts(inventory, include=include, exclude=exclude)
+    transport = choose_transport(
+        transport_name, slurm_job=allocation.job_id if allocation else "",
+        first_node=hosts.names[0] if hosts.names else "", say=_say,
+    )  # fmt: skip
+    transport = replace(transport, accept_new_host_keys=accept_new_host_keys)
     if main_port is None and hosts.names:  # the kind of port a launch would pick
-        main_port = free_port_on(hosts.names[0], python)
+        main_port = free_port_on(hosts.names[0], python, transport)
     port = main_port if main_port is not None else DEFAULT_MAIN_PORT
     extra = _accelerate_findings(accelerate_config)
     with node_progress(len(hosts.names), "checking nodes") as on_node:
@@ -197,14 +208,16 @@ def doctor(
             accept_new_host_keys=accept_new_host_keys,
             extra_findings=extra,
             on_node=on_node,
+            transport=transport,
         )
-    if allocation is not None:
+    if allocation is not None and transport.kind == SSH:
         findings = ssh_inside_allocation(report.findings, allocation.job_id)
         report = replace(report, findings=findings)
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        typer.echo(json.dumps({**report.to_dict(), "transport": transport.kind}, indent=2))
     else:
         # Piped output keeps whole rows rather than rich's 80-column default.
         width = None if sys.stdout.isatty() else 160
-        print_report(report, Console(highlight=False, width=width))
+        reached_by = "srun" if transport.kind == "slurm" else "ssh"
+        print_report(report, Console(highlight=False, width=width), reached_by)
     raise typer.Exit(0 if report.ok else 1)

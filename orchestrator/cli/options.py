@@ -18,3 +18,10 @@ SLURM = typer.Option(
     help="Take the nodes and ranks per node from the Slurm allocation this runs in "
     "(SLURM_JOB_ID, SLURM_JOB_NODELIST), not a hostfile. Implied inside one with no --hostfile.",
 )
+TRANSPORT = typer.Option(
+    None,
+    "--transport",
+    help="How orch reaches the nodes for its own commands: ssh, or slurm (srun steps, inside "
+    "an allocation whose nodes refuse SSH). Default: ssh, unless the allocation's first node "
+    "refuses it.",
+)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.app import app
+from orchestrator.errors import UsageError
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.slurm import PARTITION
 
@@ -40,6 +41,12 @@ def up(
     sshd: str = typer.Option(
         "default", "--sshd", help="sshd profile: default, or hardened (no SFTP, default limits)."
     ),
+    no_ssh: bool = typer.Option(
+        False,
+        "--no-ssh",
+        help="With --slurm: nodes refuse every SSH login, as compute nodes "
+        "of clusters that allow only Slurm into them (the sshd profile no-ssh).",
+    ),
     slurm: bool = typer.Option(
         False,
         "--slurm",
@@ -56,6 +63,13 @@ def up(
     directory: Path | None = _DIR_OPTION,
 ) -> None:
     """Start the nodes (or keep them if already up) and print the hostfile path."""
+    if no_ssh:
+        if not slurm or sshd not in ("default", "no-ssh"):
+            raise UsageError(
+                "--no-ssh goes with --slurm and no other --sshd profile",
+                "nodes that refuse SSH are reached through Slurm: add --slurm",
+            )
+        sshd = "no-ssh"
     state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd,
                                   slurm=slurm, shared_pids=shared_pids,
                                   guest_users=tuple(guest))  # fmt: skip

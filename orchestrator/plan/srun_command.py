@@ -42,3 +42,43 @@ def build_srun_argv(
         "--",
         *agent_argv,
     ]
+
+
+# The first thing a node command's step prints on stderr: without it, srun never started
+# the command (the node is down, the step was refused), and its stderr says why.
+STEP_STARTED = "orch-step-started"
+# Runs the command as ssh would (a shell's -c), after saying the step started.
+_STEP_SHELL = f'echo {STEP_STARTED} >&2; exec /bin/sh -c "$1"'
+
+
+def node_step_argv(
+    node: str,
+    command: str,
+    *,
+    slurm_job: str,
+    environ: Mapping[str, str],
+    srun: str = "srun",
+) -> list[str]:
+    """One orch command on one node of allocation `slurm_job`, where ssh into compute nodes
+    is refused: its own one-task step beside the job's (--overlap), stdin passed through,
+    lines as the command wrote them. `command` is orch's own shell command (as ssh would run
+    it); nothing the user typed is in it."""
+    exported = [name for name in EXPORTED if name in environ]
+    return [
+        srun,
+        f"--jobid={slurm_job}",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        "--input=all",
+        "--quiet",
+        "--job-name=orch-node",
+        f"--export={','.join(exported) or 'NONE'}",
+        "--",
+        "/bin/sh",
+        "-c",
+        _STEP_SHELL,
+        "orch-node",
+        command,
+    ]

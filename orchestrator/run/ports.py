@@ -12,8 +12,8 @@ from orchestrator.plan.agent_command import port_command
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.ports import port_candidates
 from orchestrator.remote.ports import DEFAULT_DIR
+from orchestrator.run.transport import NodeTransport
 from orchestrator.specs.constants import CHOSEN_PORT_RANGE
-from orchestrator.ssh import run_on_nodes
 
 # On node 0, the user's own directory there (/tmp/orch-<uid>/ports, only the node knows the
 # uid); one file per reserved port. Per user: a shared one could be locked, filled or hung.
@@ -21,12 +21,20 @@ RESERVATIONS_DIR = DEFAULT_DIR
 RESERVATION_TTL_S = 900.0  # longer than any sync + pre-flight before the launcher binds
 
 
-def _ask(node: str, python: str, job_id: str, ttl: float, candidates: tuple[int, ...],
-         timeout: float) -> tuple[dict | None, str]:  # fmt: skip
+def _ask(
+    node: str,
+    python: str,
+    job_id: str,
+    ttl: float,
+    candidates: tuple[int, ...],
+    timeout: float,
+    transport: NodeTransport | None = None,
+) -> tuple[dict | None, str]:
     """Node 0's answer of the port program ({"port": N} or {"error": ...}); None and why when
     it could not be asked."""
     command = port_command(python, job_id, RESERVATIONS_DIR, ttl, candidates)
-    [answer] = run_on_nodes([node], command, timeout=timeout, connect_timeout=timeout)
+    transport = transport or NodeTransport()
+    [answer] = transport.run([node], command, timeout=timeout, connect_timeout=timeout)
     if not answer.ok or answer.value is None:
         return None, answer.problem or f"{node}: no answer"
     result = answer.value
@@ -42,12 +50,19 @@ def _ask(node: str, python: str, job_id: str, ttl: float, candidates: tuple[int,
     return doc, ""
 
 
-def choose_main_port(node: str, job_id: str, python: str, *, reserve: bool = True,
-                     timeout: float = 15.0) -> int:  # fmt: skip
+def choose_main_port(
+    node: str,
+    job_id: str,
+    python: str,
+    *,
+    reserve: bool = True,
+    timeout: float = 15.0,
+    transport: NodeTransport | None = None,
+) -> int:
     """A port free on `node` (node 0) for this job; reserved for it unless `reserve` is
     False (doctor only looks). Raises OrchError naming the node when it cannot be asked."""
     ttl = RESERVATION_TTL_S if reserve else 0.0
-    doc, problem = _ask(node, python, job_id, ttl, port_candidates(job_id), timeout)
+    doc, problem = _ask(node, python, job_id, ttl, port_candidates(job_id), timeout, transport)
     low, high = CHOSEN_PORT_RANGE
     fix = f"give one with --main-port (orch picks from {low}-{high} when none is given)"
     if doc is None:
@@ -96,10 +111,10 @@ def check_given_port(node: str, port: int, python: str, *, preflight: bool) -> N
         )
 
 
-def free_port_on(node: str, python: str) -> int | None:
+def free_port_on(node: str, python: str, transport: NodeTransport | None = None) -> int | None:
     """A port a launch could pick on `node` now, reserving nothing (doctor checks it);
     None when the node cannot be asked (doctor's own checks say why)."""
     try:
-        return choose_main_port(node, "doctor", python, reserve=False)
+        return choose_main_port(node, "doctor", python, reserve=False, transport=transport)
     except OrchError:
         return None

@@ -29,7 +29,7 @@ from orchestrator.checks.model import (
     NodeProbe,
 )
 from orchestrator.checks.report import build_report
-from orchestrator.pernode import NodeResult, succeeded
+from orchestrator.pernode import NodeResult, failed, succeeded
 from orchestrator.probe.commands import (
     collective_command,
     connect_request,
@@ -41,17 +41,10 @@ from orchestrator.probe.facts import (
     parse_facts,
     parse_listening,
 )
+from orchestrator.run.transport import NodeTransport
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile
-from orchestrator.ssh import (
-    CommandResult,
-    RemoteProcess,
-    SSHError,
-    failure_result,
-    load_ssh_config,
-    open_session,
-    run_on_nodes,
-)
+from orchestrator.ssh import CommandResult
 
 PROBE_TIMEOUT_S = 120.0  # the probe's own time on a node that answered
 NodeDone = Callable[[str, bool], None]  # (node, probe answered) as each node ends
@@ -90,6 +83,7 @@ def probe_nodes(
     probe_timeout: float = 0.0,
     accept_new_host_keys: bool = False,
     on_node: NodeDone | None = None,
+    transport: NodeTransport | None = None,
 ) -> list[NodeProbe]:
     """Facts from every node, in parallel; meanwhile node 0 holds the main port
     open and every other node connects to it (the network pre-flight).
@@ -99,7 +93,7 @@ def probe_nodes(
     hears of each node as its probe ends.
     """
     main, others = names[0], list(names[1:])
-    config = load_ssh_config()
+    transport = transport or NodeTransport(accept_new_host_keys=accept_new_host_keys)
     # A node that does not answer fails within `timeout` (connect, banner, key exchange,
     # auth); one that answered gets `probe_timeout` to run the probe: a cold, NFS-mounted
     # Python can take tens of seconds to read its packages' metadata.
@@ -113,48 +107,34 @@ def probe_nodes(
 
     # Node 0 waits for "done"; the window only bounds it if this process dies.
     listen = listen_request(main_port, peers=len(others), window=2 * probe_timeout + timeout + 10)
-    process: RemoteProcess | None = None
-    first_line = b""
+    started = transport.start(main, command(main, listen), timeout=timeout)
+    process = started.value
     main_outcome: NodeResult[CommandResult] | None = None
-    listening = False
-    try:
-        session = open_session(
-            main, timeout=timeout, accept_new_host_keys=accept_new_host_keys, config=config
-        )
-    except SSHError as err:
-        main_outcome = failure_result(err.failure)
-    else:
-        try:
-            process = session.start(command(main, listen), timeout)  # the channel opens
-        except SSHError as err:
-            session.close()
-            main_outcome = failure_result(err.failure)
-        else:
-            first_line = process.read_line(probe_timeout) or b""
-            listening, _ = parse_listening(first_line)
+    if process is None:
+        main_outcome = failed(main, started.problem or "", started.hint, started.kind)
+    first_line, listening = b"", False
+    if process is not None:
+        first_line = process.read_line(probe_timeout) or b""
+        listening, _ = parse_listening(first_line)
     try:
         connect = connect_request(main_address, main_port, window=max(1.0, min(5.0, timeout / 2)))
-        outcomes = run_on_nodes(
+        outcomes = transport.run(
             others,
             lambda node: command(node, connect if listening else None),
             timeout=probe_timeout,
             connect_timeout=timeout,
-            accept_new_host_keys=accept_new_host_keys,
             on_result=None if on_node is None else lambda r: on_node(r.node, r.ok),
         )
         if process is not None:
             with contextlib.suppress(OSError, EOFError):
                 process.send(b"done\n")
-            try:
-                result = process.wait(probe_timeout)
-                result = replace(result, stdout=first_line + result.stdout)
-                main_outcome = succeeded(main, result)
-            except SSHError as err:
-                main_outcome = failure_result(err.failure)
+            main_outcome = process.wait(probe_timeout)
+            if main_outcome.value is not None:
+                value = replace(main_outcome.value, stdout=first_line + main_outcome.value.stdout)
+                main_outcome = succeeded(main, value)
     finally:
         if process is not None:
             process.close()
-            session.close()
     assert main_outcome is not None
     if on_node is not None:
         on_node(main, main_outcome.ok)
@@ -162,7 +142,13 @@ def probe_nodes(
 
 
 def run_collective(
-    probes: Sequence[NodeProbe], *, python: str, address: str, port: int, timeout: float
+    probes: Sequence[NodeProbe],
+    *,
+    python: str,
+    address: str,
+    port: int,
+    timeout: float,
+    transport: NodeTransport | None = None,
 ) -> list[CollectiveResult]:
     """Phase 3 (--deep): one all_reduce process per node, rendezvous at node 0."""
     names = [p.node for p in probes]
@@ -176,7 +162,8 @@ def run_collective(
     def command(node: str) -> str:
         return collective_command(python, address, port, names.index(node), world, timeout)
 
-    outcomes = run_on_nodes(names, command, timeout=timeout + 30, connect_timeout=timeout)
+    transport = transport or NodeTransport()
+    outcomes = transport.run(names, command, timeout=timeout + 30, connect_timeout=timeout)
     results = []
     for outcome in outcomes:
         result = outcome.value
@@ -235,6 +222,7 @@ def run_preflight(
     accept_new_host_keys: bool = False,
     extra_findings: Sequence[Finding] = (),
     on_node: NodeDone | None = None,
+    transport: NodeTransport | None = None,
 ) -> DoctorReport:
     """Every check doctor makes, over every node of the hostfile.
 
@@ -261,12 +249,12 @@ def run_preflight(
         probe_timeout=probe_timeout,
         accept_new_host_keys=accept_new_host_keys,
         on_node=on_node,
+        transport=transport,
     )
     deep: list[CollectiveResult] = []
     if full:
-        deep = run_collective(
-            probes, python=python, address=address, port=main_port, timeout=max(timeout, 30.0)
-        )
+        deep = run_collective(probes, python=python, address=address, port=main_port,
+                              timeout=max(timeout, 30.0), transport=transport)  # fmt: skip
     report = build_report(
         hostfile,
         probes,

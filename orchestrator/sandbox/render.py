@@ -27,6 +27,9 @@ SSHD_PROFILES: dict[str, tuple[str, ...]] = {
         "AllowAgentForwarding no",
         "X11Forwarding no",
     ),
+    # Compute nodes of a cluster that forbids SSH into them (or admits only users with a
+    # job there, through PAM): sshd answers, and refuses every login after the key.
+    "no-ssh": ("MaxStartups 10:30:100", "MaxSessions 10", "DenyUsers *"),
 }
 
 

@@ -22,8 +22,8 @@ from launch_support import (
     job_json,
     job_processes,
     log_text,
-    orch_env,
     run_orch,
+    slurm_env,
     wait_for,
 )
 
@@ -37,16 +37,8 @@ def slurm_sandbox(sandbox_factory):
     return box, state
 
 
-def _slurm_env(state, runs: Path) -> dict[str, str]:
-    env = orch_env(runs)
-    env["SLURM_CONF"] = state.slurm_conf
-    for name in [n for n in env if n.startswith("SLURM_") and n != "SLURM_CONF"]:
-        del env[name]  # never the allocation of whatever runs these tests
-    return env
-
-
 def _slurm(state, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), env=_slurm_env(state, Path("/nonexistent")),
+    return subprocess.run(list(argv), env=slurm_env(state, Path("/nonexistent")),
                           capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
 
 
@@ -55,7 +47,7 @@ def _in_allocation(state, runs: Path, orch_args: list[str], *, nodes: int = 3,
                    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """`salloc -N <nodes> --ntasks-per-node=2 orch ...`, as a user types it."""
     argv = ["salloc", f"-N{nodes}", *shape, *ORCH, *orch_args]
-    return subprocess.run(argv, cwd=REPO, env=_slurm_env(state, runs), capture_output=True,
+    return subprocess.run(argv, cwd=REPO, env=slurm_env(state, runs), capture_output=True,
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
 
@@ -165,7 +157,7 @@ def test_a_node_slurm_takes_down_mid_job_is_named_with_its_reason(slurm_sandbox,
     argv = ["salloc", "-N3", "--ntasks-per-node=2", *ORCH,
             *_launch("torchrun", "--steps", "2", "--sleep", "120")]  # fmt: skip
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=REPO, env=_slurm_env(state, tmp_path), stdout=out,
+        proc = subprocess.Popen(argv, cwd=REPO, env=slurm_env(state, tmp_path), stdout=out,
                                 stderr=subprocess.STDOUT)  # fmt: skip
     try:
         assert wait_for(lambda: any(all_ranks_up(tmp_path, j, _names(state))
@@ -201,13 +193,13 @@ def _recipe(tmp_path: Path, *args: str) -> Path:
 
 def _submit(state, runs: Path, recipe: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*ORCH, "submit", str(recipe), "--sbatch", *extra], cwd=REPO,
-                          env=_slurm_env(state, runs), capture_output=True, text=True,
+                          env=slurm_env(state, runs), capture_output=True, text=True,
                           timeout=60, check=False)  # fmt: skip
 
 
 def _status(state, runs: Path, job_id: str) -> dict:
     done = subprocess.run([*ORCH, "status", job_id, "--json"], cwd=REPO,
-                          env=_slurm_env(state, runs), capture_output=True, text=True,
+                          env=slurm_env(state, runs), capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip
     return json.loads(done.stdout)
 
@@ -244,7 +236,7 @@ def test_kill_of_a_batch_job_leaves_nothing_running(slurm_sandbox, tmp_path):
     assert wait_for(lambda: all_ranks_up(tmp_path, job_id, names), 180)
     assert job_processes(names[0], job_id)
     started = time.monotonic()
-    killed = subprocess.run([*ORCH, "kill", job_id], cwd=REPO, env=_slurm_env(state, tmp_path),
+    killed = subprocess.run([*ORCH, "kill", job_id], cwd=REPO, env=slurm_env(state, tmp_path),
                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert killed.returncode == 0, killed.stderr
     assert "cancelled" in killed.stderr
@@ -257,7 +249,7 @@ def test_kill_of_a_batch_job_leaves_nothing_running(slurm_sandbox, tmp_path):
 
 def test_outside_an_allocation_slurm_is_refused_in_slurm_terms(slurm_sandbox, tmp_path):
     _box, state = slurm_sandbox
-    env = _slurm_env(state, tmp_path)
+    env = slurm_env(state, tmp_path)
     done = subprocess.run([*ORCH, *_launch("torchrun")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 2
@@ -272,7 +264,7 @@ def test_a_head_killed_with_9_leaves_no_rank_running_on_any_node(slurm_sandbox, 
     argv = ["salloc", "-N3", "--ntasks-per-node=2", *ORCH,
             *_launch("torchrun", "--steps", "2", "--sleep", "300")]  # fmt: skip
     with log.open("wb") as out:
-        salloc = subprocess.Popen(argv, cwd=REPO, env=_slurm_env(state, tmp_path), stdout=out,
+        salloc = subprocess.Popen(argv, cwd=REPO, env=slurm_env(state, tmp_path), stdout=out,
                                   stderr=subprocess.STDOUT)  # fmt: skip
     try:
         assert wait_for(lambda: len(job_ids(tmp_path)) == 1, 60)

@@ -1,0 +1,198 @@
+"""Node commands through Slurm, for allocations whose compute nodes refuse SSH: the same
+contract as `ssh.run_on_nodes` (one result per node, in order, each bounded by a timeout)
+and as an ssh session's `start` (a command left running, read line by line), each node's
+command in its own srun step beside the job's (plan/srun_command.py builds the argv).
+
+What ssh gives by its channel, srun gives by its pipes: stdin goes to the command (so a
+secret never sits on a command line), stdout and stderr come back apart, the exit code is
+the command's. A step that never started (node down, step refused) is told apart from a
+command that failed by the line the step prints first on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
+from orchestrator.plan.srun_command import STEP_STARTED, node_step_argv
+from orchestrator.ssh import CommandResult
+
+_STARTED = STEP_STARTED.encode() + b"\n"
+_STOP_GRACE_S = 5.0  # srun passes SIGTERM on to the command; then it is killed
+_TAIL_LINES = 5
+# What srun and slurmstepd say about the step itself, not the command's own words.
+_SLURMS_OWN = re.compile(
+    rb"^(?:srun: error: \S+: tasks? [0-9,-]+: |slurmstepd(?:-\S+)?: error: \*\*\* STEP )"
+    rb"[^\n]*(?:\n|\Z)",
+    re.MULTILINE,
+)
+
+
+def commands_stderr(stderr: bytes) -> bytes:
+    """A step's stderr without srun's and slurmstepd's lines about the step (its exit code,
+    its cancellation): what the command printed, as ssh would give it."""
+    return _SLURMS_OWN.sub(b"", stderr.replace(_STARTED, b""))
+
+
+def _stderr_tail(stderr: bytes) -> str:
+    lines = stderr.decode(errors="replace").strip().splitlines()[-_TAIL_LINES:]
+    return " | ".join(line.strip() for line in lines if line.strip())
+
+
+def _started(node: str, code: int, stdout: bytes, stderr: bytes) -> NodeResult[CommandResult]:
+    """The command's result, or the node's failure when srun never started it."""
+    before, marker, after = stderr.partition(_STARTED)
+    if not marker:
+        said = _stderr_tail(stderr) or f"srun exited {code}"
+        return failed(
+            node,
+            f"{node}: Slurm could not run a step there: {said}",
+            "check the node with `sinfo -N -l` and `scontrol show node`",
+            "unreachable",
+        )
+    return succeeded(node, CommandResult(node, code, stdout, commands_stderr(before + after)))
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """End a step that outlived its time: srun forwards SIGTERM to the command and ends the
+    step; a srun that does not end by then is killed."""
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def run_step(
+    node: str,
+    command: str,
+    *,
+    slurm_job: str,
+    timeout: float,
+    stdin: bytes | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> NodeResult[CommandResult]:
+    """One command on one node, through its own srun step, bounded by `timeout`."""
+    env = dict(os.environ if environ is None else environ)
+    argv = node_step_argv(node, command, slurm_job=slurm_job, environ=env)
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env)  # fmt: skip
+    except FileNotFoundError:
+        return failed(node, f"{node}: srun is not installed on this machine",
+                      "run orch on a Slurm login node", "other")  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(stdin or b"", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        stdout, stderr = process.communicate()
+        tail = _stderr_tail(commands_stderr(stderr))
+        said = f"; it printed on stderr: {tail}" if tail else ""
+        return failed(
+            node,
+            f"{node}: command did not finish within {timeout:g}s (through srun){said}",
+            "the node is slow or stuck: check it with `scontrol show node`",
+            "timeout",
+        )
+    return _started(node, process.returncode, stdout, stderr)
+
+
+def run_on_nodes_via_srun(
+    nodes: Sequence[str],
+    command: str | Callable[[str], str],
+    *,
+    slurm_job: str,
+    timeout: float = 30.0,
+    max_parallel: int = 64,
+    stdin: bytes | None = None,
+    on_result: Callable[[NodeResult[CommandResult]], None] | None = None,
+) -> GroupResult[CommandResult]:
+    """A command on every node, one step each, in parallel: one result per node, in order."""
+    environ = dict(os.environ)
+
+    def one(node: str) -> NodeResult[CommandResult]:
+        text = command(node) if callable(command) else command
+        return run_step(node, text, slurm_job=slurm_job, timeout=timeout, stdin=stdin,
+                        environ=environ)  # fmt: skip
+
+    return for_each_node(nodes, one, max_parallel=max_parallel, on_result=on_result)
+
+
+class StepProcess:
+    """A command left running on a node in its own srun step, read line by line: what
+    `NodeSession.start` gives over ssh. Closing it ends the step."""
+
+    def __init__(self, node: str, command: str, *, slurm_job: str) -> None:
+        self.node = node
+        env = dict(os.environ)
+        argv = node_step_argv(node, command, slurm_job=slurm_job, environ=env)
+        self._process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=env)  # fmt: skip
+        self._lines: queue.Queue[bytes | None] = queue.Queue()
+        self._rest: list[bytes] = []
+        self._stderr: list[bytes] = []
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
+
+    def _read_stdout(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _read_stderr(self) -> None:
+        assert self._process.stderr is not None
+        self._stderr.append(self._process.stderr.read())
+
+    def read_line(self, timeout: float) -> bytes | None:
+        """The next stdout line, or None at EOF or when `timeout` passes first."""
+        try:
+            line = self._lines.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+        if line is None:
+            self._lines.put(None)  # EOF stays EOF
+        return line
+
+    def send(self, data: bytes) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(data)
+        self._process.stdin.flush()
+
+    def wait(self, timeout: float) -> NodeResult[CommandResult]:
+        """Wait for the command to end: its result holds the stdout read_line did not
+        return. A command still running after `timeout` is stopped and its node failed."""
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(OSError):
+            assert self._process.stdin is not None
+            self._process.stdin.close()
+        try:
+            self._process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.close()
+            return failed(self.node, f"{self.node}: command did not finish within "
+                          f"{timeout:g}s (through srun)", "the node is slow or stuck",
+                          "timeout")  # fmt: skip
+        stdout = b"".join(iter(self._drained, None))
+        self._stderr_reader.join(_STOP_GRACE_S)
+        return _started(self.node, self._process.returncode, stdout, b"".join(self._stderr))
+
+    def _drained(self) -> bytes | None:
+        try:
+            return self._lines.get(timeout=_STOP_GRACE_S)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            _stop(self._process)

@@ -1,0 +1,162 @@
+"""Which way orch's own commands reach the nodes: over SSH (paramiko), or, inside a Slurm
+allocation whose compute nodes refuse SSH, through srun steps. Both give one result per
+node and a command left running that is read line by line, so the pre-flight, the job's
+settings, the main port, the stacks and the raw logs do not care which it is.
+
+Whether SSH is used is decided once, up front (`choose_transport`): as asked
+(`--transport ssh|slurm`), else SSH unless the allocation's first node refuses it at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.errors import UsageError
+from orchestrator.pernode import GroupResult, NodeResult, succeeded
+from orchestrator.run.srun_nodes import StepProcess, run_on_nodes_via_srun
+from orchestrator.ssh import (
+    CommandResult,
+    NodeSession,
+    RemoteProcess,
+    SSHError,
+    failure_result,
+    load_ssh_config,
+    open_session,
+    run_on_nodes,
+)
+
+SSH, SLURM = "ssh", "slurm"
+TRANSPORTS = (SSH, SLURM)
+# An SSH answer that says "not here, ever", not "not yet": only these make orch go
+# through Slurm by itself. A timeout could be a slow node, and a changed host key is a
+# warning the user must see: neither is taken for a refusal.
+_REFUSALS = ("auth", "refused", "resolve", "hostkey-unknown")
+
+
+class StartedCommand(Protocol):
+    node: str
+
+    def read_line(self, timeout: float) -> bytes | None: ...
+
+    def send(self, data: bytes) -> None: ...
+
+    def wait(self, timeout: float) -> NodeResult[CommandResult]: ...
+
+    def close(self) -> None: ...
+
+
+class _SshStarted:
+    """An ssh session's command, with the session it holds."""
+
+    def __init__(self, session: NodeSession, process: RemoteProcess) -> None:
+        self.node = session.node
+        self._session = session
+        self._process = process
+
+    def read_line(self, timeout: float) -> bytes | None:
+        return self._process.read_line(timeout)
+
+    def send(self, data: bytes) -> None:
+        self._process.send(data)
+
+    def wait(self, timeout: float) -> NodeResult[CommandResult]:
+        try:
+            return succeeded(self.node, self._process.wait(timeout))
+        except SSHError as err:
+            return failure_result(err.failure)
+
+    def close(self) -> None:
+        self._process.close()
+        self._session.close()
+
+
+@dataclass(frozen=True)
+class NodeTransport:
+    """SSH by default; through Slurm's allocation `slurm_job` when that is set."""
+
+    slurm_job: str = ""
+    accept_new_host_keys: bool = False
+
+    @property
+    def kind(self) -> str:
+        return SLURM if self.slurm_job else SSH
+
+    def run(
+        self,
+        nodes: Sequence[str],
+        command: str | Callable[[str], str],
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        stdin: bytes | None = None,
+        on_result: Callable[[NodeResult[CommandResult]], None] | None = None,
+    ) -> GroupResult[CommandResult]:
+        """`command` on every node, in parallel: one result per node, in order."""
+        if self.slurm_job:
+            return run_on_nodes_via_srun(
+                nodes, command, slurm_job=self.slurm_job, timeout=connect_timeout + timeout,
+                stdin=stdin, on_result=on_result,
+            )  # fmt: skip
+        return run_on_nodes(
+            nodes, command, timeout=timeout, connect_timeout=connect_timeout, stdin=stdin,
+            accept_new_host_keys=self.accept_new_host_keys, on_result=on_result,
+        )  # fmt: skip
+
+    def start(self, node: str, command: str, *, timeout: float) -> NodeResult[StartedCommand]:
+        """`command` left running on `node`, or the node's failure to start it."""
+        if self.slurm_job:
+            return succeeded(node, StepProcess(node, command, slurm_job=self.slurm_job))
+        try:
+            session = open_session(node, timeout=timeout, config=load_ssh_config(),
+                                   accept_new_host_keys=self.accept_new_host_keys)  # fmt: skip
+        except SSHError as err:
+            return failure_result(err.failure)
+        try:
+            process = session.start(command, timeout)
+        except SSHError as err:
+            session.close()
+            return failure_result(err.failure)
+        return succeeded(node, _SshStarted(session, process))
+
+
+def choose_transport(
+    asked: str | None,
+    *,
+    slurm_job: str,
+    first_node: str,
+    say: Callable[[str], None],
+    ssh_check: Callable[[str], NodeResult[object]] | None = None,
+) -> NodeTransport:
+    """`--transport` as asked; inside an allocation without it, SSH unless the first node
+    refuses SSH at once (then Slurm only, said in one line). Outside one, SSH."""
+    if asked is not None and asked not in TRANSPORTS:
+        raise UsageError(f"--transport {asked!r} is not one of {', '.join(TRANSPORTS)}")
+    if asked == SLURM and not slurm_job:
+        raise UsageError("--transport slurm works inside a Slurm allocation only",
+                         "run orch inside one (salloc), with --slurm")  # fmt: skip
+    if asked == SLURM:
+        return NodeTransport(slurm_job=slurm_job)
+    if asked == SSH or not slurm_job:
+        return NodeTransport()
+    answer = (ssh_check or _ssh_answers)(first_node)
+    if answer.ok or answer.kind not in _REFUSALS:
+        return NodeTransport()
+    say(f"SSH to {first_node} is refused ({answer.problem}): every node operation goes "
+        f"through Slurm job {slurm_job} (srun)")  # fmt: skip
+    return NodeTransport(slurm_job=slurm_job)
+
+
+def _ssh_answers(node: str) -> NodeResult[object]:
+    """One short SSH login to `node`, as a user's would be."""
+    [result] = run_on_nodes([node], "true", timeout=5.0, connect_timeout=5.0)
+    return result
+
+
+def transport_of(record: Mapping[str, object]) -> NodeTransport:
+    """The way the job's nodes were reached, from its record (job.json)."""
+    job = str(record.get("slurm_job_id") or "")
+    return NodeTransport(slurm_job=job) if record.get("transport") == SLURM and job else (
+        NodeTransport()
+    )
