@@ -178,7 +178,8 @@ class _PipelinePrinter:
 
 
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
-    job = prepare_job(request, os.environ, dry_run=dry_run)
+    job = prepare_job(request, os.environ, dry_run=dry_run,
+                      say=lambda text: _err().print(text, markup=False))  # fmt: skip
     if dry_run:
         text = json.dumps(plan_summary(job.plan), indent=2) if as_json else plan_text(job.plan)
         typer.echo(text, nl=as_json)

@@ -14,7 +14,7 @@ from typing import Any, get_type_hints
 import typer
 from typer.models import OptionInfo
 
-from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
 from orchestrator.plan.request import (
     HostsRequest,
     JobRequest,
@@ -97,6 +97,7 @@ class JobOptions:
 
     hostfile: Path | None = field(metadata=_declared(_HOSTFILE))
     slurm: bool = field(metadata=_declared(SLURM))
+    transport: str | None = field(metadata=_declared(TRANSPORT))
     fanout: str | None = field(metadata=_declared(_FANOUT))
     nodes: int | None = field(metadata=_declared(_NODES))
     include: str | None = field(metadata=_declared(INCLUDE))
@@ -176,6 +177,7 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     hosts = HostsRequest(
         hostfile=str(options.hostfile) if options.hostfile is not None else None,
         slurm=options.slurm, nodes=nodes, include=options.include, exclude=options.exclude,
+        transport=options.transport,
     )  # fmt: skip
     runs_dir = str(options.runs_dir) if options.runs_dir is not None else None
     keep = tuple(options.env_keep)

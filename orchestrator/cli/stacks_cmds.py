@@ -22,6 +22,7 @@ from orchestrator.run.records import (
     shown_state,
 )
 from orchestrator.run.stacks import DEFAULT_RATE, gather_stacks, save_stacks
+from orchestrator.run.transport import transport_of
 from orchestrator.stacks.fold import StackBlock, rank_ranges
 from orchestrator.stacks.model import RankStacks
 from orchestrator.stacks.profile import STRAGGLER_MARGIN
@@ -170,7 +171,7 @@ def stacks(
     reports = gather_stacks(
         record.hosts, record.id, record.python, timeout,
         profile_seconds=float(profile) if profile else None, rate=DEFAULT_RATE,
-        method=method.value,
+        method=method.value, transport=transport_of(record),
     )  # fmt: skip
     result = analyse(record.id, now_iso(), float(profile) if profile else None, reports)
     document = result_json(result)

@@ -39,6 +39,7 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
     hostfile = place.hostfile
     _check_launch_inputs(spec.launcher, hostfile, spec.script, place.main_port)
     _check_fanout(place.fanout, spec.launcher, place.slurm_job)
+    _check_transport(place.transport, place.fanout, spec.launcher)
     counts = ranks_per_node(hostfile, spec.nproc_per_node)
     _check_uneven(hostfile, counts, spec.launcher)
     env = build_job_env(place.job_id, dict(spec.env), spec.passthrough, head.environ)
@@ -63,6 +64,7 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
         main_port_chosen=place.main_port_chosen,
         slurm_batch=place.slurm_batch,
         recipe=spec.recipe,
+        transport=place.transport,
     )
 
 
@@ -90,6 +92,24 @@ def _check_fanout(fanout: str, launcher: str, slurm_job: str) -> None:
             "--fanout srun starts orch's agent on every node, but the pdsh launcher's nodes "
             "are started by DeepSpeed's runner (through pdsh)",
             "use --launcher standard or torchrun with srun, or --fanout pdsh",
+        )
+
+
+def _check_transport(transport: str, fanout: str, launcher: str) -> None:
+    """Nodes reached through Slurm only: srun must start them, not pdsh (SSH)."""
+    if transport != "slurm":
+        return
+    if launcher == "pdsh":
+        raise UsageError(
+            "the nodes are reached through Slurm only, but the pdsh launcher's nodes are "
+            "started by DeepSpeed's runner over SSH",
+            "use --launcher standard or torchrun: srun starts their nodes",
+        )
+    if fanout != "srun":
+        raise UsageError(
+            f"the nodes are reached through Slurm only, but --fanout {fanout} starts them "
+            "over SSH",
+            "leave --fanout out (srun is the default inside an allocation), or --transport ssh",
         )
 
 

@@ -46,6 +46,7 @@ def plan_summary(plan: LaunchPlan) -> dict:
         "run_dir": plan.job.run_dir,
         "private_dir": plan.job.private_dir,
         "fanout": plan.job.fanout,
+        "transport": plan.transport,
         "slurm_job": plan.job.slurm_job or None,
         "head_process": {
             "argv": list(head.argv),

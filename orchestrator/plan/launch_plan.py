@@ -113,6 +113,7 @@ class Placement:
     fanout: str = "pdsh"
     slurm_job: str = ""  # the Slurm allocation the job runs in, if any
     slurm_batch: bool = False  # that allocation is the job's own (orch submit --sbatch)
+    transport: str = "ssh"  # how orch's own commands reach the nodes: ssh, or slurm (srun)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class LaunchPlan:
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
     slurm_batch: bool = False  # the job's Slurm allocation is its own (orch submit --sbatch)
     recipe: str | None = None
+    transport: str = "ssh"  # how orch's own commands reach the nodes: ssh, or slurm (srun)
 
     @property
     def job_id(self) -> str:

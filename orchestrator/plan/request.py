@@ -46,6 +46,7 @@ class HostsRequest:
     nodes: int | None = None  # the allocation's first N; with --sbatch, how many to ask for
     include: str | None = None
     exclude: str | None = None
+    transport: str | None = None  # --transport: ssh or slurm; None: decided up front
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ from orchestrator.logs.redact import redact_file
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
 from orchestrator.remote.owned import user_directory
-from orchestrator.ssh import NodeSession, SSHError, open_session
+from orchestrator.run.srun_nodes import StepError
+from orchestrator.run.transport import NodeAccess, NodeTransport
+from orchestrator.ssh import SSHError
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
 _PARTIAL_SUFFIX = ".partial"
@@ -124,7 +126,7 @@ class _NotOwn(Exception):
 Listing = tuple[str, dict[str, tuple[int, str]]]  # the node directory, its files
 
 
-def _remote_hashes(session: NodeSession, job_id: str, node: str, timeout: float) -> Listing | None:
+def _remote_hashes(session: NodeAccess, job_id: str, node: str, timeout: float) -> Listing | None:
     result = session.run(_hash_command(job_id, node), timeout=timeout)
     said = result.stderr.decode("utf-8", "replace").strip()[-300:]
     if result.exit_code == 3:
@@ -141,7 +143,7 @@ def _remote_hashes(session: NodeSession, job_id: str, node: str, timeout: float)
 
 
 def _pull_files(
-    session: NodeSession, remote_dir: str, local_dir: Path,
+    session: NodeAccess, remote_dir: str, local_dir: Path,
     hashes: dict[str, tuple[int, str]], timeout: float,
 ) -> None:  # fmt: skip
     """The regular files the hash listing named (over SFTP, or `cat` where the node's sshd
@@ -174,7 +176,7 @@ def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledF
 
 
 def _collect_over(
-    session: NodeSession, node: str, job_id: str, local_dir: Path, keep_remote: bool,
+    session: NodeAccess, node: str, job_id: str, local_dir: Path, keep_remote: bool,
     timeout: float, secrets: Sequence[str] = (),
 ) -> NodeResult[PulledLogs]:  # fmt: skip
     problem = ""
@@ -213,7 +215,7 @@ def _collect_over(
     )
 
 
-def _remove_remote(session: NodeSession, remote_dir: str, timeout: float) -> bool:
+def _remove_remote(session: NodeAccess, remote_dir: str, timeout: float) -> bool:
     job_dir = os.path.dirname(remote_dir)
     command = (
         f"rm -rf -- {shlex.quote(remote_dir)} && "
@@ -231,6 +233,7 @@ def collect_node(
     connect_timeout: float = 10.0,
     timeout: float = 120.0,
     secrets: Sequence[str] = (),
+    transport: NodeTransport | None = None,
 ) -> NodeResult[PulledLogs]:
     """Fetch one node's raw logs into dest_root/<node>/, `secrets` masked in them; never
     raises for a node problem."""
@@ -245,12 +248,15 @@ def collect_node(
             "name nodes by host name, IP or ssh alias (letters, digits, . _ - @)",
         )
     try:
-        with open_session(node, timeout=connect_timeout) as session:
+        with (transport or NodeTransport()).session(node, timeout=connect_timeout) as session:
             return _collect_over(session, node, job_id, local_dir, keep_remote, timeout,
                                  secrets)  # fmt: skip
     except SSHError as err:
         hint = f"{err.failure.hint}; its logs stay on the node in {remote_dir}"
         return failed(node, err.failure.message, hint, err.failure.kind)
+    except StepError as err:
+        hint = f"{err.result.hint}; its logs stay on the node in {remote_dir}"
+        return failed(node, str(err), hint, err.result.kind)
     except (OSError, EOFError) as err:  # SFTP or the connection failed mid-way
         return failed(
             node,
@@ -269,12 +275,14 @@ def collect_logs(
     timeout: float = 120.0,
     max_parallel: int = 16,
     secrets: Sequence[str] = (),
+    transport: NodeTransport | None = None,
 ) -> GroupResult[PulledLogs]:
     """Every node's raw logs, in parallel; one result per node, in order."""
     def one(node: str) -> NodeResult[PulledLogs]:
         return collect_node(
             node, job_id, dest_root, keep_remote=keep_remote,
             connect_timeout=connect_timeout, timeout=timeout, secrets=secrets,
+            transport=transport,
         )  # fmt: skip
 
     return for_each_node(nodes, one, max_parallel=max_parallel)
@@ -288,8 +296,10 @@ class LogCollector:
 
     def __init__(self, job_id: str, dest_root: str | os.PathLike[str], *,
                  keep_remote: bool, connect_timeout: float, timeout: float,
-                 max_parallel: int = 16, secrets: Sequence[str] = ()) -> None:  # fmt: skip
+                 max_parallel: int = 16, secrets: Sequence[str] = (),
+                 transport: NodeTransport | None = None) -> None:  # fmt: skip
         self.job_id, self.dest_root, self.secrets = job_id, dest_root, tuple(secrets)
+        self.transport = transport
         self.keep_remote, self.connect_timeout, self.timeout = keep_remote, connect_timeout, timeout
         self.max_parallel = max_parallel
         self._slots = threading.Semaphore(max_parallel)
@@ -312,7 +322,7 @@ class LogCollector:
                 result = collect_node(
                     node, self.job_id, self.dest_root, keep_remote=self.keep_remote,
                     connect_timeout=self.connect_timeout, timeout=self.timeout,
-                    secrets=self.secrets,
+                    secrets=self.secrets, transport=self.transport,
                 )  # fmt: skip
             except Exception as err:  # the job is over: a fetch problem is only reported
                 result = failed(

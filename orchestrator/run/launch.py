@@ -75,6 +75,7 @@ from orchestrator.run.teardown import (
     StopReport,
     teardown_job,
 )
+from orchestrator.run.transport import plan_transport
 from orchestrator.run.verdict import (
     Event,
     Failure,
@@ -183,6 +184,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
         fanout=plan.job.fanout,
         slurm_job_id=plan.job.slurm_job or None,
         slurm_batch=plan.slurm_batch,
+        transport=plan.transport,
     )
     run.save(record)
     return record
@@ -358,7 +360,7 @@ class JobRunner:
         self._node_logs = LogCollector(
             plan.job_id, run.node_logs, keep_remote=keep_remote_logs,
             connect_timeout=_PULL_CONNECT_S, timeout=_PULL_TIMEOUT_S,
-            secrets=secret_values(plan, os.environ),
+            secrets=secret_values(plan, os.environ), transport=plan_transport(plan),
         )  # fmt: skip
 
     def interrupt(self, signum: int) -> None:
@@ -494,6 +496,7 @@ class JobRunner:
                     timeout=self.settings.teardown_timeout,
                     not_answering=_not_answering(failure),
                     log=self.run_dir.path / "teardown-unanswered.log",
+                    transport=plan_transport(self.plan),
                 )
             finally:
                 self._teardown_done.set()
@@ -510,7 +513,8 @@ class JobRunner:
         hung = failure.kind == FailureKind.HANG
         timeout = self.settings.hang_stacks_timeout if hung else self.settings.stacks_timeout
         try:
-            reports = gather_stacks(hosts, self.plan.job_id, self.plan.python, timeout)
+            reports = gather_stacks(hosts, self.plan.job_id, self.plan.python, timeout,
+                                    transport=plan_transport(self.plan))  # fmt: skip
             self.stacks = analyse(self.plan.job_id, now_iso(), None, reports)
             self.stacks_file = save_stacks(self.run_dir.path, result_json(self.stacks))
         except (OrchError, OSError) as err:

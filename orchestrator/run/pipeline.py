@@ -22,7 +22,7 @@ from typing import Protocol
 from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError
 from orchestrator.logs.sink import LogView
-from orchestrator.pernode import GroupResult
+from orchestrator.pernode import GroupResult, succeeded
 from orchestrator.plan.agent_command import node_files_command
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
@@ -32,6 +32,7 @@ from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.ports import plan_with_main_port
 from orchestrator.run.records import RunDir, new_job_id, run_dir, runs_root
 from orchestrator.run.sync import SyncedFiles
+from orchestrator.run.transport import SLURM, choose_transport, plan_transport
 from orchestrator.run.verdict import WatchSettings
 from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
 from orchestrator.specs.recipe import recipe_hosts
@@ -58,10 +59,13 @@ class PreparedJob:
     build: Callable[[int, bool], LaunchPlan]
 
 
-def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: bool) -> PreparedJob:
+def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: bool,
+                say: Callable[[str], None] = lambda _text: None) -> PreparedJob:  # fmt: skip
     """inventory -> hosts -> fan-out -> plan, for `orch launch` and `orch submit` alike.
     `environ` is the head's environment. A bad input is refused here, before any node is
-    asked; a dry run needs nothing more."""
+    asked, but for one SSH login to the first node when whether SSH is used is to be
+    decided (inside an allocation, with no --transport; `say` hears the decision); a dry run
+    needs nothing more, and decides it without asking."""
     spec, wanted = request.spec, request.hosts
     inventory, allocation = job_inventory(
         _given_hosts(request, environ), slurm=wanted.slurm, environ=environ,
@@ -74,11 +78,17 @@ def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: boo
     head = head_context(job_id, environ, dry_run=dry_run)
     slurm_job = allocation.job_id if allocation else environ.get(JOB_ID_VAR, "")
     slurm_batch = request.job_id is not None and allocation is not None
+    transport = choose_transport(
+        wanted.transport, slurm_job=allocation.job_id if allocation else "",
+        first_node=hosts.names[0] if hosts.names else "", say=say,
+        ssh_check=(lambda node: succeeded(node, None)) if dry_run else None,
+    ).kind  # fmt: skip
 
     def build(port: int, chosen: bool) -> LaunchPlan:
         place = Placement(
             job_id=job_id, hostfile=hosts, run_dir=str(root / job_id), main_port=port,
             main_port_chosen=chosen, fanout=fanout, slurm_job=slurm_job, slurm_batch=slurm_batch,
+            transport=transport,
         )  # fmt: skip
         return build_plan(spec, place, head)
 
@@ -181,6 +191,13 @@ def execute_plan(
 def _sync(plan: LaunchPlan, reporter: PipelineReporter) -> None:
     from orchestrator.run.sync import sync_workdir
 
+    if plan.transport == SLURM:
+        raise OrchError(
+            "--sync copies the working directory over SSH, and the nodes are reached through "
+            "Slurm only; nothing was started",
+            "put the working directory on the cluster's shared filesystem, or leave --sync out",
+        )
+
     results = sync_workdir(plan.hosts, os.getcwd(), plan.workdir)
     reporter.synced(plan, results)
     failed = [r.node for r in results.failed]
@@ -225,12 +242,11 @@ def _settings_and_port(plan: LaunchPlan, with_port: Callable[[], LaunchPlan] | N
 def _remove_node_private(plan: LaunchPlan) -> None:
     """Nothing started: the settings written on the nodes (secrets among them) go again.
     Best effort: a node that cannot be reached keeps a file only this user can read."""
-    from orchestrator.ssh import run_on_nodes
 
     def command(node: str) -> str:
         return node_files_command(plan.python, "remove", plan.job_id, node)
 
-    run_on_nodes(plan.hosts, command, timeout=10.0, connect_timeout=5.0)
+    plan_transport(plan).run(plan.hosts, command, timeout=10.0, connect_timeout=5.0)
 
 
 def _write_node_private(plan: LaunchPlan) -> None:
@@ -239,13 +255,13 @@ def _write_node_private(plan: LaunchPlan) -> None:
     node. The agent checks its hash, takes it in, and removes it. On the node, a program of
     the standard library (remote/node_files.py) makes the node directory in the user's own
     directory there, level by level, private from the start and checked: a shell's `mkdir
-    -p` took the login umask and followed whatever link another user had planted."""
-    from orchestrator.ssh import run_on_nodes
+    -p` took the login umask and followed whatever link another user had planted. Through
+    Slurm, srun's stdin carries them as ssh's would."""
 
     def command(node: str) -> str:
         return node_files_command(plan.python, "write", plan.job_id, node)
 
-    results = run_on_nodes(
+    results = plan_transport(plan).run(
         plan.hosts, command, timeout=30.0, connect_timeout=10.0,
         stdin=plan.node_private.encode(),
     )  # fmt: skip
@@ -272,6 +288,7 @@ def _preflight(plan: LaunchPlan, reporter: PipelineReporter) -> None:
         workdir=plan.workdir,
         script=plan.job.script,
         main_port=plan.main_port,
+        transport=plan_transport(plan),
     )
     if report.ok:
         return

@@ -12,7 +12,7 @@ from orchestrator.plan.agent_command import port_command
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.ports import port_candidates
 from orchestrator.remote.ports import DEFAULT_DIR
-from orchestrator.run.transport import NodeTransport
+from orchestrator.run.transport import NodeTransport, plan_transport
 from orchestrator.specs.constants import CHOSEN_PORT_RANGE
 
 # On node 0, the user's own directory there (/tmp/orch-<uid>/ports, only the node knows the
@@ -84,10 +84,12 @@ def plan_with_main_port(build: Callable[[int, bool], LaunchPlan], given: int | N
     if dry_run:
         return plan
     if given is not None:
-        check_given_port(plan.main_host, given, plan.python, preflight=preflight)
+        check_given_port(plan.main_host, given, plan.python, preflight=preflight,
+                         transport=plan_transport(plan))  # fmt: skip
         return plan
     try:
-        port = choose_main_port(plan.main_host, job_id, plan.python)
+        port = choose_main_port(plan.main_host, job_id, plan.python,
+                                transport=plan_transport(plan))  # fmt: skip
     except OrchError:
         if not preflight:
             raise
@@ -95,10 +97,11 @@ def plan_with_main_port(build: Callable[[int, bool], LaunchPlan], given: int | N
     return plan if port == plan.main_port else build(port, True)
 
 
-def check_given_port(node: str, port: int, python: str, *, preflight: bool) -> None:
+def check_given_port(node: str, port: int, python: str, *, preflight: bool,
+                     transport: NodeTransport | None = None) -> None:  # fmt: skip
     """A main port the user gave is free on node 0 before anything starts; taken, the error
     names who holds it. When node 0 cannot be asked, the pre-flight (if it follows) says why."""
-    doc, problem = _ask(node, python, "given", 0.0, (port,), 15.0)
+    doc, problem = _ask(node, python, "given", 0.0, (port,), 15.0, transport)
     if doc is None:
         if preflight:
             return

@@ -117,6 +117,7 @@ class JobRecord:
     slurm_step: str | None = None  # <job>.<step> of the srun fan-out
     slurm_batch: bool = False  # the Slurm job is this job's own (submitted with --sbatch)
     ranks: tuple[RankRecord, ...] = ()  # every rank's end, by rank
+    transport: str = "ssh"  # how orch's own commands reach the nodes: ssh, or slurm (srun)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -155,6 +156,7 @@ class JobRecord:
             slurm_step=data.get("slurm_step"),
             slurm_batch=bool(data.get("slurm_batch", False)),
             ranks=tuple(RankRecord(**rank) for rank in data.get("ranks", ())),
+            transport=str(data.get("transport") or "ssh"),
         )
 
 

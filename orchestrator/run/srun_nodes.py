@@ -14,11 +14,13 @@ import contextlib
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.plan.srun_command import STEP_STARTED, node_step_argv
@@ -196,3 +198,52 @@ class StepProcess:
     def close(self) -> None:
         if self._process.poll() is None:
             _stop(self._process)
+
+
+class StepError(Exception):
+    """A node command's step failed to run (not the command: the step)."""
+
+    def __init__(self, result: NodeResult[CommandResult]) -> None:
+        super().__init__(result.problem or f"{result.node}: no answer")
+        self.result = result
+
+
+class StepSession:
+    """What an ssh session gives the raw-log collection, through srun steps: a command's
+    result, and a file copied back (as `cat` output, streamed to disk)."""
+
+    def __init__(self, node: str, slurm_job: str) -> None:
+        self.node, self.slurm_job = node, slurm_job
+
+    def __enter__(self) -> StepSession:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def run(self, command: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
+        result = run_step(self.node, command, slurm_job=self.slurm_job, timeout=timeout,
+                          stdin=stdin)  # fmt: skip
+        if result.value is None:
+            raise StepError(result)
+        return result.value
+
+    def download(self, remote: str, local: Path, timeout: float) -> None:
+        """Copy one file of the node to `local`. OSError when it cannot be read."""
+        env = dict(os.environ)
+        argv = node_step_argv(self.node, f"cat -- {shlex.quote(remote)}",
+                              slurm_job=self.slurm_job, environ=env)  # fmt: skip
+        with local.open("wb") as out:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.PIPE, env=env)  # fmt: skip
+            try:
+                _out, stderr = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired as err:
+                _stop(process)
+                raise OSError(f"{self.node}: reading {remote} timed out") from err
+        result = _started(self.node, process.returncode, b"", stderr)
+        if result.value is None:
+            raise OSError(result.problem)
+        if result.value.exit_code != 0:
+            said = result.value.stderr.decode(errors="replace").strip()
+            raise OSError(f"{self.node}: {said or f'cat exited {result.value.exit_code}'}")

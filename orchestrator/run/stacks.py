@@ -1,4 +1,5 @@
-"""Taking every rank's stack (or a sampling profile) over SSH, and keeping it in the record.
+"""Taking every rank's stack (or a sampling profile) over SSH (or through Slurm where the
+nodes refuse SSH), and keeping it in the record.
 
 `gather_stacks` is the one way to do it: `orch stacks` calls it, and so can anything
 else that wants the stacks of a running job (a hang, a teardown). Every node is asked
@@ -15,7 +16,8 @@ from pathlib import Path
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import stacks_command
 from orchestrator.remote.stacks import STARTUP_SLACK_S
-from orchestrator.ssh import CommandResult, run_on_nodes
+from orchestrator.run.transport import NodeTransport
+from orchestrator.ssh import CommandResult
 from orchestrator.stacks.model import (
     BAD_OUTPUT,
     TIMEOUT,
@@ -40,6 +42,7 @@ def gather_stacks(
     profile_seconds: float | None = None,
     rate: int = DEFAULT_RATE,
     method: str = "auto",
+    transport: NodeTransport | None = None,
 ) -> list[NodeReport]:
     """Every rank's stack on every host (a profile of `profile_seconds` when given), one
     report per host in order. Bounded: a host's answer takes at most `timeout` seconds
@@ -51,7 +54,7 @@ def gather_stacks(
     def command(node: str) -> str:
         return stacks_command(python, job_id, node, seconds=seconds, rate=rate, method=method)
 
-    answers = run_on_nodes(
+    answers = (transport or NodeTransport()).run(
         list(hosts), command, timeout=budget, connect_timeout=min(timeout, _CONNECT_TIMEOUT_S)
     )
     return [_node_report(answer, python, job_id) for answer in answers]

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
 from orchestrator.run.records import FINAL_STATES, JobRecord, RunDir, finished, head_alive
 from orchestrator.run.slurm import ACTIVE_STATES, cancel, job_state
+from orchestrator.run.transport import SLURM, NodeTransport, transport_of
 from orchestrator.run.verdict import JobState
 
 # `orch kill` leaves this file in the run directory, so the head reports "killed".
@@ -51,21 +53,50 @@ def teardown_job(
     timeout: float,
     not_answering: Sequence[str] = (),
     log: Path | None = None,
+    transport: NodeTransport | None = None,
 ) -> GroupResult[StopReport]:
     """Run the kill-by-job-id program on every host; what each one found (or why not).
 
     Hosts in `not_answering` (a node that stopped answering) get the stop request too, but
-    nobody waits for them: pdsh goes on by itself, writing to `log`."""
+    nobody waits for them: pdsh goes on by itself, writing to `log`. Where the nodes are
+    reached through Slurm, each host's program is its own srun step."""
     command = kill_command(python, job_id, grace)
     timeout = max(timeout, grace + 5)
     waited = [h for h in hosts if h not in not_answering]
     sent = [h for h in hosts if h in not_answering]
+    if transport is not None and transport.kind == SLURM:
+        return _teardown_through(transport, hosts, sent, command, timeout)
     if sent and log is not None:
         send_pdsh(sent, command, timeout=timeout, log=log)
     found = {h: _not_waited_for(h, log) for h in sent}
     if waited:
         run = run_pdsh(waited, command, timeout=timeout)
         found.update((r.node, r) for r in stop_results(waited, run.output, timed_out=run.timed_out))
+    return GroupResult(tuple(found[h] for h in hosts))
+
+
+def _teardown_through(transport: NodeTransport, hosts: Sequence[str], sent: Sequence[str],
+                      command: str, timeout: float) -> GroupResult[StopReport]:  # fmt: skip
+    """The kill program as srun steps: the hosts that stopped answering are asked in the
+    background (their steps end with Slurm's own timeouts), the others waited for."""
+    if sent:
+        threading.Thread(target=transport.run, args=(list(sent), command),
+                         kwargs={"timeout": timeout}, daemon=True).start()  # fmt: skip
+    waited = [h for h in hosts if h not in sent]
+    answers = {r.node: r for r in transport.run(waited, command, timeout=timeout)}
+    found = {h: _not_waited_for(h, None) for h in sent}
+    for host in waited:
+        answer = answers[host]
+        lines = answer.value.stdout.decode(errors="replace").splitlines() if answer.value else []
+        report = next(filter(None, map(_stop_report, reversed(lines))), None)
+        if report is not None:
+            found[host] = succeeded(host, report)
+        elif answer.value is None:
+            found[host] = failed(host, answer.problem or f"{host}: no answer", _STOPS_ITSELF,
+                                 UNREACHABLE)  # fmt: skip
+        else:
+            found[host] = failed(host, f"{host}: kill failed (exit {answer.value.exit_code})",
+                                 "run `orch kill` again", KILL_FAILED)  # fmt: skip
     return GroupResult(tuple(found[h] for h in hosts))
 
 
@@ -147,7 +178,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
     ok = True
     if record.hosts:
         outcome = teardown_job(record.hosts, record.id, record.python, grace=grace,
-                               timeout=grace + 15)  # fmt: skip
+                               timeout=grace + 15, transport=transport_of(record))  # fmt: skip
         ok = outcome.ok
         for stopped in outcome:
             say(f"{stopped.node}: {stopped.value or stopped.why}")

@@ -9,13 +9,15 @@ Whether SSH is used is decided once, up front (`choose_transport`): as asked
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.errors import UsageError
 from orchestrator.pernode import GroupResult, NodeResult, succeeded
-from orchestrator.run.srun_nodes import StepProcess, run_on_nodes_via_srun
+from orchestrator.plan.launch_plan import LaunchPlan
+from orchestrator.run.records import JobRecord
+from orchestrator.run.srun_nodes import StepProcess, StepSession, run_on_nodes_via_srun
 from orchestrator.ssh import (
     CommandResult,
     NodeSession,
@@ -28,6 +30,7 @@ from orchestrator.ssh import (
 )
 
 SSH, SLURM = "ssh", "slurm"
+NodeAccess = NodeSession | StepSession  # one node, for several commands and file copies
 TRANSPORTS = (SSH, SLURM)
 # An SSH answer that says "not here, ever", not "not yet": only these make orch go
 # through Slurm by itself. A timeout could be a slow node, and a changed host key is a
@@ -104,6 +107,15 @@ class NodeTransport:
             accept_new_host_keys=self.accept_new_host_keys, on_result=on_result,
         )  # fmt: skip
 
+    def session(self, node: str, *, timeout: float) -> NodeAccess:
+        """One node, for several commands and file copies (a context manager). Over SSH one
+        connection (SSHError when it cannot be opened); through Slurm, a step each time
+        (StepError when one cannot run)."""
+        if self.slurm_job:
+            return StepSession(node, self.slurm_job)
+        return open_session(node, timeout=timeout, config=load_ssh_config(),
+                            accept_new_host_keys=self.accept_new_host_keys)  # fmt: skip
+
     def start(self, node: str, command: str, *, timeout: float) -> NodeResult[StartedCommand]:
         """`command` left running on `node`, or the node's failure to start it."""
         if self.slurm_job:
@@ -154,9 +166,13 @@ def _ssh_answers(node: str) -> NodeResult[object]:
     return result
 
 
-def transport_of(record: Mapping[str, object]) -> NodeTransport:
-    """The way the job's nodes were reached, from its record (job.json)."""
-    job = str(record.get("slurm_job_id") or "")
-    return NodeTransport(slurm_job=job) if record.get("transport") == SLURM and job else (
-        NodeTransport()
-    )
+def plan_transport(plan: LaunchPlan) -> NodeTransport:
+    """The way the plan's nodes are reached."""
+    slurm = plan.transport == SLURM and plan.job.slurm_job
+    return NodeTransport(slurm_job=plan.job.slurm_job) if slurm else NodeTransport()
+
+
+def transport_of(record: JobRecord) -> NodeTransport:
+    """The way the job's nodes were reached, from its record."""
+    job = record.slurm_job_id or ""
+    return NodeTransport(slurm_job=job) if record.transport == SLURM and job else NodeTransport()

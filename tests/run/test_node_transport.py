@@ -8,6 +8,7 @@ import pytest
 from orchestrator.errors import UsageError
 from orchestrator.pernode import failed, succeeded
 from orchestrator.plan.srun_command import STEP_STARTED, node_step_argv
+from orchestrator.run.records import JobRecord
 from orchestrator.run.srun_nodes import _started, commands_stderr
 from orchestrator.run.transport import NodeTransport, choose_transport, transport_of
 
@@ -87,10 +88,14 @@ def test_ssh_that_works_stays_ssh():
     assert got.kind == "ssh"
 
 
+def _record(**fields: str) -> JobRecord:
+    return JobRecord.from_json({"id": "j", "state": "running", **fields})
+
+
 def test_a_jobs_record_says_how_its_nodes_are_reached():
-    assert transport_of({"transport": "slurm", "slurm_job_id": "5"}) == NodeTransport("5")
-    assert transport_of({"slurm_job_id": "5"}).kind == "ssh"
-    assert transport_of({"transport": "slurm"}).kind == "ssh"  # no allocation: nothing else
+    assert transport_of(_record(transport="slurm", slurm_job_id="5")) == NodeTransport("5")
+    assert transport_of(_record(slurm_job_id="5")).kind == "ssh"  # records from before
+    assert transport_of(_record(transport="slurm")).kind == "ssh"  # no allocation: no srun
 
 
 def test_srun_and_slurmstepd_lines_about_the_step_are_not_the_commands():

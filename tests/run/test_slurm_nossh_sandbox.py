@@ -1,18 +1,32 @@
 """orch on a Slurm whose compute nodes refuse SSH (`orch sandbox up --slurm --no-ssh`): every
-node operation it makes goes through srun steps, decided up front and said in one line."""
+node operation it makes goes through srun steps, decided up front and said in one line:
+doctor, the job's settings, the main port, the fan-out, the raw logs, a crash's and a hang's
+stacks, `orch stacks` and `orch kill` of a running job. Nothing of a job is left behind."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from launch_support import ORCH, REPO, orch_env, slurm_env
+from launch_support import (
+    ALLREDUCE,
+    ORCH,
+    REPO,
+    job_ids,
+    job_json,
+    log_text,
+    orch_env,
+    slurm_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.sandbox
+STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +39,30 @@ def _in_allocation(state, runs: Path, argv: list[str]) -> subprocess.CompletedPr
     return subprocess.run(["salloc", "-N2", "--ntasks-per-node=2", *argv], cwd=REPO,
                           env=slurm_env(state, runs), capture_output=True, text=True, timeout=300,
                           check=False)  # fmt: skip
+
+
+def _launch(*args: str) -> list[str]:
+    return [*ORCH, "launch", "--no-doctor", *args]
+
+
+def _job_pids(job_id: str) -> list[int]:
+    """Processes of the job on any sandbox node: the nodes share this machine's kernel, and
+    no SSH reaches them to look from inside."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"ORCH_JOB_ID={job_id}".encode() in environ:
+                found.append(int(entry.name))
+    return found
+
+
+def _node_dirs_left(job_id: str) -> list[Path]:
+    job_dir = Path(f"/tmp/orch-{os.getuid()}/runs/{job_id}")
+    return list(job_dir.iterdir()) if job_dir.exists() else []
 
 
 def test_the_nodes_refuse_ssh(no_ssh_sandbox, tmp_path):
@@ -79,3 +117,83 @@ def test_node_commands_as_srun_steps_give_each_nodes_own_answer(no_ssh_sandbox, 
     assert lines["nosuchnode"].startswith("nosuchnode: Slurm could not run a step there: srun:")
     assert lines["slow"].startswith(f"{names[0]}: command did not finish within 3s (through srun)")
     assert "it printed on stderr: rehash lock" in lines["slow"]
+
+
+def test_a_job_runs_through_srun_alone_and_its_raw_logs_come_back(no_ssh_sandbox, tmp_path):
+    names = [node.name for node in no_ssh_sandbox.nodes]
+    result = _in_allocation(no_ssh_sandbox, tmp_path, _launch(
+        "--launcher", "torchrun", ALLREDUCE, "--", "--steps", "2"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "every node operation goes through Slurm job" in result.stderr
+    [job_id] = job_ids(tmp_path)
+    record = job_json(tmp_path, job_id)
+    assert (record["transport"], record["fanout"], record["state"]) == ("slurm", "srun",
+                                                                        "succeeded")  # fmt: skip
+    assert record["node_logs"] == dict.fromkeys(names, "ok")  # pulled back through srun
+    for node in names:
+        assert any((tmp_path / job_id / "nodes" / node).iterdir())
+        assert " out rank " in log_text(tmp_path, job_id, node)
+    assert _node_dirs_left(job_id) == [] and _job_pids(job_id) == []
+
+
+def test_a_crash_and_a_hang_are_named_with_every_ranks_stack_through_srun(no_ssh_sandbox,
+                                                                          tmp_path):  # fmt: skip
+    crash = _in_allocation(no_ssh_sandbox, tmp_path / "crash", _launch(
+        "--launcher", "standard", STEPPING, "--", "--max-seconds", "100", "--compute", "30",
+        "--fail-rank", "3", "--fail-after", "0"))  # fmt: skip
+    assert crash.returncode == 7, crash.stderr[-3000:]
+    [job_id] = job_ids(tmp_path / "crash")
+    record = job_json(tmp_path / "crash", job_id)
+    assert record["first_failure"]["rank"] == 3
+    kept = json.loads((tmp_path / "crash" / job_id / record["teardown_stacks"]).read_text())
+    # The failed rank's node has ended its ranks by then (its launcher does); the other
+    # node's stand where they waited.
+    assert sorted(r for b in kept["stacks"]["blocks"] for r in b["ranks"]) == [0, 1]
+    hang = _in_allocation(no_ssh_sandbox, tmp_path / "hang", _launch(
+        "--launcher", "torchrun", "--hang-timeout", "8", STEPPING, "--", "--compute", "0",
+        "--stall-rank", "1", "--stall-after", "2", "--max-seconds", "120"))  # fmt: skip
+    assert hang.returncode == 124, hang.stderr[-3000:]
+    [job_id] = job_ids(tmp_path / "hang")
+    record = job_json(tmp_path / "hang", job_id)
+    assert record["first_failure"]["kind"] == "hang" and record["first_failure"]["rank"] == 1
+    kept = json.loads((tmp_path / "hang" / job_id / record["teardown_stacks"]).read_text())
+    assert sorted(r for b in kept["stacks"]["blocks"] for r in b["ranks"]) == [0, 1, 2, 3]
+    assert _job_pids(job_id) == [] and _node_dirs_left(job_id) == []
+
+
+def test_stacks_and_kill_reach_a_running_job_through_slurm(no_ssh_sandbox, tmp_path):
+    names = [node.name for node in no_ssh_sandbox.nodes]
+    argv = ["salloc", "-N2", "--ntasks-per-node=2",
+            *_launch("--launcher", "torchrun", ALLREDUCE, "--", "--steps", "2", "--sleep", "600")]
+    env = slurm_env(no_ssh_sandbox, tmp_path)
+    with (tmp_path / "salloc.log").open("w") as out:
+        salloc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: job_ids(tmp_path), 60)
+        [job_id] = job_ids(tmp_path)
+        assert wait_for(lambda: all("step 1" in log_text(tmp_path, job_id, n) for n in names),
+                        120), (tmp_path / "salloc.log").read_text()[-3000:]  # fmt: skip
+        stacks = subprocess.run([*ORCH, "stacks", job_id, "--json"], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert stacks.returncode == 0, stacks.stderr
+        document = json.loads(stacks.stdout)
+        assert sorted(r for b in document["stacks"]["blocks"] for r in b["ranks"]) == [0, 1, 2, 3]
+        killed = subprocess.run([*ORCH, "kill", job_id], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert killed.returncode == 0, killed.stdout + killed.stderr
+        assert salloc.wait(120) != 0
+    finally:
+        if salloc.poll() is None:
+            salloc.kill()
+    assert job_json(tmp_path, job_id)["state"] == "killed"
+    assert wait_for(lambda: _job_pids(job_id) == [], 30)
+
+
+def test_what_needs_ssh_is_refused_before_anything_runs(no_ssh_sandbox, tmp_path):
+    pdsh = _in_allocation(no_ssh_sandbox, tmp_path, _launch("--launcher", "pdsh", ALLREDUCE))
+    assert pdsh.returncode == 2, pdsh.stderr
+    assert "pdsh launcher's nodes are started by DeepSpeed's runner over SSH" in pdsh.stderr
+    sync = _in_allocation(no_ssh_sandbox, tmp_path, _launch(
+        "--launcher", "torchrun", "--sync", ALLREDUCE))  # fmt: skip
+    assert sync.returncode != 0 and "--sync copies the working directory over SSH" in sync.stderr
+    assert job_ids(tmp_path) == []
