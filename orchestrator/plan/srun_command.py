@@ -15,6 +15,37 @@ EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "SHEL
 LINGER_S = 30.0
 
 
+def _one_task_per_node(
+    hosts: Sequence[str],
+    argv: Sequence[str],
+    *,
+    slurm_job: str,
+    environ: Mapping[str, str],
+    srun: str,
+    job_name: str,
+    options: Sequence[str],
+    overlap: bool = False,
+) -> list[str]:
+    """srun of `argv` as one task on each of exactly `hosts` of allocation `slurm_job`, with
+    only the EXPORTED part of the head's environment. Counts are given in full: the
+    allocation's own SLURM_NTASKS (inherited from salloc) would otherwise win."""
+    exported = [name for name in EXPORTED if name in environ]
+    return [
+        srun,
+        f"--jobid={slurm_job}",
+        *(["--overlap"] if overlap else []),
+        f"--nodes={len(hosts)}",
+        f"--ntasks={len(hosts)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={fold_nodeset(hosts)}",
+        *options,
+        f"--job-name={job_name}",
+        f"--export={','.join(exported) or 'NONE'}",
+        "--",
+        *argv,
+    ]
+
+
 def build_srun_argv(
     hosts: Sequence[str],
     agent_argv: Sequence[str],
@@ -24,24 +55,12 @@ def build_srun_argv(
     environ: Mapping[str, str],
     srun: str = "srun",
 ) -> list[str]:
-    """One task per node on exactly `hosts` of allocation `slurm_job`. Counts are given in
-    full: the allocation's own SLURM_NTASKS (inherited from salloc) would otherwise win.
-    A node whose agent fails ends the step on every node (--kill-on-bad-exit)."""
-    exported = [name for name in EXPORTED if name in environ]
-    return [
-        srun,
-        f"--jobid={slurm_job}",
-        f"--nodes={len(hosts)}",
-        f"--ntasks={len(hosts)}",
-        "--ntasks-per-node=1",
-        f"--nodelist={fold_nodeset(hosts)}",
-        "--kill-on-bad-exit=1",
-        "--input=none",
-        f"--job-name=orch-{job_id}",
-        f"--export={','.join(exported) or 'NONE'}",
-        "--",
-        *agent_argv,
-    ]
+    """The job's fan-out: orch's agent once on every node. A node whose agent fails ends the
+    step on every node (--kill-on-bad-exit)."""
+    return _one_task_per_node(
+        hosts, agent_argv, slurm_job=slurm_job, environ=environ, srun=srun,
+        job_name=f"orch-{job_id}", options=("--kill-on-bad-exit=1", "--input=none"),
+    )  # fmt: skip
 
 
 # The first thing a node command's step prints on stderr: without it, srun never started
@@ -49,36 +68,31 @@ def build_srun_argv(
 STEP_STARTED = "orch-step-started"
 # Runs the command as ssh would (a shell's -c), after saying the step started.
 _STEP_SHELL = f'echo {STEP_STARTED} >&2; exec /bin/sh -c "$1"'
+# One step for many nodes: each task says which node it is first and its command's exit
+# code last, on stderr, so that one step gives one result per node.
+STEP_EXIT = "orch-step-exit"
+_TASK_SHELL = (
+    f'echo "{STEP_STARTED} $SLURMD_NODENAME" >&2; /bin/sh -c "$1"; code=$?; '
+    f'echo "{STEP_EXIT} $code" >&2; exit $code'
+)
 
 
 def node_step_argv(
-    node: str,
+    nodes: Sequence[str],
     command: str,
     *,
     slurm_job: str,
     environ: Mapping[str, str],
     srun: str = "srun",
 ) -> list[str]:
-    """One orch command on one node of allocation `slurm_job`, where ssh into compute nodes
-    is refused: its own one-task step beside the job's (--overlap), stdin passed through,
-    lines as the command wrote them. `command` is orch's own shell command (as ssh would run
-    it); nothing the user typed is in it."""
-    exported = [name for name in EXPORTED if name in environ]
-    return [
-        srun,
-        f"--jobid={slurm_job}",
-        "--overlap",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--nodelist={node}",
-        "--input=all",
-        "--quiet",
-        "--job-name=orch-node",
-        f"--export={','.join(exported) or 'NONE'}",
-        "--",
-        "/bin/sh",
-        "-c",
-        _STEP_SHELL,
-        "orch-node",
-        command,
-    ]
+    """An orch command on `nodes` of allocation `slurm_job`, where ssh into compute nodes is
+    refused: a step beside the job's (--overlap), one task per node, stdin passed through.
+    On one node its lines are as the command wrote them; on several (Slurm's own tree
+    fan-out, not one srun per node) each line is labelled with its task. `command` is orch's
+    own shell command (as ssh would run it); nothing the user typed is in it."""
+    one = len(nodes) == 1
+    return _one_task_per_node(
+        nodes, ["/bin/sh", "-c", _STEP_SHELL if one else _TASK_SHELL, "orch-node", command],
+        slurm_job=slurm_job, environ=environ, srun=srun, job_name="orch-node",
+        options=("--input=all", *(() if one else ("--label",)), "--quiet"), overlap=True,
+    )  # fmt: skip

@@ -65,10 +65,14 @@ _NODE_UID = "$(id -u)"  # the user's uid, as the node's shell finds it
 _DIR_LINE = "dir "  # the listing's first line: the node directory, as the node found it
 
 
-def fetch_command(node: str, job_id: str) -> str:
+def fetch_command(node: str, job_id: str, transport: NodeTransport | None = None) -> str:
     """How a user copies a node's raw logs by hand when orch could not: the node finds its
-    own directory (its uid is the node's, not the head's)."""
-    return f"ssh {node} 'tar -C {runs_root(_NODE_UID)}/{job_id} -cf - {node}' | tar -xf -"
+    own directory (its uid is the node's, not the head's); through Slurm where the nodes
+    refuse SSH."""
+    tar = f"'tar -C {runs_root(_NODE_UID)}/{job_id} -cf - {node}' | tar -xf -"
+    if transport is not None and transport.slurm_job:
+        return f"srun --jobid={transport.slurm_job} --overlap -N1 -n1 -w {node} sh -c {tar}"
+    return f"ssh {node} {tar}"
 
 
 def _is_safe(value: str) -> bool:
@@ -177,7 +181,7 @@ def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledF
 
 def _collect_over(
     session: NodeAccess, node: str, job_id: str, local_dir: Path, keep_remote: bool,
-    timeout: float, secrets: Sequence[str] = (),
+    timeout: float, secrets: Sequence[str] = (), transport: NodeTransport | None = None,
 ) -> NodeResult[PulledLogs]:  # fmt: skip
     problem = ""
     for _attempt in range(_ATTEMPTS):
@@ -211,7 +215,7 @@ def _collect_over(
     return failed(
         node,
         f"{node}: raw logs did not arrive whole: {problem}",
-        f"the node's copy was kept; fetch it by hand: {fetch_command(node, job_id)}",
+        f"the node's copy was kept; fetch it by hand: {fetch_command(node, job_id, transport)}",
     )
 
 
@@ -250,7 +254,7 @@ def collect_node(
     try:
         with (transport or NodeTransport()).session(node, timeout=connect_timeout) as session:
             return _collect_over(session, node, job_id, local_dir, keep_remote, timeout,
-                                 secrets)  # fmt: skip
+                                 secrets, transport)  # fmt: skip
     except SSHError as err:
         hint = f"{err.failure.hint}; its logs stay on the node in {remote_dir}"
         return failed(node, err.failure.message, hint, err.failure.kind)
@@ -261,7 +265,8 @@ def collect_node(
         return failed(
             node,
             f"{node}: fetching {remote_dir} failed ({type(err).__name__}: {err})",
-            f"its logs stay on the node; fetch them by hand: {fetch_command(node, job_id)}",
+            "its logs stay on the node; fetch them by hand: "
+            + fetch_command(node, job_id, transport),
         )
 
 
@@ -327,7 +332,7 @@ class LogCollector:
             except Exception as err:  # the job is over: a fetch problem is only reported
                 result = failed(
                     node, f"{node}: pulling the raw logs failed ({type(err).__name__}: {err})",
-                    f"fetch them by hand: {fetch_command(node, self.job_id)}",
+                    f"fetch them by hand: {fetch_command(node, self.job_id, self.transport)}",
                 )  # fmt: skip
         self._results[node] = result
 
@@ -343,7 +348,7 @@ class LogCollector:
         done = dict(self._results)
         for node in self._threads:
             if node not in done:
-                by_hand = fetch_command(node, self.job_id)
+                by_hand = fetch_command(node, self.job_id, self.transport)
                 done[node] = failed(
                     node, f"{node}: its raw logs were still coming back after {wait:g}s",
                     f"they stay on the node; fetch them by hand: {by_hand}",

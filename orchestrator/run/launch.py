@@ -473,7 +473,8 @@ class JobRunner:
             where = node_dir_shown(self.plan.job_id, node)
             outcome[node] = (
                 f"{node}: not tried, the teardown could not reach it; its logs stay on the "
-                f"node in {where}; fetch them by hand: {fetch_command(node, self.plan.job_id)}"
+                f"node in {where}; fetch them by hand: "
+                + fetch_command(node, self.plan.job_id, plan_transport(self.plan))
             )
         return {h: outcome[h] for h in self.plan.hosts}
 

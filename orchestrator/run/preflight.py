@@ -99,7 +99,7 @@ def probe_nodes(
     # Python can take tens of seconds to read its packages' metadata.
     probe_timeout = max(probe_timeout, timeout)
 
-    def command(node: str, role: dict[str, object] | None) -> str:
+    def command(role: dict[str, object] | None) -> str:  # the same on every node
         return probe_command(
             python, workdir=workdir, script=script, names=names, main=role,
             resolve_timeout=min(3.0, timeout / 2),
@@ -107,7 +107,7 @@ def probe_nodes(
 
     # Node 0 waits for "done"; the window only bounds it if this process dies.
     listen = listen_request(main_port, peers=len(others), window=2 * probe_timeout + timeout + 10)
-    started = transport.start(main, command(main, listen), timeout=timeout)
+    started = transport.start(main, command(listen), timeout=timeout)
     process = started.value
     main_outcome: NodeResult[CommandResult] | None = None
     if process is None:
@@ -120,7 +120,7 @@ def probe_nodes(
         connect = connect_request(main_address, main_port, window=max(1.0, min(5.0, timeout / 2)))
         outcomes = transport.run(
             others,
-            lambda node: command(node, connect if listening else None),
+            command(connect if listening else None),
             timeout=probe_timeout,
             connect_timeout=timeout,
             on_result=None if on_node is None else lambda r: on_node(r.node, r.ok),

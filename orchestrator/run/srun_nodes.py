@@ -20,10 +20,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
-from orchestrator.plan.srun_command import STEP_STARTED, node_step_argv
+from orchestrator.plan.srun_command import (
+    STEP_EXIT,
+    STEP_STARTED,
+    node_step_argv,
+)
 from orchestrator.ssh import CommandResult
 
 _STARTED = STEP_STARTED.encode() + b"\n"
@@ -85,7 +90,7 @@ def run_step(
 ) -> NodeResult[CommandResult]:
     """One command on one node, through its own srun step, bounded by `timeout`."""
     env = dict(os.environ if environ is None else environ)
-    argv = node_step_argv(node, command, slurm_job=slurm_job, environ=env)
+    argv = node_step_argv([node], command, slurm_job=slurm_job, environ=env)
     try:
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env)  # fmt: skip
@@ -96,16 +101,126 @@ def run_step(
         stdout, stderr = process.communicate(stdin or b"", timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop(process)
-        stdout, stderr = process.communicate()
-        tail = _stderr_tail(commands_stderr(stderr))
-        said = f"; it printed on stderr: {tail}" if tail else ""
-        return failed(
-            node,
-            f"{node}: command did not finish within {timeout:g}s (through srun){said}",
-            "the node is slow or stuck: check it with `scontrol show node`",
-            "timeout",
-        )
+        _stdout, stderr = process.communicate()
+        return _late(node, timeout, stderr)
     return _started(node, process.returncode, stdout, stderr)
+
+
+_LABELLED = re.compile(rb"^ *(\d+): ?(.*)$")
+
+
+@dataclass
+class _Task:
+    node: str = ""
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    exit_code: int | None = None
+
+
+def split_tasks(stdout: bytes, stderr: bytes) -> dict[str, CommandResult]:
+    """One labelled step's output (`srun --label`) as each node's own: its stdout and stderr
+    lines, and its exit code (-1: it did not say, so it did not finish). Nodes are known by
+    the line each task says first; lines without a label are srun's own."""
+    tasks: dict[int, _Task] = {}
+    for stream, data in (("stdout", stdout), ("stderr", stderr)):
+        for line in data.splitlines(keepends=True):
+            match = _LABELLED.match(line.rstrip(b"\n"))
+            if match is None:
+                continue
+            task = tasks.setdefault(int(match.group(1)), _Task())
+            text = match.group(2)
+            if stream == "stderr" and text.startswith(_STARTED.rstrip()):
+                task.node = text[len(_STARTED):].decode(errors="replace").strip()
+            elif stream == "stderr" and text.startswith(STEP_EXIT.encode() + b" "):
+                code = text.split(b" ", 1)[1].strip()
+                task.exit_code = int(code) if code.isdigit() else None
+            else:
+                getattr(task, stream).extend(text + b"\n")
+    return {
+        task.node: CommandResult(task.node, -1 if task.exit_code is None else task.exit_code,
+                                 bytes(task.stdout), commands_stderr(bytes(task.stderr)))
+        for task in tasks.values() if task.node
+    }  # fmt: skip
+
+
+Answers = dict[str, NodeResult[CommandResult]]
+
+
+def _within(process: subprocess.Popen[bytes], stdin: bytes,
+            timeout: float) -> tuple[bytes, bytes, bool]:  # fmt: skip
+    """A labelled step's stdout and stderr, and whether it ran past `timeout` (then it is
+    stopped). A task's exit line that arrives after the time is dropped: its command ended
+    because the step was stopped, not by itself."""
+    deadline = time.monotonic() + timeout
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    def read_err() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            late = time.monotonic() > deadline and STEP_EXIT.encode() in line
+            if not late:
+                err.append(line)
+
+    def read_out() -> None:
+        assert process.stdout is not None
+        out.append(process.stdout.read())
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (read_err, read_out)]
+    for reader in readers:
+        reader.start()
+    with contextlib.suppress(OSError):
+        assert process.stdin is not None
+        process.stdin.write(stdin)
+        process.stdin.close()
+    try:
+        process.wait(max(0.0, deadline - time.monotonic()))
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _stop(process)
+    for reader in readers:
+        reader.join(_STOP_GRACE_S)
+    return b"".join(out), b"".join(err), timed_out
+
+
+def _one_step(nodes: Sequence[str], command: str, *, slurm_job: str, timeout: float,
+              stdin: bytes | None, environ: Mapping[str, str]) -> Answers | None:  # fmt: skip
+    """The same command on every node as one step: each node's result, or None when the
+    step never started (a node down or refused fails the whole step: each is then asked
+    on its own, so that one bad node never hides the others)."""
+    argv = node_step_argv(nodes, command, slurm_job=slurm_job, environ=environ)
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=dict(environ))  # fmt: skip
+    stdout, stderr, timed_out = _within(process, stdin or b"", timeout)
+    answers = split_tasks(stdout, stderr)
+    if not answers:
+        return None
+    results: Answers = {}
+    for node in nodes:
+        answer = answers.get(node)
+        if answer is not None and answer.exit_code >= 0:
+            results[node] = succeeded(node, answer)
+        elif timed_out:
+            results[node] = _late(node, timeout, answer.stderr if answer else b"")
+        else:
+            said = _stderr_tail(stderr) or f"srun exited {process.returncode}"
+            results[node] = failed(node, f"{node}: its task ended without an answer: {said}",
+                                   "check the node with `scontrol show node`", "other")  # fmt: skip
+    return results
+
+
+def _late(node: str, timeout: float, stderr: bytes) -> NodeResult[CommandResult]:
+    """A command still running after `timeout`, with what it printed on stderr so far: a
+    login shell's start-up that waits on a lock says so there."""
+    tail = _stderr_tail(commands_stderr(stderr))
+    said = f"; it printed on stderr: {tail}" if tail else ""
+    return failed(
+        node,
+        f"{node}: command did not finish within {timeout:g}s (through srun){said}",
+        "the node is slow or stuck: check it with `scontrol show node`",
+        "timeout",
+    )
 
 
 def run_on_nodes_via_srun(
@@ -118,8 +233,18 @@ def run_on_nodes_via_srun(
     stdin: bytes | None = None,
     on_result: Callable[[NodeResult[CommandResult]], None] | None = None,
 ) -> GroupResult[CommandResult]:
-    """A command on every node, one step each, in parallel: one result per node, in order."""
+    """A command on every node: one result per node, in order. The same command everywhere
+    is one step of one task per node; one that differs per node is a step per node, in
+    parallel."""
     environ = dict(os.environ)
+    if isinstance(command, str) and len(nodes) > 1:
+        together = _one_step(nodes, command, slurm_job=slurm_job, timeout=timeout,
+                             stdin=stdin, environ=environ)  # fmt: skip
+        if together is not None:
+            for node in nodes:
+                if on_result is not None:
+                    on_result(together[node])
+            return GroupResult(tuple(together[node] for node in nodes))
 
     def one(node: str) -> NodeResult[CommandResult]:
         text = command(node) if callable(command) else command
@@ -136,7 +261,7 @@ class StepProcess:
     def __init__(self, node: str, command: str, *, slurm_job: str) -> None:
         self.node = node
         env = dict(os.environ)
-        argv = node_step_argv(node, command, slurm_job=slurm_job, environ=env)
+        argv = node_step_argv([node], command, slurm_job=slurm_job, environ=env)
         self._process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, env=env)  # fmt: skip
         self._lines: queue.Queue[bytes | None] = queue.Queue()
@@ -231,7 +356,7 @@ class StepSession:
     def download(self, remote: str, local: Path, timeout: float) -> None:
         """Copy one file of the node to `local`. OSError when it cannot be read."""
         env = dict(os.environ)
-        argv = node_step_argv(self.node, f"cat -- {shlex.quote(remote)}",
+        argv = node_step_argv([self.node], f"cat -- {shlex.quote(remote)}",
                               slurm_job=self.slurm_job, environ=env)  # fmt: skip
         with local.open("wb") as out:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,

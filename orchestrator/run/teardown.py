@@ -182,6 +182,10 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
         ok = outcome.ok
         for stopped in outcome:
             say(f"{stopped.node}: {stopped.value or stopped.why}")
+    if record.transport == SLURM and record.slurm_step and not batch:
+        # The job's own step, whatever its agents did: Slurm ends what is left of it.
+        answer = cancel(record.slurm_step)
+        say(f"Slurm step {record.slurm_step}: {'cancelled' if answer.ok else answer.problem}")
     deadline = time.monotonic() + grace + 30
     while (head_alive(record) or (batch and _slurm_active(record))) and (
         time.monotonic() < deadline

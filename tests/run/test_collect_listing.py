@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.remote import node_files, owned
 from orchestrator.run import collect
+from orchestrator.run.transport import NodeTransport
 
 ME = os.getuid()
 
@@ -66,3 +67,6 @@ def test_a_linked_user_directory_is_not_read(base: Path) -> None:
 def test_the_hand_fetch_finds_the_nodes_own_directory() -> None:
     said = collect.fetch_command("n1", "job-1")
     assert said == "ssh n1 'tar -C /tmp/orch-$(id -u)/runs/job-1 -cf - n1' | tar -xf -"
+    through_slurm = collect.fetch_command("n1", "job-1", NodeTransport(slurm_job="42"))
+    tar = "'tar -C /tmp/orch-$(id -u)/runs/job-1 -cf - n1' | tar -xf -"
+    assert through_slurm == f"srun --jobid=42 --overlap -N1 -n1 -w n1 sh -c {tar}"

@@ -7,9 +7,9 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.pernode import failed, succeeded
-from orchestrator.plan.srun_command import STEP_STARTED, node_step_argv
+from orchestrator.plan.srun_command import STEP_EXIT, STEP_STARTED, node_step_argv
 from orchestrator.run.records import JobRecord
-from orchestrator.run.srun_nodes import _started, commands_stderr
+from orchestrator.run.srun_nodes import _started, commands_stderr, split_tasks
 from orchestrator.run.transport import NodeTransport, choose_transport, transport_of
 
 pytestmark = pytest.mark.fast
@@ -17,10 +17,10 @@ pytestmark = pytest.mark.fast
 
 def test_a_node_command_is_its_own_step_beside_the_job_and_one_argv_element():
     command = "python3 -c 'print(1)' ; echo $HOME"
-    argv = node_step_argv("gpu07", command, slurm_job="4242",
+    argv = node_step_argv(["gpu07"], command, slurm_job="4242",
                           environ={"PATH": "/usr/bin", "SECRET": "x"})  # fmt: skip
-    assert argv[:6] == ["srun", "--jobid=4242", "--overlap", "--nodes=1", "--ntasks=1",
-                        "--nodelist=gpu07"]  # fmt: skip
+    assert argv[:7] == ["srun", "--jobid=4242", "--overlap", "--nodes=1", "--ntasks=1",
+                        "--ntasks-per-node=1", "--nodelist=gpu07"]  # fmt: skip
     assert "--export=PATH" in argv  # nothing else of the head's environment
     assert argv[-1] == command  # the head's shell never parses it
     assert argv[argv.index("--") + 1 : argv.index("--") + 3] == ["/bin/sh", "-c"]
@@ -104,3 +104,27 @@ def test_srun_and_slurmstepd_lines_about_the_step_are_not_the_commands():
               b"srun: error: node1: task 0: Exited with exit code 137\n"
               b"srun: error: the user's own line\n")  # fmt: skip
     assert commands_stderr(stderr) == b"pyenv: cannot rehash\nsrun: error: the user's own line\n"
+
+
+def test_one_step_for_many_nodes_labels_each_task_and_names_its_node():
+    argv = node_step_argv(["gpu07", "gpu08", "gpu10"], "probe", slurm_job="4242",
+                           environ={"PATH": "/usr/bin"})  # fmt: skip
+    assert "--nodes=3" in argv and "--ntasks-per-node=1" in argv and "--label" in argv
+    assert "--nodelist=gpu[07-08,10]" in argv and argv[-1] == "probe"
+
+
+def test_a_labelled_steps_output_is_each_nodes_own_with_its_code():
+    stdout = b"0: {\"node\": 1}\n1: line of b\n 0: more of a\n"
+    stderr = (f"0: {STEP_STARTED} gpu08\n1: {STEP_STARTED} gpu07\n1: warn\n".encode()
+              + f"0: {STEP_EXIT} 0\nsrun: error: gpu07: task 1: Exited with exit code 2\n"
+              f"1: {STEP_EXIT} 2\n".encode())  # fmt: skip
+    tasks = split_tasks(stdout, stderr)
+    assert tasks["gpu08"].stdout == b'{"node": 1}\nmore of a\n' and tasks["gpu08"].exit_code == 0
+    assert (tasks["gpu07"].stdout, tasks["gpu07"].stderr, tasks["gpu07"].exit_code) == (
+        b"line of b\n", b"warn\n", 2)
+
+
+def test_a_task_that_never_said_its_end_did_not_finish():
+    tasks = split_tasks(b"0: partial\n", f"0: {STEP_STARTED} gpu07\n".encode())
+    assert tasks["gpu07"].exit_code == -1
+    assert split_tasks(b"", b"srun: error: Unable to create step\n") == {}

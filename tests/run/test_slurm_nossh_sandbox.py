@@ -35,10 +35,16 @@ def no_ssh_sandbox(sandbox_factory):
     return state
 
 
-def _in_allocation(state, runs: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["salloc", "-N2", "--ntasks-per-node=2", *argv], cwd=REPO,
-                          env=slurm_env(state, runs), capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
+def _in_allocation(state, runs: Path, argv: list[str], *,
+                   home: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`salloc -N2 --ntasks-per-node=2 ...`; with `home`, as a user with no SSH key and no
+    SSH configuration at all (an empty home)."""
+    env = slurm_env(state, runs)
+    if home is not None:
+        home.mkdir(exist_ok=True)
+        env["HOME"] = str(home)
+    return subprocess.run(["salloc", "-N2", "--ntasks-per-node=2", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
 
 
 def _launch(*args: str) -> list[str]:
@@ -121,8 +127,9 @@ def test_node_commands_as_srun_steps_give_each_nodes_own_answer(no_ssh_sandbox, 
 
 def test_a_job_runs_through_srun_alone_and_its_raw_logs_come_back(no_ssh_sandbox, tmp_path):
     names = [node.name for node in no_ssh_sandbox.nodes]
-    result = _in_allocation(no_ssh_sandbox, tmp_path, _launch(
-        "--launcher", "torchrun", ALLREDUCE, "--", "--steps", "2"))  # fmt: skip
+    home, tmp_path = tmp_path / "home", tmp_path / "runs"
+    launch = _launch("--launcher", "torchrun", ALLREDUCE, "--", "--steps", "2")
+    result = _in_allocation(no_ssh_sandbox, tmp_path, launch, home=home)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "every node operation goes through Slurm job" in result.stderr
     [job_id] = job_ids(tmp_path)
@@ -151,7 +158,8 @@ def test_a_crash_and_a_hang_are_named_with_every_ranks_stack_through_srun(no_ssh
     assert sorted(r for b in kept["stacks"]["blocks"] for r in b["ranks"]) == [0, 1]
     hang = _in_allocation(no_ssh_sandbox, tmp_path / "hang", _launch(
         "--launcher", "torchrun", "--hang-timeout", "8", STEPPING, "--", "--compute", "0",
-        "--stall-rank", "1", "--stall-after", "2", "--max-seconds", "120"))  # fmt: skip
+        "--stall-rank", "1", "--stall-after", "2", "--max-seconds", "120"),
+        home=tmp_path / "home")  # fmt: skip
     assert hang.returncode == 124, hang.stderr[-3000:]
     [job_id] = job_ids(tmp_path / "hang")
     record = job_json(tmp_path / "hang", job_id)
