@@ -69,10 +69,12 @@ STEP_STARTED = "orch-step-started"
 # Runs the command as ssh would (a shell's -c), after saying the step started.
 _STEP_SHELL = f'echo {STEP_STARTED} >&2; exec /bin/sh -c "$1"'
 # One step for many nodes: each task says which node it is first and its command's exit
-# code last, on stderr, so that one step gives one result per node.
+# code last, on stderr, so that one step gives one result per node. Its stdout goes as hex
+# (od, 16 bytes a line): srun --label cuts lines at 1024 bytes, and a probe's JSON is longer.
 STEP_EXIT = "orch-step-exit"
 _TASK_SHELL = (
-    f'echo "{STEP_STARTED} $SLURMD_NODENAME" >&2; /bin/sh -c "$1"; code=$?; '
+    f'echo "{STEP_STARTED} $SLURMD_NODENAME" >&2; exec 3>&1; '
+    'code=$( { { /bin/sh -c "$1"; echo $? >&4; } | od -An -v -tx1 >&3; } 4>&1 ); '
     f'echo "{STEP_EXIT} $code" >&2; exit $code'
 )
 

@@ -1,7 +1,8 @@
 """Node commands through Slurm, for allocations whose compute nodes refuse SSH: the same
 contract as `ssh.run_on_nodes` (one result per node, in order, each bounded by a timeout)
-and as an ssh session's `start` (a command left running, read line by line), each node's
-command in its own srun step beside the job's (plan/srun_command.py builds the argv).
+and as an ssh session's `start` (a command left running, read line by line), through srun
+steps beside the job's (plan/srun_command.py builds the argv): the same command on many
+nodes is one step with a task per node, a command of one node its own step.
 
 What ssh gives by its channel, srun gives by its pipes: stdin goes to the command (so a
 secret never sits on a command line), stdout and stderr come back apart, the exit code is
@@ -117,10 +118,19 @@ class _Task:
     exit_code: int | None = None
 
 
+def _unhex(line: bytes) -> bytes:
+    """A line of od's hex bytes; a line that is not one (a cut or foreign line) is lost, not
+    mistaken for output."""
+    try:
+        return bytes.fromhex(line.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return b""
+
+
 def split_tasks(stdout: bytes, stderr: bytes) -> dict[str, CommandResult]:
-    """One labelled step's output (`srun --label`) as each node's own: its stdout and stderr
-    lines, and its exit code (-1: it did not say, so it did not finish). Nodes are known by
-    the line each task says first; lines without a label are srun's own."""
+    """One labelled step's output (`srun --label`) as each node's own: its stdout (sent as
+    hex), its stderr lines, and its exit code (-1: it did not say, so it did not finish).
+    Nodes are known by the line each task says first; lines without a label are srun's."""
     tasks: dict[int, _Task] = {}
     for stream, data in (("stdout", stdout), ("stderr", stderr)):
         for line in data.splitlines(keepends=True):
@@ -134,8 +144,10 @@ def split_tasks(stdout: bytes, stderr: bytes) -> dict[str, CommandResult]:
             elif stream == "stderr" and text.startswith(STEP_EXIT.encode() + b" "):
                 code = text.split(b" ", 1)[1].strip()
                 task.exit_code = int(code) if code.isdigit() else None
+            elif stream == "stdout":
+                task.stdout.extend(_unhex(text))
             else:
-                getattr(task, stream).extend(text + b"\n")
+                task.stderr.extend(text + b"\n")
     return {
         task.node: CommandResult(task.node, -1 if task.exit_code is None else task.exit_code,
                                  bytes(task.stdout), commands_stderr(bytes(task.stderr)))
@@ -190,8 +202,11 @@ def _one_step(nodes: Sequence[str], command: str, *, slurm_job: str, timeout: fl
     step never started (a node down or refused fails the whole step: each is then asked
     on its own, so that one bad node never hides the others)."""
     argv = node_step_argv(nodes, command, slurm_job=slurm_job, environ=environ)
-    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=dict(environ))  # fmt: skip
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=dict(environ))  # fmt: skip
+    except FileNotFoundError:
+        return None  # each node's own step says srun is missing
     stdout, stderr, timed_out = _within(process, stdin or b"", timeout)
     answers = split_tasks(stdout, stderr)
     if not answers:

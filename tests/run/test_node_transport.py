@@ -114,7 +114,11 @@ def test_one_step_for_many_nodes_labels_each_task_and_names_its_node():
 
 
 def test_a_labelled_steps_output_is_each_nodes_own_with_its_code():
-    stdout = b"0: {\"node\": 1}\n1: line of b\n 0: more of a\n"
+    def od(text: bytes) -> str:  # as `od -An -v -tx1` writes bytes
+        return " " + " ".join(f"{byte:02x}" for byte in text)
+
+    first, second, third = b'{"node": 1}', b"line of b" + bytes([10]), b"\nmore of a\n"
+    stdout = f"0: {od(first)}\n1: {od(second)}\n 0: {od(third)}\n".encode()
     stderr = (f"0: {STEP_STARTED} gpu08\n1: {STEP_STARTED} gpu07\n1: warn\n".encode()
               + f"0: {STEP_EXIT} 0\nsrun: error: gpu07: task 1: Exited with exit code 2\n"
               f"1: {STEP_EXIT} 2\n".encode())  # fmt: skip
@@ -125,6 +129,6 @@ def test_a_labelled_steps_output_is_each_nodes_own_with_its_code():
 
 
 def test_a_task_that_never_said_its_end_did_not_finish():
-    tasks = split_tasks(b"0: partial\n", f"0: {STEP_STARTED} gpu07\n".encode())
+    tasks = split_tasks(b"0: 70 61\n", f"0: {STEP_STARTED} gpu07\n".encode())
     assert tasks["gpu07"].exit_code == -1
     assert split_tasks(b"", b"srun: error: Unable to create step\n") == {}
