@@ -90,8 +90,9 @@ def test_the_timeline_marks_the_cause_row_and_the_first_failure(run):
     at_fault = [(row.node, row.rank) for row in drawn.rows if row.at_fault]
     assert at_fault == [(CAUSE_NODE, None), (CAUSE_NODE, CAUSE_RANK)]
     cause_row = next(row for row in drawn.rows if row.rank == CAUSE_RANK)
-    assert drawn.marker is not None
-    assert drawn.marker[0] == pytest.approx(cause_row.bar[0] + cause_row.bar[1], abs=0.2)
+    failure = drawn.line("first-failure")
+    assert failure is not None and "rank 5 on n2" in failure.title
+    assert failure.x == pytest.approx(cause_row.bar[0] + cause_row.bar[1], abs=0.2)
 
 
 def test_a_job_without_stacks_or_logs_still_has_a_page(tmp_path):

@@ -1,0 +1,193 @@
+"""Progress per rank, kept as the job runs: runs/<job>/progress.jsonl, for the report.
+
+    {"t": 1795000003.5, "node": "n1", "rank": 3, "n": 45, "total": 100, "rate": 30.1}
+
+A sample comes from a rank's progress bar (a tqdm frame: n/total and its rate) or from a
+line it printed (`step 45`). Bounded: at most one sample per rank per `interval` seconds,
+and `cap` per job; half-way through what is left of the cap the interval doubles, so a long
+job is still drawn to its end, more sparsely, and the file never holds more than `cap`
+samples.
+
+It also notes when each rank and node was first and last heard from, and each node's last
+heartbeat: the timeline's moments (run/moments.py), written when the job ends.
+
+This sits on the log path: every line of the job passes `line`, so it does one dict
+lookup and one comparison per line; the text is searched only when a sample is due.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from orchestrator.remote.logwire import global_rank
+from orchestrator.run.moments import Moment, MomentKind, json_lines, open_private
+
+PROGRESS_FILE = "progress.jsonl"
+SAMPLE_INTERVAL_S = 1.0
+SAMPLE_CAP = 50_000  # about 4 MB of samples: 1000 ranks for 25 s at full rate, then sparser
+
+_BAR_COUNT = re.compile(rb"(\d+)/(\d+) \[")  # tqdm: "45/100 [00:01<00:02, 30.1it/s]"
+_BAR_COUNT_ONLY = re.compile(rb"(?<![\d/])(\d+)(?:it)? \[\d")  # a bar without a total: "45it ["
+_PER_SECOND = re.compile(rb"([\d.]+)\s?[A-Za-z]*/s\b")  # "30.1it/s"
+_SECONDS_PER = re.compile(rb"([\d.]+)s/[A-Za-z]+")  # "1.20s/it"
+_STEP = re.compile(rb"\b(?:step|iter|iteration)[\s:=#]*(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
+
+
+_Found = tuple[int, int | None, float | None]  # n, total, rate per second
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    node: str
+    rank: int
+    n: int
+    total: int | None = None
+    rate: float | None = None  # items per second, as the bar said
+
+
+def bar_sample(data: bytes) -> _Found | None:
+    """(n, total, rate per second) of a progress bar's frame; None when it shows none."""
+    found = _BAR_COUNT.search(data)
+    if found is not None:
+        n, total = int(found.group(1)), int(found.group(2))
+    else:
+        bare = _BAR_COUNT_ONLY.search(data)
+        if bare is None:
+            return None
+        n, total = int(bare.group(1)), None
+    return n, total, _rate(data)
+
+
+def _rate(data: bytes) -> float | None:
+    try:
+        per = _SECONDS_PER.search(data)
+        if per is not None:
+            seconds = float(per.group(1))
+            return 1.0 / seconds if seconds > 0 else None
+        rate = _PER_SECOND.search(data)
+        return float(rate.group(1)) if rate is not None else None
+    except ValueError:  # "1.2.3it/s"
+        return None
+
+
+def line_sample(data: bytes) -> _Found | None:
+    """(step, total, None) of a printed line (`step 45`, `iter 45/100`), or of a bar's last
+    frame printed as a line; None without one."""
+    found = _STEP.search(data)
+    if found is not None:
+        return int(found.group(1)), int(found.group(2)) if found.group(2) else None, None
+    return bar_sample(data) if b"[" in data else None
+
+
+class _Source:
+    """One rank (or one node's launcher, rank None): when it was heard, its next sample."""
+
+    __slots__ = ("first", "last", "last_sample", "next_at", "node", "node_json", "rank")
+
+    def __init__(self, node: str, rank: int | None, now: float) -> None:
+        self.node = node
+        self.node_json = json.dumps(node)
+        self.rank = rank
+        self.first = now
+        self.last = now
+        self.next_at = now  # the first line or frame is sampled at once
+        self.last_sample: tuple[float, int, int | None, float | None] | None = None
+
+
+class ProgressRecorder:
+    """Fed every line and frame of the job (a LogView's arguments) with the time of their
+    batch in `now`; writes samples to `path` as they are taken."""
+
+    def __init__(self, path: Path, *, interval: float = SAMPLE_INTERVAL_S,
+                 cap: int = SAMPLE_CAP, now: float = 0.0) -> None:  # fmt: skip
+        self.path = Path(path)
+        self.now = now  # set by the caller once per batch of output: no clock call per line
+        self._interval = interval
+        self._left = cap  # samples the cap still allows
+        self._stage_left = max(cap // 2, 1)  # samples before the interval doubles
+        self._sources: dict[str, _Source] = {}  # by rank label, or node for launcher lines
+        self._heartbeats: dict[str, float] = {}
+        self._file: TextIO | None = None
+        self.samples = 0
+
+    def line(self, node: str, rank: str, data: bytes) -> None:
+        source = self._sources.get(rank or node) or self._source(node, rank)
+        now = source.last = self.now
+        if now >= source.next_at and source.rank is not None:
+            self._sample(source, line_sample(data))
+
+    def frame(self, node: str, rank: str, data: bytes) -> None:
+        source = self._sources.get(rank or node) or self._source(node, rank)
+        now = source.last = self.now
+        if now >= source.next_at and source.rank is not None:
+            self._sample(source, bar_sample(data))
+
+    def heartbeat(self, node: str) -> None:
+        self._heartbeats[node] = self.now
+
+    def _source(self, node: str, rank: str) -> _Source:
+        source = self._sources[rank or node] = _Source(node, global_rank(rank), self.now)
+        return source
+
+    def _sample(self, source: _Source, found: _Found | None) -> None:
+        if found is None or self._left <= 0:
+            return  # a line without a step: the next one is looked at
+        source.next_at = self.now + self._interval
+        source.last_sample = (self.now, *found)
+        self._write(source, self.now, found)
+        self._left -= 1
+        self._stage_left -= 1
+        if self._stage_left <= 0:  # half of what was left is used: sample half as often
+            self._interval *= 2
+            self._stage_left = max(self._left // 2, 1)
+
+    def _write(self, source: _Source, t: float, found: _Found) -> None:
+        n, total, rate = found
+        if self._file is None:
+            self._file = open_private(self.path, append=True)
+        rate_text = "null" if rate is None else f"{rate:.4g}"
+        self._file.write(
+            f'{{"t":{t:.3f},"node":{source.node_json},"rank":{source.rank},"n":{n},'
+            f'"total":{"null" if total is None else total},"rate":{rate_text}}}\n'
+        )
+        self.samples += 1
+
+    def close(self) -> list[Moment]:
+        """Stop sampling; the first and last output of every rank and node, and each node's
+        last heartbeat, are returned as moments."""
+        if self._file is not None:
+            self._file.close()
+        return list(self._moments())
+
+    def _moments(self) -> Iterator[Moment]:
+        nodes: dict[str, tuple[float, float]] = {}
+        for source in self._sources.values():
+            first, last = nodes.get(source.node, (source.first, source.last))
+            nodes[source.node] = (min(first, source.first), max(last, source.last))
+            if source.rank is not None:
+                yield Moment(source.first, MomentKind.FIRST_OUTPUT, source.node, source.rank)
+                yield Moment(source.last, MomentKind.LAST_OUTPUT, source.node, source.rank)
+        for node, (first, last) in nodes.items():
+            yield Moment(first, MomentKind.FIRST_OUTPUT, node)
+            yield Moment(last, MomentKind.LAST_OUTPUT, node)
+        for node, t in self._heartbeats.items():
+            yield Moment(t, MomentKind.LAST_HEARTBEAT, node)
+
+
+def read_samples(run_path: Path) -> Iterator[Sample]:
+    """The job's progress samples, in the order they were taken; a line that is not one is
+    skipped."""
+    for doc in json_lines(Path(run_path) / PROGRESS_FILE):
+        try:
+            total, rate = doc.get("total"), doc.get("rate")
+            yield Sample(float(doc["t"]), str(doc["node"]), int(doc["rank"]), int(doc["n"]),
+                         None if total is None else int(total),
+                         None if rate is None else float(rate))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            continue
