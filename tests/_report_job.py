@@ -118,7 +118,7 @@ def _kept_as_it_ran(run: RunDir, ranks: tuple[RankRecord, ...], hosts: tuple[str
             Moment(T0 + 14.0, MomentKind.LAST_HEARTBEAT, host),
         ]
     moments += [
-        Moment(T0 + 12.2, MomentKind.FIRST_FAILURE, f"n{CAUSE_RANK // 4 + 1}", CAUSE_RANK),
+        Moment(T0 + 12.2, MomentKind.FIRST_FAILURE, _node_of(ranks, CAUSE_RANK), CAUSE_RANK),
         Moment(T0 + 12.3, MomentKind.TEARDOWN_START),
         Moment(T0 + 14.6, MomentKind.TEARDOWN_END),
         Moment(T0 + 15.9, MomentKind.END),
@@ -143,6 +143,10 @@ def _kept_as_it_ran(run: RunDir, ranks: tuple[RankRecord, ...], hosts: tuple[str
             )
     (run.path / "progress.jsonl").write_text("\n".join(samples) + "\n")
     save_preflight(run.path, T0 - 3.0, T0 - 0.5, _preflight_doc(hosts))
+
+
+def _node_of(ranks: tuple[RankRecord, ...], number: int) -> str:
+    return next(rank.node for rank in ranks if rank.rank == number)
 
 
 def _preflight_doc(hosts: tuple[str, ...]) -> dict:

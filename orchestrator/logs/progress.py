@@ -4,9 +4,10 @@
 
 A sample comes from a rank's progress bar (a tqdm frame: n/total and its rate) or from a
 line it printed (`step 45`). Bounded: at most one sample per rank per `interval` seconds,
-and `cap` per job; half-way through what is left of the cap the interval doubles, so a long
-job is still drawn to its end, more sparsely, and the file never holds more than `cap`
-samples.
+and `cap` per job: when the file holds `cap` samples, every other sample of each rank is
+dropped and the interval doubles, so the file never holds more than `cap` samples and a
+job of any length is drawn from its start to its end, evenly (this happens about log2 of
+its length times, each a rewrite of at most `cap` short lines).
 
 It also notes when each rank and node was first and last heard from, and each node's last
 heartbeat: the timeline's moments (run/moments.py), written when the job ends.
@@ -29,7 +30,7 @@ from orchestrator.run.moments import Moment, MomentKind, json_lines, open_privat
 
 PROGRESS_FILE = "progress.jsonl"
 SAMPLE_INTERVAL_S = 1.0
-SAMPLE_CAP = 50_000  # about 4 MB of samples: 1000 ranks for 25 s at full rate, then sparser
+SAMPLE_CAP = 50_000  # about 4 MB: 1000 ranks keep at least 25 samples each, however long
 
 _BAR_COUNT = re.compile(rb"(\d+)/(\d+) \[")  # tqdm: "45/100 [00:01<00:02, 30.1it/s]"
 _BAR_COUNT_ONLY = re.compile(rb"(?<![\d/])(\d+)(?:it)? \[\d")  # a bar without a total: "45it ["
@@ -88,7 +89,7 @@ def line_sample(data: bytes) -> _Found | None:
 class _Source:
     """One rank (or one node's launcher, rank None): when it was heard, its next sample."""
 
-    __slots__ = ("first", "last", "last_sample", "next_at", "node", "node_json", "rank")
+    __slots__ = ("first", "last", "next_at", "node", "node_json", "rank")
 
     def __init__(self, node: str, rank: int | None, now: float) -> None:
         self.node = node
@@ -97,7 +98,6 @@ class _Source:
         self.first = now
         self.last = now
         self.next_at = now  # the first line or frame is sampled at once
-        self.last_sample: tuple[float, int, int | None, float | None] | None = None
 
 
 class ProgressRecorder:
@@ -109,8 +109,7 @@ class ProgressRecorder:
         self.path = Path(path)
         self.now = now  # set by the caller once per batch of output: no clock call per line
         self._interval = interval
-        self._left = cap  # samples the cap still allows
-        self._stage_left = max(cap // 2, 1)  # samples before the interval doubles
+        self._cap = max(cap, 2)
         self._sources: dict[str, _Source] = {}  # by rank label, or node for launcher lines
         self._heartbeats: dict[str, float] = {}
         self._file: TextIO | None = None
@@ -136,16 +135,30 @@ class ProgressRecorder:
         return source
 
     def _sample(self, source: _Source, found: _Found | None) -> None:
-        if found is None or self._left <= 0:
+        if found is None:
             return  # a line without a step: the next one is looked at
         source.next_at = self.now + self._interval
-        source.last_sample = (self.now, *found)
         self._write(source, self.now, found)
-        self._left -= 1
-        self._stage_left -= 1
-        if self._stage_left <= 0:  # half of what was left is used: sample half as often
-            self._interval *= 2
-            self._stage_left = max(self._left // 2, 1)
+        if self.samples >= self._cap:
+            self._thin()
+
+    def _thin(self) -> None:
+        """Every other sample of each rank dropped, and half as many taken from now on."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        seen: dict[object, int] = {}
+        kept = []
+        for doc in json_lines(self.path):
+            index = seen[doc.get("rank")] = seen.get(doc.get("rank"), -1) + 1
+            if index % 2 == 0:
+                kept.append(json.dumps(doc, separators=(",", ":")) + "\n")
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open_private(tmp, append=False) as file:
+            file.writelines(kept)
+        tmp.replace(self.path)
+        self.samples = len(kept)
+        self._interval *= 2
 
     def _write(self, source: _Source, t: float, found: _Found) -> None:
         n, total, rate = found

@@ -152,3 +152,4 @@ def test_shape_of_uneven_nodes_gives_the_totals(run):
     assert shape(2, ranks) == "2 nodes × 4 ranks"
     assert shape(3, ranks) == "3 nodes, 8 ranks"
     assert shape(1, ()) == "1 node"
+
