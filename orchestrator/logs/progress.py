@@ -7,7 +7,8 @@ line it printed (`step 45`). Bounded: at most one sample per rank per `interval`
 and `cap` per job: when the file holds `cap` samples, every other sample of each rank is
 dropped and the interval doubles, so the file never holds more than `cap` samples and a
 job of any length is drawn from its start to its end, evenly (this happens about log2 of
-its length times, each a rewrite of at most `cap` short lines).
+its length times, each a rewrite of at most `cap` short lines). When the job ends, each
+rank's last line or frame gives one more sample, so the chart ends where the rank did.
 
 It also notes when each rank and node was first and last heard from, and each node's last
 heartbeat: the timeline's moments (run/moments.py), written when the job ends.
@@ -89,7 +90,9 @@ def line_sample(data: bytes) -> _Found | None:
 class _Source:
     """One rank (or one node's launcher, rank None): when it was heard, its next sample."""
 
-    __slots__ = ("first", "last", "next_at", "node", "node_json", "rank")
+    __slots__ = (
+        "first", "frame", "last", "line", "next_at", "node", "node_json", "rank", "sampled",
+    )  # fmt: skip
 
     def __init__(self, node: str, rank: int | None, now: float) -> None:
         self.node = node
@@ -98,6 +101,9 @@ class _Source:
         self.first = now
         self.last = now
         self.next_at = now  # the first line or frame is sampled at once
+        self.sampled = -1.0  # when the last sample was taken
+        self.line = b""  # the last line and frame seen: the job's end samples them
+        self.frame = b""
 
 
 class ProgressRecorder:
@@ -118,12 +124,14 @@ class ProgressRecorder:
     def line(self, node: str, rank: str, data: bytes) -> None:
         source = self._sources.get(rank or node) or self._source(node, rank)
         now = source.last = self.now
+        source.line = data
         if now >= source.next_at and source.rank is not None:
             self._sample(source, line_sample(data))
 
     def frame(self, node: str, rank: str, data: bytes) -> None:
         source = self._sources.get(rank or node) or self._source(node, rank)
         now = source.last = self.now
+        source.frame = data
         if now >= source.next_at and source.rank is not None:
             self._sample(source, bar_sample(data))
 
@@ -138,6 +146,7 @@ class ProgressRecorder:
         if found is None:
             return  # a line without a step: the next one is looked at
         source.next_at = self.now + self._interval
+        source.sampled = self.now
         self._write(source, self.now, found)
         if self.samples >= self._cap:
             self._thin()
@@ -172,8 +181,14 @@ class ProgressRecorder:
         self.samples += 1
 
     def close(self) -> list[Moment]:
-        """Stop sampling; the first and last output of every rank and node, and each node's
-        last heartbeat, are returned as moments."""
+        """Stop sampling: each rank's last line or frame, when later than its last sample,
+        is its last sample. The first and last output of every rank and node, and each
+        node's last heartbeat, are returned as moments."""
+        for source in self._sources.values():
+            if source.rank is not None and source.last > source.sampled:
+                found = line_sample(source.line) or bar_sample(source.frame)
+                if found is not None:
+                    self._write(source, source.last, found)
         if self._file is not None:
             self._file.close()
         return list(self._moments())

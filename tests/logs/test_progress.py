@@ -62,8 +62,18 @@ def test_at_most_one_sample_per_rank_per_second(tmp_path):
     samples = _samples(tmp_path)
     for rank in range(3):
         times = [s["t"] for s in samples if s["rank"] == rank]
-        assert times == [100.0, 101.0, 102.0, 103.0, 104.0]
-    assert [s.n for s in read_samples(tmp_path) if s.rank == 0] == [0, 10, 20, 30, 40]
+        assert times == [100.0, 101.0, 102.0, 103.0, 104.0, 104.9]  # and the last one seen
+    assert [s.n for s in read_samples(tmp_path) if s.rank == 0] == [0, 10, 20, 30, 40, 49]
+
+
+def test_the_job_s_end_samples_each_rank_s_last_bar_when_its_last_line_has_no_count(tmp_path):
+    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, now=1.0)
+    recorder.frame("n1", "0/0", b"10/30 [00:01<00:02, 10.0it/s]")
+    recorder.now = 1.5
+    recorder.frame("n1", "0/0", b"30/30 [00:03<00:00, 10.0it/s]")
+    recorder.line("n1", "0/0", b"rank 0 done")
+    recorder.close()
+    assert [(s["t"], s["n"]) for s in _samples(tmp_path)] == [(1.0, 10), (1.5, 30)]
 
 
 def test_a_line_without_a_step_leaves_the_sample_to_the_next_one(tmp_path):
@@ -83,11 +93,11 @@ def test_the_cap_holds_and_a_long_job_is_drawn_evenly_to_its_end(tmp_path):
             recorder.line("n1", f"{rank}/{rank}", b"step %d" % second)
     recorder.close()
     samples = _samples(tmp_path)
-    assert cap // 2 <= len(samples) <= cap
+    assert cap // 2 <= len(samples) <= cap + 2  # the cap, and each rank's last
     for rank in range(2):
         times = [s["t"] for s in samples if s["rank"] == rank]
-        assert times[0] == 0.0 and times[-1] > 1900  # from its start to its end
-        gaps = {b - a for a, b in itertools.pairwise(times)}
+        assert times[0] == 0.0 and times[-1] == 1999.0  # from its start to its end
+        gaps = {b - a for a, b in itertools.pairwise(times[:-1])}
         assert gaps == {128.0}  # evenly: every other sample went, each time the cap was met
     assert (tmp_path / PROGRESS_FILE).stat().st_mode & 0o777 == 0o600
 
