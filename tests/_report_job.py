@@ -38,7 +38,7 @@ def rank_records(nodes: int, per_node: int) -> tuple[RankRecord, ...]:
         cause = role == "cause"
         ranks.append(RankRecord(
             node=node, rank=index, local_rank=local, pid=1000 + index,
-            start=T0 + 1.0 + 0.2 * (index // per_node), end=T0 + (12.0 if cause else 14.5),
+            start=T0 + 1.0 + 0.2 * (index // per_node % 8), end=T0 + (12.0 if cause else 14.5),
             exit_code=1 if cause else (0 if role == "succeeded" else 143),
             signal=None if role != "consequence" else "SIGTERM", role=role,
         ))  # fmt: skip
