@@ -19,6 +19,7 @@ lookup and one comparison per line; the text is searched only when a sample is d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -120,6 +121,7 @@ class ProgressRecorder:
         self._heartbeats: dict[str, float] = {}
         self._file: TextIO | None = None
         self.samples = 0
+        self.problem: str | None = None  # why sampling stopped
 
     def line(self, node: str, rank: str, data: bytes) -> None:
         source = self._sources.get(rank or node) or self._source(node, rank)
@@ -143,16 +145,23 @@ class ProgressRecorder:
         return source
 
     def _sample(self, source: _Source, found: _Found | None) -> None:
-        if found is None:
+        if found is None or self.problem is not None:
             return  # a line without a step: the next one is looked at
         source.next_at = self.now + self._interval
         source.sampled = self.now
         self._write(source, self.now, found)
-        if self.samples >= self._cap:
+        if self.samples >= self._cap and self.problem is None:
             self._thin()
 
     def _thin(self) -> None:
         """Every other sample of each rank dropped, and half as many taken from now on."""
+        try:
+            self._rewrite_every_other()
+        except OSError as err:
+            self._stop(err)
+        self._interval *= 2
+
+    def _rewrite_every_other(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -167,17 +176,29 @@ class ProgressRecorder:
             file.writelines(kept)
         tmp.replace(self.path)
         self.samples = len(kept)
-        self._interval *= 2
+
+    def _stop(self, err: OSError) -> None:
+        """Samples are for the job's page: one that cannot be written stops the sampling,
+        never the job (this runs on its log path)."""
+        self.problem = f"progress samples stopped: {err}"
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
 
     def _write(self, source: _Source, t: float, found: _Found) -> None:
         n, total, rate = found
-        if self._file is None:
-            self._file = open_private(self.path, append=True)
         rate_text = "null" if rate is None else f"{rate:.4g}"
-        self._file.write(
-            f'{{"t":{t:.3f},"node":{source.node_json},"rank":{source.rank},"n":{n},'
-            f'"total":{"null" if total is None else total},"rate":{rate_text}}}\n'
-        )
+        try:
+            if self._file is None:
+                self._file = open_private(self.path, append=True)
+            self._file.write(
+                f'{{"t":{t:.3f},"node":{source.node_json},"rank":{source.rank},"n":{n},'
+                f'"total":{"null" if total is None else total},"rate":{rate_text}}}\n'
+            )
+        except OSError as err:
+            self._stop(err)
+            return
         self.samples += 1
 
     def close(self) -> list[Moment]:
@@ -185,12 +206,15 @@ class ProgressRecorder:
         is its last sample. The first and last output of every rank and node, and each
         node's last heartbeat, are returned as moments."""
         for source in self._sources.values():
-            if source.rank is not None and source.last > source.sampled:
+            if source.rank is not None and source.last > source.sampled and not self.problem:
                 found = line_sample(source.line) or bar_sample(source.frame)
                 if found is not None:
                     self._write(source, source.last, found)
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as err:
+                self._stop(err)
         return list(self._moments())
 
     def _moments(self) -> Iterator[Moment]:

@@ -425,12 +425,14 @@ class JobRunner:
                     router.feed_lines(redactor.lines(item[1]))
             router.feed_lines(redactor.rest())
             router.close()
-            append_moments(self.run_dir.path, self.progress.close())
+            heard = self.progress.close()
             # Exits read while draining still count; the job is over, so nothing is torn down.
             for event in self.tracker.events(time.monotonic()):
                 self.verdict.feed(event)
             if self._teardown_thread is not None:
                 self._teardown_thread.join(self.settings.teardown_budget + 10)
+            # After the teardown's own moments: appends of two threads never interleave.
+            append_moments(self.run_dir.path, heard)
             self._cleanup_private()
         outcome = self.verdict.outcome(head_code, stopped_by_us=not ended_by_itself)
         return self._conclude(outcome, self._pull_raw_logs())

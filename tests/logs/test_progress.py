@@ -139,9 +139,22 @@ def test_the_samples_are_the_users_alone_and_a_planted_link_is_not_followed(tmp_
     other.mkdir()
     (other / PROGRESS_FILE).symlink_to(tmp_path / "elsewhere")
     planted = ProgressRecorder(other / PROGRESS_FILE, now=1.0)
-    with pytest.raises(OSError):
-        planted.line("n1", "0/0", b"step 1")
+    planted.line("n1", "0/0", b"step 1")  # refused, and the log path goes on
+    planted.now = 2.0
+    planted.line("n1", "0/0", b"step 2")
+    planted.close()
     assert not (tmp_path / "elsewhere").exists()
+    assert planted.problem is not None and planted.samples == 0
+
+
+def test_a_sample_that_cannot_be_written_stops_sampling_not_the_job(tmp_path):
+    recorder = ProgressRecorder(tmp_path / "gone" / PROGRESS_FILE, now=1.0)
+    recorder.line("n1", "0/0", b"step 1")  # no such directory: nothing raised
+    recorder.now = 5.0
+    recorder.line("n1", "0/0", b"step 9")
+    moments = recorder.close()
+    assert recorder.problem is not None and "progress samples stopped" in recorder.problem
+    assert {m.kind for m in moments} == {"first-output", "last-output"}  # still noted
 
 
 def test_unreadable_sample_lines_are_skipped(tmp_path):
