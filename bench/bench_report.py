@@ -141,9 +141,8 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="orch-bench-report-"))
     profile = base / "chromium-profile"
     pages: list[tuple[str, Path]] = []
-    if args.demo:
-        demo = demo_jobs(base)
-        pages += [(f"sandbox demo: {describe(d)}", d) for d in demo]
+    demo: list[Path] = demo_jobs(base) if args.demo else []
+    pages += [(f"sandbox demo: {describe(d)}", d) for d in demo]
     pages += [(f"synthetic: {describe(d)}", d) for d in map(Path, args.run_dir)]
     for ranks in (int(r) for r in args.ranks.split(",") if r):
         path = synthetic(base, ranks, args.samples)
@@ -161,8 +160,8 @@ def main() -> None:
                      f"{shown:.2f} s", f"{empty_s:.2f} s"])  # fmt: skip
         results.append({"page": label, "run_dir": str(run_dir), "bytes": size, "build_s": build,
                         "chromium_s": shown, "chromium_empty_s": empty_s})  # fmt: skip
-    if args.screenshot and args.demo:
-        failed = [d for _label, d in pages if RunDir(d).load().state == "failed"]
+    if args.screenshot:
+        failed = [d for d in demo if RunDir(d).load().state == "failed"]
         if failed:
             screenshot(failed[-1] / "report.html", args.screenshot, profile)
             print(f"screenshot: {args.screenshot}")
