@@ -16,7 +16,7 @@ from orchestrator.report.charts import heat_fill, progress_chart
 from orchestrator.report.model import Slowest
 from orchestrator.report.progress import rank_series, slowest_rank, step_time
 from orchestrator.report.timeline import timeline
-from orchestrator.run.moments import note_attempt
+from orchestrator.run.moments import Moment, MomentKind, append_moments, note_attempt
 
 
 @pytest.fixture
@@ -154,3 +154,19 @@ def test_1000_ranks_fold_into_a_heatmap_and_stay_small(tmp_path):
 )  # fmt: skip
 def test_the_heatmap_colours_step_time_against_the_median(step, fill):
     assert heat_fill(step, 0.1) == fill
+
+
+@pytest.mark.parametrize(
+    ("kind", "label"),
+    [(MomentKind.HANG, "hang detected"), (MomentKind.INTERRUPT, "interrupted"),
+     (MomentKind.ATTEMPT, "restart")],
+)  # fmt: skip
+def test_each_moment_of_the_whole_job_is_a_line_across_every_lane(run, kind, label):
+    append_moments(run.path, [Moment(T0 + 9.0, kind, detail="why")])
+    drawn = timeline(build_report(run.path))
+    assert drawn is not None
+    line = drawn.line(kind)
+    assert line is not None and line.label == label and line.title.endswith(": why")
+    html = render_html(build_report(run.path))
+    lanes = html.count('class="lane')
+    assert html.count(f'class="moment m-{kind}"') == 2 * lanes  # each lane's row and ranks
