@@ -13,8 +13,9 @@ Pages measured:
 - any run directory given with `--run-dir`.
 
 Build time is `write_report` (read the run directory, draw, write the file), in this
-process, median of REPS. Chromium time is the wall time of `chromium --headless --dump-dom`
-on the page, median of REPS, next to the same on an empty page (the browser's own start).
+process, median of REPS. Chromium time is the wall and CPU time (every process of it) of
+`chromium --headless --dump-dom` on the page, median of REPS, next to the same on an empty
+page: most of it is the browser's own start.
 """
 
 from __future__ import annotations
@@ -101,14 +102,17 @@ def build_seconds(run_dir: Path, reps: int) -> tuple[float, Path]:
     return statistics.median(times), page
 
 
-def chromium_seconds(page: Path, profile: Path, reps: int, *extra: str) -> float:
-    times = []
+def chromium_seconds(page: Path, profile: Path, reps: int) -> tuple[float, float]:
+    """Chromium's wall time and CPU time (all its processes) to load the page and print its
+    DOM, medians of `reps`."""
+    times, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        subprocess.run([CHROMIUM, *QUIET, f"--user-data-dir={profile}", *extra, "--dump-dom",
+        t0, c0 = time.perf_counter(), common.children_cpu()
+        subprocess.run([CHROMIUM, *QUIET, f"--user-data-dir={profile}", "--dump-dom",
                         page.as_uri()], capture_output=True, timeout=300, check=True)  # fmt: skip
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cpu.append(common.children_cpu() - c0)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def screenshot(page: Path, target: Path, profile: Path) -> None:
@@ -143,29 +147,33 @@ def main() -> None:
     pages: list[tuple[str, Path]] = []
     demo: list[Path] = demo_jobs(base) if args.demo else []
     pages += [(f"sandbox demo: {describe(d)}", d) for d in demo]
-    pages += [(f"synthetic: {describe(d)}", d) for d in map(Path, args.run_dir)]
+    pages += [(f"{d.name}: {describe(d)}", d) for d in map(Path, args.run_dir)]
     for ranks in (int(r) for r in args.ranks.split(",") if r):
         path = synthetic(base, ranks, args.samples)
         pages.append((f"synthetic: {describe(path)}", path))
     empty = base / "empty.html"
     empty.write_text("<!DOCTYPE html><title>empty</title>")
     chromium_seconds(empty, profile, 1)  # the profile's first use is not counted
-    empty_s = chromium_seconds(empty, profile, args.reps)
+    empty_s, empty_cpu = chromium_seconds(empty, profile, args.reps)
     rows, results = [], []
     for label, run_dir in pages:
         build, page = build_seconds(run_dir, args.reps)
-        shown = chromium_seconds(page, profile, args.reps)
+        shown, shown_cpu = chromium_seconds(page, profile, args.reps)
         size = page.stat().st_size
         rows.append([label, f"{size / 1024:.0f} KB", f"{build * 1000:.0f} ms",
-                     f"{shown:.2f} s", f"{empty_s:.2f} s"])  # fmt: skip
+                     f"{shown:.2f} s / {shown_cpu:.2f} s",
+                     f"{empty_s:.2f} s / {empty_cpu:.2f} s"])  # fmt: skip
         results.append({"page": label, "run_dir": str(run_dir), "bytes": size, "build_s": build,
-                        "chromium_s": shown, "chromium_empty_s": empty_s})  # fmt: skip
+                        "chromium_s": shown, "chromium_cpu_s": shown_cpu,
+                        "chromium_empty_s": empty_s,
+                        "chromium_empty_cpu_s": empty_cpu})  # fmt: skip
     if args.screenshot:
         failed = [d for d in demo if RunDir(d).load().state == "failed"]
         if failed:
             screenshot(failed[-1] / "report.html", args.screenshot, profile)
             print(f"screenshot: {args.screenshot}")
-    headers = ["page", "size", "build (median)", "Chromium --dump-dom (median)", "empty page"]
+    headers = ["page", "size", "build (median)", "Chromium --dump-dom, wall / CPU (median)",
+               "an empty page, wall / CPU"]  # fmt: skip
     table = common.render_table(headers, rows)
     print(table)
     path = common.write_results("report", {

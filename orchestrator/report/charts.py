@@ -67,8 +67,9 @@ def progress_chart(model: ReportModel) -> ProgressChart | None:
     scale = Scale(start, end)
     slowest = model.slowest.rank if model.slowest and model.slowest.stands_apart else None
     drawn = _per_node(model.series) if model.folded else model.series
-    lines = tuple(_polyline(series, scale, _scale_of(series, model.series), slowest,
-                            model.folded) for series in drawn)  # fmt: skip
+    most = most_steps(model.series)
+    lines = tuple(_polyline(series, scale, series.total or most, slowest, model.folded)
+                  for series in drawn)  # fmt: skip
     heat = _heat(model.series) if model.folded else ()
     heat_height = (heat[-1].y + HEAT_ROW + HEAT_GAP) if heat else 0.0
     y_ticks = tuple((_y(share), f"{share:.0%}") for share in (0.0, 0.5, 1.0))
@@ -80,10 +81,8 @@ def _y(share: float) -> float:
     return round(TOP + CHART_H * (1.0 - min(max(share, 0.0), 1.0)), 1)
 
 
-def _scale_of(series: Series, every: Sequence[Series]) -> int:
-    """What 100% is for a series: its bar's total, else the most steps any rank made."""
-    if series.total:
-        return series.total
+def most_steps(every: Sequence[Series]) -> int:
+    """What 100% is for a series without a bar's total: the most steps any such rank made."""
     return max((n for s in every if not s.total for _t, n in s.points), default=1) or 1
 
 
