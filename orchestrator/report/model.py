@@ -187,6 +187,10 @@ class ReportModel:
         """When a moment of this kind happened (for this node or rank); its first one."""
         return self._moment_times.get((kind, node, rank))
 
+    def first(self, kind: str) -> float | None:
+        """When the first moment of this kind happened, whichever node or rank it names."""
+        return next((moment.t for moment in self.moments if moment.kind == kind), None)
+
     @property
     def ranks(self) -> tuple[RankRecord, ...]:
         return tuple(rank for node in self.nodes for rank in node.ranks)

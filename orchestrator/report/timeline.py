@@ -159,7 +159,7 @@ def timeline(model: ReportModel) -> Timeline | None:
         return None
     scale = Scale(model.start, model.end)
     lanes = tuple(_lane(model, node, scale) for node in model.nodes)
-    started, ended = model.at(MomentKind.PREFLIGHT_START), model.at(MomentKind.PREFLIGHT_END)
+    started, ended = model.first(MomentKind.PREFLIGHT_START), model.first(MomentKind.PREFLIGHT_END)
     return Timeline(WIDTH, scale.ticks(), lanes, _lines(model, scale),
                     scale.bar(started, ended))  # fmt: skip
 
@@ -184,12 +184,12 @@ def _lines(model: ReportModel, scale: Scale) -> tuple[Line, ...]:
 
 
 def _first_failure_at(model: ReportModel) -> float | None:
-    """When the cause rank ended; else when the head learnt of the first failure."""
+    """The earlier of when the cause rank ended (a crash: before the head hears of it) and
+    when the head learnt of the failure (a hang: the rank at fault ends when torn down)."""
     if model.cause is None:
         return None
-    if model.cause.at is not None:
-        return model.cause.at
-    return model.at(MomentKind.FIRST_FAILURE)
+    known = [t for t in (model.cause.at, model.first(MomentKind.FIRST_FAILURE)) if t is not None]
+    return min(known) if known else None
 
 
 def _lane(model: ReportModel, node: NodeRow, scale: Scale) -> Lane:
@@ -200,8 +200,10 @@ def _lane(model: ReportModel, node: NodeRow, scale: Scale) -> Lane:
         ranks.append(_strip(node, y))
         y += RANK_H + GAP
     elif not model.folded:
+        cause = model.cause.rank if model.cause is not None else None
         for rank in node.ranks:
-            ranks.append(_rank_row(model, rank, scale, y, node.is_cause))
+            at_fault = node.is_cause and (rank.role == Role.CAUSE or rank.rank == cause)
+            ranks.append(_rank_row(model, rank, scale, y, at_fault))
             y += RANK_H + GAP
     show_open = node.is_cause or (len(model.nodes) <= OPEN_NODES_UP_TO and not model.folded)
     return Lane(node.node, head, tuple(ranks), y, node.is_cause, show_open)
@@ -236,14 +238,14 @@ def _node_row(model: ReportModel, node: NodeRow, scale: Scale) -> Row:
 
 
 def _rank_row(
-    model: ReportModel, rank: RankRecord, scale: Scale, y: float, node_at_fault: bool
+    model: ReportModel, rank: RankRecord, scale: Scale, y: float, at_fault: bool
 ) -> Row:
     local = f" (local {rank.local_rank})" if rank.local_rank is not None else ""
     title = (f"rank {rank.rank} on {rank.node}: {how(rank)}, {rank.role}, "
              f"{since(model.start, rank.start)} to {since(model.start, rank.end)}")  # fmt: skip
     return Row(
         y, RANK_H, f"rank {rank.rank}{local}", rank.node, rank.rank, f"rank role-{rank.role}",
-        title, scale.bar(rank.start, rank.end), node_at_fault and rank.role == Role.CAUSE,
+        title, scale.bar(rank.start, rank.end), at_fault,
         marks=_marks(model, scale, rank.node, rank.rank),
     )  # fmt: skip
 

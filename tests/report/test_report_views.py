@@ -170,3 +170,22 @@ def test_each_moment_of_the_whole_job_is_a_line_across_every_lane(run, kind, lab
     html = render_html(build_report(run.path))
     lanes = html.count('class="lane')
     assert html.count(f'class="moment m-{kind}"') == 2 * lanes  # each lane's row and ranks
+
+
+def test_a_hang_s_first_failure_is_when_it_was_seen_and_its_rank_is_at_fault(tmp_path):
+    """A hung rank ends only when the teardown kills it: the first failure is when the head
+    saw the hang, and the hung rank (a consequence of the teardown by its end) is at fault."""
+    run = failed_job(tmp_path)
+    doc = json.loads(run.job_file.read_text())
+    for rank in doc["ranks"]:
+        if rank["role"] == "cause":
+            rank.update(role="consequence", exit_code=143, signal="SIGTERM", end=T0 + 14.5)
+    doc["first_failure"]["kind"] = "hang"
+    run.job_file.write_text(json.dumps(doc))
+    model = build_report(run.path)
+    drawn = timeline(model)
+    assert drawn is not None and model.cause is not None
+    failure = drawn.line("first-failure")
+    assert failure is not None and "+15.2s" in failure.title  # the head saw it at T0 + 12.2
+    at_fault = [(row.node, row.rank) for row in drawn.rows if row.at_fault]
+    assert at_fault == [("n2", None), ("n2", 5)]
