@@ -14,6 +14,9 @@ Methods, alternating, several repetitions each, on a private sandbox:
                recipe: DeepSpeed's pdsh runner), output to a file
 - orch:        `orch launch --hostfile H -- print_fast.py N` (the same accelerate path,
                under orch: agent, wire, per-node logs, plain live view to a file)
+- orch@NAME:   `orch launch` as above, its head run from the source tree given as
+               `--tree NAME=PATH` (`python -m orchestrator` with PYTHONPATH=PATH): a tree
+               before a change and after it, alternating in one run on one sandbox
 
 Wall time is the whole run; head CPU is getrusage(RUSAGE_CHILDREN) of the run (pdsh,
 its ssh clients, accelerate's head side, orch's head). Lines delivered: the numbered
@@ -84,8 +87,10 @@ def count_numbered(paths: list[Path]) -> int:
 
 
 class LogRuns:
-    def __init__(self, state, base: Path, lines: int, slots: int) -> None:
+    def __init__(self, state, base: Path, lines: int, slots: int,
+                 trees: dict[str, str] | None = None) -> None:  # fmt: skip
         self.state = state
+        self.trees = trees or {}
         self.base = base
         self.lines = lines
         self.slots = slots
@@ -96,7 +101,8 @@ class LogRuns:
         self.count = 0
 
     def expected(self, method: str) -> int:
-        ranks = len(self.hosts) * (self.slots if method in ("accelerate", "orch") else 1)
+        launched = method.partition("@")[0] in ("accelerate", "orch")
+        ranks = len(self.hosts) * (self.slots if launched else 1)
         return ranks * self.lines
 
     def argv(self, method: str, token: str, workdir: Path) -> list[str]:
@@ -112,18 +118,19 @@ class LogRuns:
             ranks = "ranks" if method == "orch-wire-ranks" else "node"
             return [PYTHON, __file__, "--wire-child", ranks, ",".join(self.hosts), str(workdir),
                     *job]  # fmt: skip
-        if method in ("accelerate", "orch"):
-            return launcher_argv(
-                method, self.state, job=job, workdir=workdir, port=self.port + self.count,
-                runs_dir=workdir / "runs", processes_per_node=self.slots,
-                hostfile=str(self.hostfile),
+        if method in ("accelerate", "orch") or method.startswith("orch@"):
+            argv = launcher_argv(
+                method.partition("@")[0], self.state, job=job, workdir=workdir,
+                port=self.port + self.count, runs_dir=workdir / "runs",
+                processes_per_node=self.slots, hostfile=str(self.hostfile),
             )  # fmt: skip
+            return [PYTHON, "-m", "orchestrator", *argv[1:]] if "@" in method else argv
         raise ValueError(f"unknown method {method}")
 
     def kept(self, method: str, workdir: Path, log: Path) -> list[Path]:
         if method in WIRE_METHODS:
             return sorted((workdir / "logs").glob("*.log"))
-        if method == "orch":
+        if method.partition("@")[0] == "orch":
             return sorted((workdir / "runs").glob("*/logs/*.log"))
         return [log]
 
@@ -131,9 +138,10 @@ class LogRuns:
         token = f"bench-logs-{uuid.uuid4().hex[:10]}"
         workdir = prepare_workdir(self.base, f"{method}-{self.count + 1}")
         log = workdir / "output.log"
+        tree = self.trees.get(method.partition("@")[2])
         done = run_timed(
-            self.argv(method, token, workdir),
-            cwd=workdir, env=head_env(), timeout=RUN_TIMEOUT_S, log=log,
+            self.argv(method, token, workdir), cwd=workdir,
+            env=head_env({"PYTHONPATH": tree} if tree else None), timeout=RUN_TIMEOUT_S, log=log,
         )  # fmt: skip
         leftovers = kill_token(token)
         delivered = count_numbered(self.kept(method, workdir, log))
@@ -216,7 +224,7 @@ def table_rows(samples: dict[str, list[Sample]]) -> list[list[object]]:
     }  # fmt: skip
     rows = []
     for method, runs in samples.items():
-        ref = base[method]
+        ref = base[method.partition("@")[0]]
         lines = sorted({f"{s.extra['lines']}/{s.extra['expected']}" for s in runs})
         rows.append([
             method, wall[method].text(), cpu[method].text(),
@@ -241,6 +249,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--cap", type=float, default=3600.0, help="total time cap, seconds")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                        help="also run orch (method orch@NAME) from the source tree PATH")
     parser.add_argument("--wire-child", nargs="+", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -250,7 +260,10 @@ def main() -> None:
     if args.wire_child:
         ranks, hosts, workdir, *job = args.wire_child
         sys.exit(wire_child(ranks, hosts, workdir, job))
+    trees = dict(tree.split("=", 1) for tree in args.tree)
+    trees = {name: str(Path(path).resolve()) for name, path in trees.items()}
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    methods += tuple(f"orch@{name}" for name in trees)
     info = machine()
     print_header("log path: ranks printing as fast as Python can", info)
     print(
@@ -261,7 +274,7 @@ def main() -> None:
     budget = Budget(args.cap)
     with private_sandbox(args.nodes, args.slots, tag="lg") as state:
         base = Path(tempfile.mkdtemp(prefix="orch-bench-logs-"))
-        runs = LogRuns(state, base, args.lines, args.slots)
+        runs = LogRuns(state, base, args.lines, args.slots, trees)
         samples = run_alternating(methods, args.reps, budget, runs.run)
     table = render_table(HEADERS, table_rows(samples))
     print(table)
@@ -274,6 +287,7 @@ def main() -> None:
             "machine": info,
             "machine_line": machine_line(info),
             "methods": methods,
+            "trees": trees,
             "nodes": args.nodes,
             "slots": args.slots,
             "lines_per_rank": args.lines,

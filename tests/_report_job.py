@@ -1,5 +1,7 @@
 """A failed job's run directory, as orch leaves it, for the report's tests: job.json with
-every rank's end, the teardown's stacks and each node's log."""
+every rank's end, the teardown's stacks, each node's log, and what was kept as it ran: its
+moments, every rank's progress (rank STRAGGLER three times slower per step than the others)
+and the pre-flight's report."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orchestrator.run.moments import Moment, MomentKind, append_moments, save_preflight
 from orchestrator.run.records import FirstFailure, JobRecord, RankRecord, RunDir
 from orchestrator.run.verdict import FailureKind, JobState
 from orchestrator.stacks.model import Frame, NodeReport, RankStacks, ThreadStack
@@ -17,6 +20,8 @@ T0 = 1_795_000_000.0  # 2026-11-18, on the head's clock
 HOSTILE = "<script>alert(1)</script>"
 CAUSE_RANK, CAUSE_NODE = 5, "n2"
 EXCEPTION = "RuntimeError: CUDA error: an illegal memory access was encountered"
+STRAGGLER = 2  # on n1: 0.3 s per step, the others 0.1 s
+ODD_TORCH = ("n2", "2.12.0")  # the pre-flight found n2's torch older than the others'
 
 
 def _role(rank: int) -> str:
@@ -33,7 +38,7 @@ def rank_records(nodes: int, per_node: int) -> tuple[RankRecord, ...]:
         cause = role == "cause"
         ranks.append(RankRecord(
             node=node, rank=index, local_rank=local, pid=1000 + index,
-            start=T0 + 1.0 + 0.2 * (index // per_node), end=T0 + (12.0 if cause else 14.5),
+            start=T0 + 1.0 + 0.2 * (index // per_node % 8), end=T0 + (12.0 if cause else 14.5),
             exit_code=1 if cause else (0 if role == "succeeded" else 143),
             signal=None if role != "consequence" else "SIGTERM", role=role,
         ))  # fmt: skip
@@ -58,7 +63,9 @@ def _stacks_doc(ranks: tuple[RankRecord, ...]) -> dict:
     return result_json(analyse(JOB, "2026-11-18T00:00:14+00:00", None, reports))
 
 
-def failed_job(runs: Path, nodes: int = 2, per_node: int = 4, stacks: bool = True) -> RunDir:
+def failed_job(
+    runs: Path, nodes: int = 2, per_node: int = 4, stacks: bool = True, kept: bool = True
+) -> RunDir:
     run = RunDir(runs / JOB).create()
     ranks = rank_records(nodes, per_node)
     hosts = tuple(f"n{i + 1}" for i in range(nodes))
@@ -91,7 +98,70 @@ def failed_job(runs: Path, nodes: int = 2, per_node: int = 4, stacks: bool = Tru
             lines += [f"2026-11-18T00:00:11.000Z r5/1 err {HOSTILE}",
                       f"2026-11-18T00:00:12.000Z r5/1 err {EXCEPTION}"]  # fmt: skip
         (run.logs / f"{host}.log").write_text("\n".join(lines) + "\n")
+    if kept:
+        _kept_as_it_ran(run, ranks, hosts)
     return run
+
+
+def _kept_as_it_ran(run: RunDir, ranks: tuple[RankRecord, ...], hosts: tuple[str, ...]) -> None:
+    """moments.jsonl, progress.jsonl and preflight.json, as orch writes them."""
+    moments = [Moment(T0 + 0.4, MomentKind.START)]
+    for rank in ranks:
+        moments += [
+            Moment(T0 + 1.5, MomentKind.FIRST_OUTPUT, rank.node, rank.rank),
+            Moment(rank.end - 0.5, MomentKind.LAST_OUTPUT, rank.node, rank.rank),
+        ]
+    for host in hosts:
+        moments += [
+            Moment(T0 + 1.5, MomentKind.FIRST_OUTPUT, host),
+            Moment(T0 + 11.5, MomentKind.LAST_OUTPUT, host),
+            Moment(T0 + 14.0, MomentKind.LAST_HEARTBEAT, host),
+        ]
+    moments += [
+        Moment(T0 + 12.2, MomentKind.FIRST_FAILURE, _node_of(ranks, CAUSE_RANK), CAUSE_RANK),
+        Moment(T0 + 12.3, MomentKind.TEARDOWN_START),
+        Moment(T0 + 14.6, MomentKind.TEARDOWN_END),
+        Moment(T0 + 15.9, MomentKind.END),
+    ]
+    append_moments(run.path, moments)
+    samples = []
+    for rank in ranks:
+        step = 0.3 if rank.rank == STRAGGLER else 0.1
+        for second in range(2, 12):
+            n = int((second - 1) / step)
+            samples.append(
+                json.dumps(
+                    {
+                        "t": T0 + second,
+                        "node": rank.node,
+                        "rank": rank.rank,
+                        "n": n,
+                        "total": 200,
+                        "rate": round(1 / step, 2),
+                    }
+                )
+            )
+    (run.path / "progress.jsonl").write_text("\n".join(samples) + "\n")
+    save_preflight(run.path, T0 - 3.0, T0 - 0.5, _preflight_doc(hosts))
+
+
+def _node_of(ranks: tuple[RankRecord, ...], number: int) -> str:
+    return next(rank.node for rank in ranks if rank.rank == number)
+
+
+def _preflight_doc(hosts: tuple[str, ...]) -> dict:
+    checks = {"ssh": "ok", "python": "ok", "parity": "ok", "disk": "ok"}
+    odd, version = ODD_TORCH
+    return {
+        "ok": True, "seconds": 2.5,
+        "nodes": [{"node": h, "reachable": True, "facts": None,
+                   "checks": {**checks, "parity": "warning" if h == odd else "ok"}}
+                  for h in hosts],
+        "findings": [{"node": odd, "check": "parity", "severity": "warning",
+                      "problem": f"torch {version} differs from the head's 2.13.0", "fix": "-"}],
+        "parity": [{"fact": "torch", "majority": "2.13.0",
+                    "differing": [{"node": odd, "value": version}]}],
+    }  # fmt: skip
 
 
 def _iso(epoch: float) -> str:

@@ -15,7 +15,6 @@ from rich.table import Table
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
-from orchestrator.errors import OrchError
 from orchestrator.logs.view import make_view
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import plan_summary, plan_text
@@ -146,8 +145,9 @@ def _print_report(err: Console, run_dir: Path) -> None:
     job's own outcome and exit code are what matter."""
     try:
         path = write_report(run_dir)
-    except (OrchError, OSError) as problem:
-        err.print(f"[yellow]report not written[/]: {escape(str(problem))}")
+    except Exception as problem:  # whatever it is, the job's end stands: one line, no traceback
+        why = str(problem) or type(problem).__name__
+        err.print(f"[yellow]report not written[/]: {escape(why)}")
         return
     err.print(f"report: {path}", markup=False)
 

@@ -4,8 +4,11 @@ keeps them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
+from orchestrator.run.moments import Moment
 from orchestrator.run.rank_ends import Role
 from orchestrator.run.records import RankRecord
 from orchestrator.stacks.fold import rank_ranges
@@ -13,6 +16,7 @@ from orchestrator.stacks.fold import rank_ranges
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
 # read by nobody.
 FOLD_RANKS_ABOVE = 64
+OPEN_NODES_UP_TO = 8  # the timeline shows every node's ranks open up to this many nodes
 TAIL_LINES = 20  # last lines shown per node
 
 
@@ -34,6 +38,7 @@ class NodeRow:
     log_href: str | None  # relative to the report: logs/<node>.log, None when absent
     is_cause: bool
     raw_logs: str | None = None  # why the node's raw logs were not collected
+    raw_files: tuple[str, ...] = ()  # the raw logs pulled back from it, relative links
 
     @property
     def start(self) -> float | None:
@@ -81,6 +86,73 @@ class Stacks:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """The latest sampling profile `orch stacks --profile` kept: who waits least."""
+
+    path: str
+    taken_at: str
+    seconds: float | None
+    verdict: str
+    straggler: str | None  # "rank 3 on n2", None when no rank stands apart
+    hottest: str | None  # the straggler's hottest frame of the user's code
+    ranks: tuple[tuple[int, str, float], ...]  # (rank, node, share of samples waiting)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One rank's progress over time, from its bars and lines (logs/progress.py)."""
+
+    node: str
+    rank: int
+    points: tuple[tuple[float, int], ...]  # (time, n)
+    total: int | None
+    step_s: float | None  # seconds per step, over the samples where it moved on
+
+
+@dataclass(frozen=True)
+class Slowest:
+    rank: int
+    node: str
+    step_s: float
+    median_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.step_s / self.median_s if self.median_s > 0 else 1.0
+
+    @property
+    def stands_apart(self) -> bool:
+        return self.ratio >= SLOWEST_RATIO
+
+    @property
+    def words(self) -> str:
+        pace = f"{_seconds(self.step_s)} per step against {_seconds(self.median_s)}"
+        if not self.stands_apart:
+            return (f"no rank stands apart: the slowest, rank {self.rank} on {self.node}, "
+                    f"takes {self.ratio:.2f}x the median step time ({pace})")  # fmt: skip
+        return (f"slowest: rank {self.rank} on {self.node}, {self.ratio:.1f}x the median "
+                f"step time ({pace})")  # fmt: skip
+
+
+SLOWEST_RATIO = 1.2  # a rank this much slower than the median is named as the straggler
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+@dataclass(frozen=True)
+class Parity:
+    """The pre-flight's findings as the job's directory keeps them (preflight.json)."""
+
+    checks: tuple[str, ...]  # the check groups, the table's columns
+    nodes: tuple[tuple[str, tuple[str, ...]], ...]  # (node, each group's status)
+    differing: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]  # fact, majority, odd
+    findings: tuple[str, ...]
+    seconds: float | None
+
+
+@dataclass(frozen=True)
 class ReportModel:
     job_id: str
     state: str
@@ -98,6 +170,26 @@ class ReportModel:
     nodes: tuple[NodeRow, ...]
     cause: Cause | None
     stacks: Stacks | None
+    moments: tuple[Moment, ...] = ()
+    series: tuple[Series, ...] = ()
+    slowest: Slowest | None = None
+    profile: Profile | None = None
+    parity: Parity | None = None
+
+    @cached_property
+    def _moment_times(self) -> Mapping[tuple[str, str | None, int | None], float]:
+        times: dict[tuple[str, str | None, int | None], float] = {}
+        for moment in self.moments:
+            times.setdefault((moment.kind, moment.node, moment.rank), moment.t)
+        return times
+
+    def at(self, kind: str, node: str | None = None, rank: int | None = None) -> float | None:
+        """When a moment of this kind happened (for this node or rank); its first one."""
+        return self._moment_times.get((kind, node, rank))
+
+    def first(self, kind: str) -> float | None:
+        """When the first moment of this kind happened, whichever node or rank it names."""
+        return next((moment.t for moment in self.moments if moment.kind == kind), None)
 
     @property
     def ranks(self) -> tuple[RankRecord, ...]:

@@ -1,6 +1,8 @@
-"""The report's model from a run directory's files: job.json, the teardown's stacks, the
-tail of each node's log. Reads only; a part that cannot be read is named in the page rather
-than failing it (only an unreadable job.json does)."""
+"""The report's model from a run directory's files: job.json, the moments and progress
+samples kept as the job ran (moments.jsonl, progress.jsonl), the pre-flight's report
+(preflight.json), the stacks and profiles kept (stacks/), the tail of each node's log and
+the raw logs pulled back (nodes/). Reads only; a part that cannot be read is named in the
+page rather than failing it (only an unreadable job.json does)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator.checks.model import CHECK_GROUPS
+from orchestrator.logs.progress import read_samples
 from orchestrator.report.model import (
     TAIL_LINES,
     Cause,
     NodeRow,
+    Parity,
+    Profile,
     ReportModel,
     StackGroup,
     Stacks,
 )
+from orchestrator.report.progress import rank_series, slowest_rank
+from orchestrator.run.moments import PREFLIGHT_FILE, MomentKind, read_moments
 from orchestrator.run.rank_ends import Role
 from orchestrator.run.records import FirstFailure, JobRecord, RankRecord, RunDir
 from orchestrator.run.verdict import JobState
@@ -25,6 +33,8 @@ from orchestrator.stacks.fold import rank_ranges
 from orchestrator.stacks.model import Frame
 
 TAIL_BYTES = 64 * 1024  # a log's tail is read from its end: logs run to gigabytes
+RAW_FILES_SHOWN = 12  # links to a node's pulled-back raw logs, at most
+STACKS_DIR = "stacks"
 
 
 def build_report(run_dir: Path) -> ReportModel:
@@ -34,14 +44,22 @@ def build_report(run_dir: Path) -> ReportModel:
     cause = _cause(record.first_failure, ranks)
     nodes = tuple(_node_row(run, record, node, ranks, cause) for node in _node_names(record))
     start, end = _epoch(record.started_at), _epoch(record.ended_at)
+    moments = read_moments(run.path)
+    series = rank_series(read_samples(run.path))
+    preflight = [m.t for m in moments if m.kind == MomentKind.PREFLIGHT_START]
+    kept = [_file_named(run, name) for name in _stack_files(run)]
     return ReportModel(
         job_id=record.id, state=str(record.state), verdict=verdict(record, ranks),
         command=" ".join(record.command), launcher=record.launcher, fanout=record.fanout,
         shape=shape(len(nodes), ranks), started_at=record.started_at,
         ended_at=record.ended_at, duration=duration(start, end), exit_code=record.exit_code,
-        start=_first([start, *(r.start for r in ranks)], min),
-        end=_first([end, *(r.end for r in ranks)], max),
-        nodes=nodes, cause=cause, stacks=read_stacks(run, record.teardown_stacks),
+        start=_first([start, *preflight, *(r.start for r in ranks)], min),
+        end=_first([end, *(r.end for r in ranks), *(m.t for m in moments)], max),
+        nodes=nodes, cause=cause,
+        stacks=read_stacks(run, record.teardown_stacks or _latest(kept, "dump")),
+        moments=moments, series=series, slowest=slowest_rank(series),
+        profile=read_profile(run, _latest(kept, "profile")),
+        parity=read_parity(run.path / PREFLIGHT_FILE),
     )  # fmt: skip
 
 
@@ -75,8 +93,18 @@ def _node_row(
         ranks=tuple(rank for rank in ranks if rank.node == node),
         last_lines=tail_lines(log), log_href=f"logs/{node}.log" if log.is_file() else None,
         is_cause=cause is not None and cause.node == node,
-        raw_logs=raw if raw not in (None, "ok") else None,
+        raw_logs=raw if raw not in (None, "ok") else None, raw_files=raw_files(run, node),
     )  # fmt: skip
+
+
+def raw_files(run: RunDir, node: str) -> tuple[str, ...]:
+    """The node's raw logs pulled back (nodes/<node>/...), as links relative to the page."""
+    folder = run.node_logs / node
+    try:
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    except OSError:
+        return ()
+    return tuple(p.relative_to(run.path).as_posix() for p in files[:RAW_FILES_SHOWN])
 
 
 def tail_lines(path: Path, count: int = TAIL_LINES) -> tuple[str, ...]:
@@ -147,18 +175,89 @@ def duration(start: float | None, end: float | None) -> str | None:
     return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
 
 
-# ----- the teardown's stacks (the JSON `orch stacks` keeps: stacks/report.py) ----------------
+# ----- the pre-flight's report (doctor's --json document, run/moments.py) --------------------
+def read_parity(path: Path) -> Parity | None:
+    """The pre-flight's table; None when the job ran without one (--no-doctor)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        nodes = tuple(
+            (str(n["node"]), tuple(str(n.get("checks", {}).get(g, "-")) for g in CHECK_GROUPS))
+            for n in doc.get("nodes", ())
+        )
+        differing = tuple(
+            (str(row["fact"]), str(row["majority"]),
+             tuple((str(d["node"]), str(d["value"])) for d in row.get("differing", ())))
+            for row in doc.get("parity", ())
+        )  # fmt: skip
+        findings = tuple(
+            f"{f['severity']}: {f['node']}: {f['check']}: {f['problem']}"
+            for f in doc.get("findings", ())
+        )
+        seconds = doc.get("seconds")
+        return Parity(CHECK_GROUPS, nodes, differing, findings,
+                      None if seconds is None else float(seconds))  # fmt: skip
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return Parity(CHECK_GROUPS, (), (), (f"{PREFLIGHT_FILE}: unreadable ({err})",), None)
+
+
+# ----- stacks and profiles (the JSON `orch stacks` keeps: stacks/report.py) ---------------
+def _stack_files(run: RunDir) -> list[str]:
+    folder = run.path / STACKS_DIR
+    try:
+        return sorted(f"{STACKS_DIR}/{p.name}" for p in folder.glob("*.json") if p.is_file())
+    except OSError:
+        return []
+
+
+def _file_named(run: RunDir, relative: str) -> tuple[str, Any]:
+    """(relative path, its JSON document or the error reading it)."""
+    path = (run.path / relative).resolve()
+    if not path.is_relative_to(run.path.resolve()):  # a record names files of its own only
+        return relative, ValueError(f"{relative} is outside the job's directory")
+    try:
+        return relative, json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return relative, ValueError(f"{relative}: unreadable ({err})")
+
+
+def _latest(kept: list[tuple[str, Any]], mode: str) -> str | None:
+    """The newest document of this mode ("dump", "profile") in stacks/."""
+    found = [name for name, doc in kept if isinstance(doc, dict) and doc.get("mode") == mode]
+    return found[-1] if found else None
+
+
 def read_stacks(run: RunDir, relative: str | None) -> Stacks | None:
     if not relative:
         return None
-    path = (run.path / relative).resolve()
-    if not path.is_relative_to(run.path.resolve()):  # a record names files of its own only
-        return Stacks(relative, (), (f"{relative} is outside the job's directory",))
+    name, doc = _file_named(run, relative)
+    if isinstance(doc, Exception):
+        return Stacks(name, (), (str(doc),))
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
         return Stacks(relative, _groups(doc), _stack_problems(doc))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         return Stacks(relative, (), (f"{relative}: unreadable ({err})",))
+
+
+def read_profile(run: RunDir, relative: str | None) -> Profile | None:
+    if not relative:
+        return None
+    _name, doc = _file_named(run, relative)
+    try:
+        profile = doc["profile"]
+        straggler = profile.get("straggler")
+        seconds = doc.get("seconds")
+        return Profile(
+            path=relative, taken_at=str(doc.get("taken_at", "")),
+            seconds=None if seconds is None else float(seconds), verdict=str(profile["verdict"]),
+            straggler=f"rank {straggler['rank']} on {straggler['node']}" if straggler else None,
+            hottest=straggler.get("hottest_user_frame") if straggler else None,
+            ranks=tuple((int(r["rank"]), str(r["node"]), float(r["comm_share"]))
+                        for r in profile.get("ranks", ())),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def _groups(doc: Mapping[str, Any]) -> tuple[StackGroup, ...]:

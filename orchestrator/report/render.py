@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from orchestrator.errors import OrchError
+from orchestrator.report.charts import progress_chart
 from orchestrator.report.model import ReportModel, how, since
 from orchestrator.report.read import build_report
 from orchestrator.report.timeline import timeline
@@ -28,7 +29,9 @@ _ENV.globals.update(since=since, how=how)
 
 def render_html(model: ReportModel) -> str:
     try:
-        return _ENV.get_template("report.html.j2").render(m=model, t=timeline(model))
+        return _ENV.get_template("report.html.j2").render(
+            m=model, t=timeline(model), p=progress_chart(model)
+        )
     except jinja2.TemplateError as err:
         raise OrchError(f"the report of job {model.job_id} could not be drawn ({err})") from err
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
+from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
 from orchestrator.logs.redact import Redactor, secret_values
 from orchestrator.logs.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
 from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
@@ -43,6 +44,7 @@ from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.remote.logwire import ControlKind, global_rank
 from orchestrator.run import slurm
 from orchestrator.run.collect import LogCollector, fetch_command
+from orchestrator.run.moments import Moment, MomentKind, append_moments
 from orchestrator.run.pdsh import (
     StreamingProcess,
     is_pdsh_own,
@@ -210,9 +212,13 @@ class _Tracker:
     It sees every line of the job, so it keeps them as they came (bytes) and decodes
     only what is read: a few lines when a job fails."""
 
-    def __init__(self, hosts: tuple[str, ...], forward: LogView | None) -> None:
+    def __init__(
+        self, hosts: tuple[str, ...], forward: LogView | None,
+        progress: ProgressRecorder | None = None,
+    ) -> None:  # fmt: skip
         self.hosts = set(hosts)
         self.forward = forward
+        self.progress = progress  # the report's progress samples and moments
         self.tails: dict[str, deque[tuple[int | None, bytes]]] = {
             h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")
         }
@@ -244,6 +250,8 @@ class _Tracker:
         return found
 
     def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
+        if self.progress is not None:
+            self.progress.line(node, rank, data)
         number: int | None = None
         if rank:
             number, tail = self._rank(rank, node)
@@ -278,6 +286,8 @@ class _Tracker:
         return [data.decode("utf-8", "replace") for data in self.rank_tails.get(rank, ())]
 
     def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
+        if self.progress is not None:
+            self.progress.frame(node, rank, data)
         self.heard.add(node)
         self.ranks_wrote = self.ranks_wrote or node in self.hosts
         if self.forward is not None:
@@ -290,6 +300,8 @@ class _Tracker:
         node_time = fields.get("t")
         if kind == ControlKind.HEARTBEAT and isinstance(node_time, (int, float)):
             self.clocks.note(node, float(node_time), time.time())
+            if self.progress is not None:
+                self.progress.heartbeat(node)
         if kind == ControlKind.RANK_END and node in self.hosts:
             end = rank_end_from_fields(node, fields, self.clocks)
             if end is not None:
@@ -343,7 +355,8 @@ class JobRunner:
         self.run_dir = run
         self.record = record
         self.settings = settings or WatchSettings()
-        self.tracker = _Tracker(plan.hosts, view)
+        self.progress = ProgressRecorder(run.path / PROGRESS_FILE, now=time.time())
+        self.tracker = _Tracker(plan.hosts, view, self.progress)
         self.verdict = JobVerdict(
             plan.hosts, self.settings, head_launcher=bool(plan.launch.head_command)
         )
@@ -366,6 +379,13 @@ class JobRunner:
     def interrupt(self, signum: int) -> None:
         self.signal = signum
 
+    def _moment(self, kind: MomentKind, failure: Failure | None = None,
+                detail: str | None = None) -> None:  # fmt: skip
+        """A moment for the report's timeline (run/moments.py), on the head's clock."""
+        node = (failure.node or None) if failure is not None else None
+        rank = failure.rank if failure is not None else None
+        append_moments(self.run_dir.path, [Moment(time.time(), kind, node, rank, detail)])
+
     # -- starting ----------------------------------------------------------------
     def _start(self) -> StreamingProcess:
         """Write the plan's private files, then start what the plan says the head runs."""
@@ -383,6 +403,7 @@ class JobRunner:
         except BaseException:
             self._cleanup_private()
             raise
+        self._moment(MomentKind.START)
         chunks: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
         reader = threading.Thread(target=_read_into, args=(process.stdout, chunks), daemon=True)
         reader.start()
@@ -402,14 +423,18 @@ class JobRunner:
             reader.join(2.0)
             with contextlib.suppress(queue.Empty):
                 while (item := chunks.get_nowait()) is not None:
+                    self.progress.now = time.time()
                     router.feed_lines(redactor.lines(item[1]))
             router.feed_lines(redactor.rest())
             router.close()
+            heard = self.progress.close()
             # Exits read while draining still count; the job is over, so nothing is torn down.
             for event in self.tracker.events(time.monotonic()):
                 self.verdict.feed(event)
             if self._teardown_thread is not None:
                 self._teardown_thread.join(self.settings.teardown_budget + 10)
+            # After the teardown's own moments: appends of two threads never interleave.
+            append_moments(self.run_dir.path, heard)
             self._cleanup_private()
         outcome = self.verdict.outcome(head_code, stopped_by_us=not ended_by_itself)
         return self._conclude(outcome, self._pull_raw_logs())
@@ -433,6 +458,7 @@ class JobRunner:
             # What a chunk says, it said when it arrived, however long it waited here.
             arrived = now if item is None else item[0]
             if item is not None and item[1]:
+                self.progress.now = time.time() - (now - arrived)  # when it arrived
                 router.feed_lines(redactor.lines(item[1]))
             events += self.tracker.events(arrived)
             if item is None:
@@ -444,6 +470,7 @@ class JobRunner:
                 interrupted = True
                 killed = (self.run_dir.path / KILL_MARKER).exists()
                 events.append(Interrupted(self.signal, killed, now))
+                self._moment(MomentKind.INTERRUPT, detail="orch kill" if killed else None)
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
                 events.append(TeardownDone(now))
@@ -484,6 +511,10 @@ class JobRunner:
         self.tails_at_failure = self.tracker.node_tails()
         self.record = replace(self.record, state=JobState.STOPPING)
         self.run_dir.save(self.record)
+        if failure.kind == FailureKind.HANG:
+            self._moment(MomentKind.HANG, failure, failure.reason)
+        self._moment(MomentKind.FIRST_FAILURE, failure, failure.reason)
+        self._moment(MomentKind.TEARDOWN_START)
 
         def work() -> None:
             try:
@@ -500,6 +531,7 @@ class JobRunner:
                     transport=plan_transport(self.plan),
                 )
             finally:
+                self._moment(MomentKind.TEARDOWN_END)
                 self._teardown_done.set()
 
         self._teardown_thread = threading.Thread(target=work, daemon=True)
@@ -617,6 +649,7 @@ class JobRunner:
             ranks=rank_records(self.tracker.rank_ends.values(), order),
         )
         self.run_dir.save(self.record)
+        self._moment(MomentKind.END, detail=str(outcome.state))
         return LaunchResult(
             job_id=self.plan.job_id,
             run_dir=self.run_dir.path,

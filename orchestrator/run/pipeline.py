@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import JobRequest
 from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
+from orchestrator.run.moments import save_preflight
 from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.ports import plan_with_main_port
 from orchestrator.run.records import RunDir, new_job_id, run_dir, runs_root
@@ -164,14 +166,19 @@ def execute_plan(
     if options.sync:
         _sync(plan, reporter)
     plan = _settings_and_port(plan, with_port)
+    preflight: tuple[float, float, DoctorReport] | None = None
     try:
         if options.preflight:
-            _preflight(plan, reporter)
+            started = time.time()
+            report = _preflight(plan, reporter)
+            preflight = (started, time.time(), report)
     except BaseException:
         _remove_node_private(plan)
         raise
     run = run_dir(root, plan.job_id)
     record = prepare_run(plan, run)
+    if preflight is not None:  # for the job's page: it ran before its directory existed
+        save_preflight(run.path, preflight[0], preflight[1], preflight[2].to_dict())
     runner = JobRunner(
         plan, run, record, settings=options.settings, view=view,
         keep_remote_logs=options.keep_remote_logs,
@@ -279,7 +286,7 @@ def _write_node_private(plan: LaunchPlan) -> None:
         )
 
 
-def _preflight(plan: LaunchPlan, reporter: PipelineReporter) -> None:
+def _preflight(plan: LaunchPlan, reporter: PipelineReporter) -> DoctorReport:
     from orchestrator.run.preflight import run_preflight
 
     report = run_preflight(
@@ -291,7 +298,7 @@ def _preflight(plan: LaunchPlan, reporter: PipelineReporter) -> None:
         transport=plan_transport(plan),
     )
     if report.ok:
-        return
+        return report
     reporter.preflight_failed(report)
     raise OrchError(
         f"pre-flight failed on {len({f.node for f in report.errors})} node(s); nothing was started",

@@ -58,3 +58,21 @@ def test_a_report_that_cannot_be_written_is_one_line(tmp_path, capsys, broken):
     assert len(lines) == 1 and lines[0].startswith("report not written: "), err
     assert "Traceback" not in err
     assert not (run.path / ".report.html.tmp").exists()
+
+
+@pytest.mark.parametrize("problem", [KeyError("ranks"), RuntimeError(), RecursionError("deep")])
+def test_a_report_that_fails_unexpectedly_is_still_one_line(tmp_path, capsys, monkeypatch,
+                                                             problem):  # fmt: skip
+    """Whatever breaks in the page (a bug, a record no version of it foresaw), the job's end
+    stands: one line, no traceback, and the summary returns."""
+    run = failed_job(tmp_path)
+
+    def broken(_run_dir):
+        raise problem
+
+    monkeypatch.setattr(job_cmds, "write_report", broken)
+    job_cmds._print_summary(_result(run.path))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("report")]
+    assert len(lines) == 1 and lines[0].startswith("report not written: "), err
+    assert "Traceback" not in err

@@ -90,8 +90,9 @@ def test_the_timeline_marks_the_cause_row_and_the_first_failure(run):
     at_fault = [(row.node, row.rank) for row in drawn.rows if row.at_fault]
     assert at_fault == [(CAUSE_NODE, None), (CAUSE_NODE, CAUSE_RANK)]
     cause_row = next(row for row in drawn.rows if row.rank == CAUSE_RANK)
-    assert drawn.marker is not None
-    assert drawn.marker[0] == pytest.approx(cause_row.bar[0] + cause_row.bar[1], abs=0.2)
+    failure = drawn.line("first-failure")
+    assert failure is not None and "rank 5 on n2" in failure.title
+    assert failure.x == pytest.approx(cause_row.bar[0] + cause_row.bar[1], abs=0.2)
 
 
 def test_a_job_without_stacks_or_logs_still_has_a_page(tmp_path):
@@ -151,3 +152,4 @@ def test_shape_of_uneven_nodes_gives_the_totals(run):
     assert shape(2, ranks) == "2 nodes × 4 ranks"
     assert shape(3, ranks) == "3 nodes, 8 ranks"
     assert shape(1, ()) == "1 node"
+

@@ -1,26 +1,19 @@
 """The job's page in a real browser: Debian's headless Chromium renders the file, and the
-rendered page holds every rank and the failure's cause, on a screenshot that is not blank."""
+rendered page holds every node and rank and the failure's cause, asks the network for
+nothing, and makes a screenshot that is not blank."""
 
 from __future__ import annotations
 
 import re
-import shutil
-import struct
-import subprocess
-import zlib
+import time
 from pathlib import Path
 
 import pytest
-from _report_job import EXCEPTION, failed_job
+from _chromium import CHROMIUM, chromium, png_pixels, recording_requests
+from _report_job import EXCEPTION, STRAGGLER, failed_job
 
 from orchestrator.report import write_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# Nothing a test needs: no network, no first-run work, no profile of the user's.
-QUIET = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)  # fmt: skip
 WIDTH, HEIGHT = 1280, 2000
 
 pytestmark = [
@@ -29,39 +22,60 @@ pytestmark = [
 ]
 
 
-def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [CHROMIUM or "chromium", *QUIET, f"--user-data-dir={tmp_path / 'profile'}", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
-
-
-def _png_pixels(path: Path) -> tuple[int, int, bytes]:
-    """A PNG's width, height and its decompressed scanlines."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    width, height = struct.unpack(">II", data[16:24])
-    idat, offset = b"", 8
-    while offset < len(data):
-        (length,) = struct.unpack(">I", data[offset : offset + 4])
-        if data[offset + 4 : offset + 8] == b"IDAT":
-            idat += data[offset + 8 : offset + 8 + length]
-        offset += 12 + length
-    return width, height, zlib.decompress(idat)
-
-
 def test_chromium_renders_every_rank_and_the_cause(tmp_path):
     run = failed_job(tmp_path / "runs")
     page = write_report(run.path).as_uri()
-    dom = _chromium(tmp_path, "--dump-dom", page).stdout
+    dom = chromium(tmp_path / "profile", "--dump-dom", page).stdout
     ranks = {int(rank) for rank in re.findall(r'data-rank="(\d+)"', dom)}
     assert ranks == set(range(8))
     assert {node for node in re.findall(r'data-node="([^"]+)"', dom)} == {"n1", "n2"}
     cause = re.search(r'<section id="cause"[^>]*>(.*?)</section>', dom, re.S)
     assert cause is not None and EXCEPTION in cause.group(1)
     assert "rank 5 on n2" in cause.group(1)
+    slowest = re.search(r'<p id="slowest"[^>]*>([^<]*)</p>', dom)
+    assert slowest is not None and slowest.group(1).startswith(f"slowest: rank {STRAGGLER} on n1")
 
     shot = tmp_path / "shot.png"
-    _chromium(tmp_path, f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}", page)
-    width, height, pixels = _png_pixels(shot)
+    chromium(tmp_path / "profile", f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}", page)
+    width, height, pixels = png_pixels(shot)
     assert (width, height) == (WIDTH, HEIGHT)
     assert shot.stat().st_size > 50_000  # a blank page of this size compresses to a few KB
     assert len(set(pixels)) > 100  # text, bars and colours, not one background
+
+
+def _requests_of(tmp_path: Path, page: Path) -> tuple[list[str], str]:
+    with recording_requests() as proxy:
+        dom = chromium(tmp_path / "profile", *proxy.flags, "--virtual-time-budget=3000",
+                       "--dump-dom", page.as_uri()).stdout  # fmt: skip
+        time.sleep(0.5)  # the proxy's thread notes the last request it took
+        return proxy.page_requests, dom
+
+
+def test_nothing_leaves_the_file_and_the_check_would_see_a_cdn_link(tmp_path):
+    run = failed_job(tmp_path / "runs")
+    page = write_report(run.path)
+    requests, dom = _requests_of(tmp_path, page)
+    assert requests == []
+    assert 'id="timeline"' in dom and 'id="progress"' in dom  # the page did load, whole
+
+    # The same page with what a template could let in: a CDN style sheet, a web font,
+    # an image and a script. Each reaches the recording proxy: the check above can fail.
+    planted = page.with_name("planted.html")
+    planted.write_text(page.read_text().replace("</head>", (
+        '<link rel="stylesheet" href="https://cdn.example/chart.css">'
+        '<style>@font-face { font-family: X; src: url(http://fonts.example/x.woff2); }'
+        ' body { font-family: X; }</style>'
+        '<script src="http://cdn.example/chart.js"></script></head>'
+    )).replace("</body>", '<img src="http://img.example/logo.png"></body>'))  # fmt: skip
+    requests, _dom = _requests_of(tmp_path, planted)
+    hosts = {host for line in requests for host in re.findall(r"[a-z]+\.example", line)}
+    assert {"cdn.example", "img.example"} <= hosts, requests
+
+
+def test_1000_ranks_render_every_rank(tmp_path):
+    run = failed_job(tmp_path / "runs", nodes=125, per_node=8)
+    page = write_report(run.path)
+    assert page.stat().st_size < 2_000_000
+    dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
+    assert {int(rank) for rank in re.findall(r'data-rank="(\d+)"', dom)} == set(range(1000))
+    assert {n for n in re.findall(r'data-node="([^"]+)"', dom)} == {f"n{i}" for i in range(1, 126)}

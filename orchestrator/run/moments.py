@@ -1,0 +1,131 @@
+"""The moments of a job, kept as it runs: runs/<job>/moments.jsonl, one JSON object a line.
+
+    {"t": 1795000001.25, "kind": "first-output", "node": "n2", "rank": 5}
+
+Times are seconds since the epoch on the head's clock. The report draws them on its
+timeline (report/read.py reads them back); nothing else depends on them, so a moment that
+cannot be written is dropped rather than failing the job. The pre-flight ran before the
+run directory existed: its start, end and report are written once it does
+(`save_preflight`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, TextIO
+
+MOMENTS_FILE = "moments.jsonl"
+PREFLIGHT_FILE = "preflight.json"
+
+
+class MomentKind(str, Enum):
+    PREFLIGHT_START = "preflight-start"
+    PREFLIGHT_END = "preflight-end"
+    START = "start"  # the fan-out was started
+    FIRST_OUTPUT = "first-output"  # per node and per rank
+    LAST_OUTPUT = "last-output"  # per node and per rank
+    LAST_HEARTBEAT = "last-heartbeat"  # per node: its agent's last sign of life
+    FIRST_FAILURE = "first-failure"  # when the head learnt of it
+    HANG = "hang"  # no output for --hang-timeout
+    INTERRUPT = "interrupt"  # Ctrl-C, SIGTERM or orch kill
+    TEARDOWN_START = "teardown-start"
+    TEARDOWN_END = "teardown-end"
+    ATTEMPT = "attempt"  # a restart's attempt began (detail: its number and why)
+    END = "end"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Moment:
+    t: float
+    kind: str
+    node: str | None = None
+    rank: int | None = None
+    detail: str | None = None
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {"t": round(self.t, 3), "kind": str(self.kind)}
+        for name in ("node", "rank", "detail"):
+            if getattr(self, name) is not None:
+                doc[name] = getattr(self, name)
+        return json.dumps(doc, separators=(",", ":"))
+
+
+def append_moments(run_path: Path, moments: list[Moment]) -> None:
+    """Append moments to the job's file, private like the rest of its directory. Best
+    effort: a moment is for the page; the job never fails for one."""
+    if not moments:
+        return
+    text = "".join(moment.to_json() + "\n" for moment in moments)
+    try:
+        with open_private(run_path / MOMENTS_FILE, append=True) as file:
+            file.write(text)
+    except OSError:
+        pass
+
+
+def open_private(path: Path, *, append: bool) -> TextIO:
+    """A text file of the job's record, the user's alone whatever the umask; a link
+    planted in its place is not followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    return os.fdopen(os.open(path, flags, 0o600), "a" if append else "w", encoding="utf-8")
+
+
+def note_attempt(run_path: Path, t: float, number: int, why: str) -> None:
+    """The hook for a restart loop: attempt `number` began at `t` because of `why`; the
+    report marks it on every node's row."""
+    append_moments(run_path, [Moment(t, MomentKind.ATTEMPT, detail=f"attempt {number}: {why}")])
+
+
+def read_moments(run_path: Path) -> tuple[Moment, ...]:
+    """The job's moments in time order; () without the file. A line that is not a moment
+    (a write cut short by a crash) is skipped."""
+    return tuple(sorted(_moments(run_path / MOMENTS_FILE), key=lambda m: m.t))
+
+
+def _moments(path: Path) -> Iterator[Moment]:
+    for doc in json_lines(path):
+        try:
+            rank = doc.get("rank")
+            yield Moment(float(doc["t"]), str(doc["kind"]), _text(doc.get("node")),
+                         None if rank is None else int(rank), _text(doc.get("detail")))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            continue
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def json_lines(path: Path) -> Iterator[Mapping[str, Any]]:
+    """The JSON objects of a JSON-lines file; nothing when it cannot be read."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as file:
+            for line in file:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict):
+                    yield doc
+    except OSError:
+        return
+
+
+def save_preflight(run_path: Path, started: float, ended: float, report: Mapping) -> None:
+    """The pre-flight's span on the timeline, and its report (doctor's --json document: the
+    parity table among it), kept in the job's directory once it exists."""
+    append_moments(run_path, [Moment(started, MomentKind.PREFLIGHT_START),
+                              Moment(ended, MomentKind.PREFLIGHT_END)])  # fmt: skip
+    try:
+        with open_private(run_path / PREFLIGHT_FILE, append=False) as file:
+            json.dump(report, file, indent=1)
+    except OSError:
+        pass

@@ -1,0 +1,106 @@
+"""Headless Chromium for the report's tests: the rendered DOM, a screenshot, and what the
+page asked the network for (a local proxy that every request of the browser goes through,
+which answers none and records each)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Nothing a test needs: no network of its own, no first-run work, no profile of the user's.
+QUIET = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-default-apps", "--disable-extensions", "--no-pings",
+    "--disable-features=NetworkTimeServiceQuerying", "--allow-browser-signin=false",
+)  # fmt: skip
+# What Chromium asks for on its own, whatever the page, even with the flags above (its
+# component updater, its sign-in service): exact names, so that a page's CDN (Google's
+# fonts.googleapis.com among them) is still seen.
+BROWSER_OWN = frozenset({"update.googleapis.com", "accounts.google.com", "clients2.google.com"})
+
+
+def chromium(profile: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    argv = [CHROMIUM or "chromium", *QUIET, f"--user-data-dir={profile}", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True)
+
+
+class RequestRecorder:
+    """A proxy that records the first line of every request the browser sends it
+    (`GET http://cdn.example/x.css HTTP/1.1`, `CONNECT fonts.example:443 HTTP/1.1`) and
+    answers none of them."""
+
+    def __init__(self) -> None:
+        self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(16)
+        self.port = self._server.getsockname()[1]
+        self.requests: list[str] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    first = conn.recv(4096).split(b"\r\n", 1)[0]
+                except OSError:
+                    first = b"(no request line)"
+                self.requests.append(first.decode("latin-1"))
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        # Every request through the proxy, loopback included; names resolved by it alone.
+        return (f"--proxy-server=http://127.0.0.1:{self.port}", "--proxy-bypass-list=<-loopback>")
+
+    @property
+    def page_requests(self) -> list[str]:
+        """The requests that were not the browser's own."""
+        return [line for line in self.requests if _host(line) not in BROWSER_OWN]
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def _host(request_line: str) -> str:
+    """The host a proxy request line names: `CONNECT h:443 ...` or `GET http://h/... ...`."""
+    parts = request_line.split()
+    target = parts[1] if len(parts) > 1 else ""
+    target = target.split("://", 1)[-1]
+    return target.split("/", 1)[0].rsplit(":", 1)[0].lower()
+
+
+@contextmanager
+def recording_requests() -> Iterator[RequestRecorder]:
+    recorder = RequestRecorder()
+    try:
+        yield recorder
+    finally:
+        recorder.close()
+
+
+def png_pixels(path: Path) -> tuple[int, int, bytes]:
+    """A PNG's width, height and its decompressed scanlines."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    idat, offset = b"", 8
+    while offset < len(data):
+        (length,) = struct.unpack(">I", data[offset : offset + 4])
+        if data[offset + 4 : offset + 8] == b"IDAT":
+            idat += data[offset + 8 : offset + 8 + length]
+        offset += 12 + length
+    return width, height, zlib.decompress(idat)
