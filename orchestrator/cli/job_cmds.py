@@ -245,7 +245,8 @@ def submit(
     extra = tuple(script_args or ())
     spec = recipe_spec(loaded, str(recipe), extra_args=extra, main_port=options.main_port)
     asked = SbatchRequest(gpus_per_node, time_limit, partition) if sbatch else None
-    request = job_request(options, spec, nodes=options.nodes or loaded.slurm.nodes,
+    nodes = options.nodes or loaded.recovery.nodes or loaded.slurm.nodes
+    request = job_request(options, spec, nodes=nodes,
                           recipe=loaded, extra_args=extra, sbatch=asked,
                           job_id=given_job_id)  # fmt: skip
     if request.sbatch is None:

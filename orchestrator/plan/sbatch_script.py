@@ -94,7 +94,10 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
     argv += [flag for flag, given in switches if given]
     values = (("--heartbeat-timeout", watch.heartbeat_timeout),
               ("--hang-timeout", watch.hang_timeout), ("--main-port", request.main_port),
-              ("--fanout", request.fanout))  # fmt: skip
+              ("--fanout", request.fanout),
+              ("--max-restarts", request.recovery.max_restarts),
+              ("--restart-on", request.recovery.restart_on),
+              ("--min-nodes", request.recovery.min_nodes))  # fmt: skip
     for option, value in values:
         if value is not None:
             argv += [option, f"{value}"]

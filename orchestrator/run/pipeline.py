@@ -33,7 +33,7 @@ from orchestrator.run.ports import plan_with_main_port
 from orchestrator.run.records import RunDir, new_job_id, run_dir, runs_root
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.verdict import WatchSettings
-from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
+from orchestrator.specs.inventory import Hostfile, filter_hosts, job_nodes, read_hostfile
 from orchestrator.specs.recipe import recipe_hosts
 from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
 
@@ -67,7 +67,8 @@ def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: boo
         _given_hosts(request, environ), slurm=wanted.slurm, environ=environ,
         nproc_per_node=spec.nproc_per_node, nodes=wanted.nodes,
     )  # fmt: skip
-    hosts = filter_hosts(inventory, include=wanted.include, exclude=wanted.exclude)
+    pool = filter_hosts(inventory, include=wanted.include, exclude=wanted.exclude)
+    hosts = job_nodes(pool, wanted.nodes, request.min_nodes)
     fanout = chosen_fanout(request.fanout, spec.launcher, allocation is not None)
     root = runs_root(request.runs_dir)
     job_id = request.job_id or new_job_id()

@@ -33,7 +33,6 @@ from enum import Enum
 
 from orchestrator.run.verdict import FailureKind
 
-RESTART_ON = ("infra", "any")
 # The pause before attempt k + 1 grows with k, up to a bound: a fault that needs a moment
 # to clear (a port in TIME_WAIT, a node's memory being freed) gets it.
 PAUSE_STEP_S = 2.0
@@ -76,7 +75,7 @@ INFRA = frozenset({FailureClass.NODE_LOST, FailureClass.HANG, FailureClass.SIGNA
 @dataclass(frozen=True)
 class RestartPolicy:
     max_restarts: int = 0  # 0: one attempt, as without recovery
-    restart_on: str = "infra"  # RESTART_ON: infra, or any failure but a stop
+    restart_on: str = "infra"  # plan/request.py RESTART_ON: infra, or any but a stop
 
 
 @dataclass(frozen=True)
