@@ -113,6 +113,7 @@ class Placement:
     fanout: str = "pdsh"
     slurm_job: str = ""  # the Slurm allocation the job runs in, if any
     slurm_batch: bool = False  # that allocation is the job's own (orch submit --sbatch)
+    restart_count: int = 0  # the attempt: 0 first, then one more after each restart
 
 
 @dataclass(frozen=True)

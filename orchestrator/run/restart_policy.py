@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from orchestrator.run.verdict import FailureKind
@@ -211,6 +211,13 @@ def decide(
         return RestartDecision(cause, False, why)
     left = policy.max_restarts - restarts_done
     return RestartDecision(cause, True, f"{head}; restarting ({left} restart(s) left)")
+
+
+def short_of_nodes(decision: RestartDecision, problem: str) -> RestartDecision:
+    """A restart the policy allows, not made: too few healthy nodes are left."""
+    cls = decision.cause.failure_class
+    why = f"{cls}: {_MEANING[cls]}; not restarted: {problem}"
+    return replace(decision, restart=False, why=why)
 
 
 def pause_before(restarts_done: int) -> float:

@@ -216,7 +216,7 @@ class Recipe(_Strict):
         for name, item in value.items():
             _as_value_error(jobenv.check_name, name)
             _as_value_error(jobenv.check_value, name, item)
-            if name == jobenv.JOB_ID_VAR:
+            if name in (jobenv.JOB_ID_VAR, jobenv.RESTART_COUNT_VAR):
                 raise ValueError(f"{name} is set by orch for each job")
         return value
 
