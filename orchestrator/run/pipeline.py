@@ -186,9 +186,8 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
                       wanted=len(job.plan.hosts),
                       minimum=request.min_nodes or len(job.plan.hosts))  # fmt: skip
     job = _healthy_start(job, state.wanted, state.minimum)
-    earlier: JobRecord | None = None
+    result = _run_attempt(job, None, view=view, reporter=reporter)
     while True:
-        result = _run_attempt(job, earlier, view=view, reporter=reporter)
         run = RunDir(result.run_dir)
         record = run.load()
         if result.state == JobState.SUCCEEDED or result.first_failure is None:
@@ -197,12 +196,21 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
         if not decision.restart:
             return _ended(run, record, result, decision, excluded)
         attempt = keep_apart(run, attempt_record(record, decision, excluded))
+        ended = replace(record, attempts=(*record.attempts, attempt))
         earlier = with_attempt(run, record, attempt, next_one=True)
         pause = pause_before(record.attempt - 1)
         following = job.on(nodes, record.attempt)
         reporter.restarting(attempt, job.plan, following.plan, pause)
-        time.sleep(pause)
         job = following
+        try:
+            time.sleep(pause)
+            result = _run_attempt(job, earlier, view=view, reporter=reporter)
+        except (OrchError, KeyboardInterrupt) as err:
+            # The next attempt never started: the job ended with the one before.
+            run.save(ended)
+            if isinstance(err, KeyboardInterrupt):
+                return replace(result, attempts=ended.attempts)
+            raise
 
 
 @dataclass

@@ -34,7 +34,7 @@ def _save(checkpoint: Path, step: int) -> None:
     partial.replace(checkpoint)
 
 
-def main() -> int:
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--step-sleep", type=float, default=0.2)
@@ -64,8 +64,7 @@ def main() -> int:
         time.sleep(args.step_sleep)
     print(f"rank {rank} done: {args.steps} steps, restart {restart}", flush=True)
     dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
