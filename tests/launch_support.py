@@ -26,6 +26,16 @@ def orch_env(runs: Path) -> dict[str, str]:
     return env
 
 
+def slurm_env(state, runs: Path) -> dict[str, str]:
+    """orch's environment for a sandbox's Slurm: its slurm.conf, none of the allocation
+    that may run these tests."""
+    env = orch_env(runs)
+    env["SLURM_CONF"] = state.slurm_conf
+    for name in [n for n in env if n.startswith("SLURM_") and n != "SLURM_CONF"]:
+        del env[name]
+    return env
+
+
 def run_orch(args: list[str], runs: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*ORCH, *args], cwd=REPO, env=orch_env(runs), capture_output=True, text=True,

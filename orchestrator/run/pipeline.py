@@ -193,8 +193,8 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
         if result.state == JobState.SUCCEEDED or result.first_failure is None:
             return _ended(run, record, result, None)
         decision, excluded, nodes = state.after(job, record, result.first_failure)
-        if not decision.restart:
-            return _ended(run, record, result, decision, excluded)
+        if not decision.restart:  # nothing is dropped: no attempt follows
+            return _ended(run, record, result, decision)
         attempt = keep_apart(run, attempt_record(record, decision, excluded))
         ended = replace(record, attempts=(*record.attempts, attempt))
         earlier = with_attempt(run, record, attempt, next_one=True)
@@ -260,10 +260,9 @@ def _healthy_start(job: PreparedJob, wanted: int, minimum: int) -> PreparedJob:
 
 
 def _ended(run: RunDir, record: JobRecord, result: LaunchResult,
-           decision: RestartDecision | None,
-           excluded: Sequence[str] = ()) -> LaunchResult:  # fmt: skip
+           decision: RestartDecision | None) -> LaunchResult:  # fmt: skip
     """The last attempt into the record; the job's result is that attempt's."""
-    final = with_attempt(run, record, attempt_record(record, decision, excluded), next_one=False)
+    final = with_attempt(run, record, attempt_record(record, decision), next_one=False)
     return replace(result, attempts=final.attempts)
 
 

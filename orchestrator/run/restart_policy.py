@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from orchestrator.run.verdict import FailureKind
+from orchestrator.run.verdict import REMOTE_COMMAND_FAILED, FailureKind
 
 # The pause before attempt k + 1 grows with k, up to a bound: a fault that needs a moment
 # to clear (a port in TIME_WAIT, a node's memory being freed) gets it.
@@ -150,8 +150,8 @@ def classify(failure: AttemptFailure) -> Cause:
     lost = tuple(failure.unreachable)
     if failure.kind in (FailureKind.SILENT, FailureKind.LOST) and failure.node:
         lost = tuple(dict.fromkeys((failure.node, *lost)))
-    if lost and (failure.kind != FailureKind.LOST or failure.exit_code in (1, 255) or
-                 failure.unreachable):  # fmt: skip
+    never_ran = failure.reason.startswith(REMOTE_COMMAND_FAILED)  # the node did answer
+    if lost and (not never_ran or failure.unreachable):
         gone = ", ".join(lost)
         said = failure.reason if failure.node in lost else "did not answer the re-check"
         return Cause(FailureClass.NODE_LOST, f"node lost: {gone} ({said})", at_fault=lost)

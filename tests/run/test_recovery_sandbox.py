@@ -10,10 +10,21 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from launch_support import REPO, free_port, job_ids, job_json, run_orch, start_orch, wait_for
+from launch_support import (
+    ORCH,
+    REPO,
+    free_port,
+    job_ids,
+    job_json,
+    run_orch,
+    slurm_env,
+    start_orch,
+    wait_for,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -128,3 +139,36 @@ def test_the_scripts_own_exit_code_is_not_restarted(pair, tmp_path):
     assert len(attempts) == 1 and attempts[0]["cause"]["class"] == "script"
     assert "recovery: script: the script's own error; not restarted" in result.stderr
     assert "--restart-on any" in result.stderr
+
+
+def test_inside_slurm_a_node_taken_down_is_replaced_by_a_spare_of_the_allocation(
+    sandbox_factory, tmp_path
+):
+    _box, state = sandbox_factory(3, 1, slurm=True)
+    names = [n.name for n in state.nodes]
+    runs, checkpoint, log = tmp_path / "runs", tmp_path / "ckpt.json", tmp_path / "salloc.log"
+    args = _args("-", checkpoint, "--max-restarts", "1", "--nodes", "2",
+                 script=("--steps", "30", "--step-sleep", "0.3"))  # fmt: skip
+    args[1:3] = ["--slurm"]  # the allocation's nodes, not a hostfile
+    env = slurm_env(state, runs)
+    # --no-kill: the allocation outlives a node that fails, so the job can go on in it.
+    argv = ["salloc", "-N3", "--no-kill", "--ntasks-per-node=1", *ORCH, *args]
+    down = ["scontrol", "update", f"nodename={names[1]}"]
+    with log.open("wb") as out:
+        salloc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: _step(checkpoint) >= 3, 180, 0.1), log.read_text()[-3000:]
+        subprocess.run([*down, "state=down", "reason=ECC errors on GPU 3"], env=env, check=True,
+                       timeout=30)  # fmt: skip
+        code = salloc.wait(timeout=300)
+    finally:
+        if salloc.poll() is None:
+            salloc.kill()
+        subprocess.run([*down, "state=resume"], env=env, check=False, timeout=30)
+    said = log.read_text(errors="replace")
+    assert code == 0, said[-4000:]
+    _job_id, attempts = _attempts(runs)
+    assert [a["nodes"] for a in attempts] == [names[:2], [names[0], names[2]]]
+    assert attempts[0]["cause"]["class"] == "node-lost"
+    assert f"Slurm took {names[1]} out" in attempts[0]["cause"]["message"]
+    assert "restart 1 starts at step" in said and "restart 1 starts at step 0" not in said

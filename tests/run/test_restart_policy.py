@@ -73,6 +73,8 @@ OWN_EXCEPTION = _rank_failure(
 OWN_EXIT_CODE = _rank_failure(exit_code=7, reason="exited with code 7")
 AGENT_NEVER_RAN = AttemptFailure(FailureKind.LOST, "n2", None, 127,
                                  "the remote command failed with exit code 127")  # fmt: skip
+SLURM_TOOK_IT = AttemptFailure(FailureKind.LOST, "n2", None, 143,
+                               "Slurm took n2 out: down (reason: ECC errors on GPU 3)")  # fmt: skip
 INTERRUPTED = AttemptFailure(FailureKind.SIGNAL, "", None, 130, "interrupted by SIGINT")
 
 
@@ -82,6 +84,7 @@ INTERRUPTED = AttemptFailure(FailureKind.SIGNAL, "", None, 130, "interrupted by 
         (NODE_SILENT, FailureClass.NODE_LOST, ("n3",)),
         (SSH_DROPPED, FailureClass.NODE_LOST, ("n3",)),
         (PEER_OF_A_LOST_NODE, FailureClass.NODE_LOST, ("n3",)),
+        (SLURM_TOOK_IT, FailureClass.NODE_LOST, ("n2",)),
         (HANG, FailureClass.HANG, ()),
         (OOM, FailureClass.SIGNAL, ()),
         (SEGFAULT, FailureClass.SIGNAL, ()),

@@ -241,6 +241,10 @@ def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given()
     assert (batch.name, batch.nodes, batch.ntasks_per_node, batch.workdir) == (
         "orch-smoke", 2, 2, "/w")  # fmt: skip
     assert (batch.time, batch.partition, batch.account) == ("5", "p", "acc")
+    assert "--no-kill" not in render_batch_script(batch)
+    restarting = request_batch(_sbatch_request(recovery=RecoveryRequest(max_restarts=1)),
+                               job_id="j1", cwd="/w", output="/o", command=argv)  # fmt: skip
+    assert "#SBATCH --no-kill\n" in render_batch_script(restarting)  # a node's loss keeps it
 
 
 def test_a_batch_job_needs_a_node_count():

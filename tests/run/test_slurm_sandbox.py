@@ -22,8 +22,8 @@ from launch_support import (
     job_json,
     job_processes,
     log_text,
-    orch_env,
     run_orch,
+    slurm_env,
     wait_for,
 )
 
@@ -38,11 +38,7 @@ def slurm_sandbox(sandbox_factory):
 
 
 def _slurm_env(state, runs: Path) -> dict[str, str]:
-    env = orch_env(runs)
-    env["SLURM_CONF"] = state.slurm_conf
-    for name in [n for n in env if n.startswith("SLURM_") and n != "SLURM_CONF"]:
-        del env[name]  # never the allocation of whatever runs these tests
-    return env
+    return slurm_env(state, runs)
 
 
 def _slurm(state, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
