@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.run.rank_ends import Role
-from orchestrator.run.records import RankRecord
+from orchestrator.run.records import AttemptRecord, RankRecord
 from orchestrator.stacks.fold import rank_ranges
 
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
@@ -98,6 +98,7 @@ class ReportModel:
     nodes: tuple[NodeRow, ...]
     cause: Cause | None
     stacks: Stacks | None
+    attempts: tuple[AttemptRecord, ...] = ()  # every attempt; the page is the last one's
 
     @property
     def ranks(self) -> tuple[RankRecord, ...]:

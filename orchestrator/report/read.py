@@ -42,6 +42,7 @@ def build_report(run_dir: Path) -> ReportModel:
         start=_first([start, *(r.start for r in ranks)], min),
         end=_first([end, *(r.end for r in ranks)], max),
         nodes=nodes, cause=cause, stacks=read_stacks(run, record.teardown_stacks),
+        attempts=record.attempts,
     )  # fmt: skip
 
 
