@@ -4,10 +4,13 @@ with the fix (exit 2) before anything runs."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+from _report_job import JOB, failed_job
 
 from orchestrator.plan.request import JobRequest, LaunchSpec, RecoveryRequest
+from orchestrator.run.records import AttemptRecord
 from orchestrator.specs.recipe import Recipe, RecoveryOptions
 
 
@@ -66,3 +69,30 @@ def test_the_command_line_wins_over_the_recipes_recovery():
     request = JobRequest(spec=LaunchSpec("train.py"), recipe=recipe, recovery=given)
     assert _policy(request) == (0, "infra", 1)
     assert JobRequest(spec=LaunchSpec("train.py")).max_restarts == 0
+
+
+def test_status_lists_the_attempts_and_logs_reads_an_earlier_ones(tmp_path, orch_here):
+    runs = tmp_path / "runs"
+    run = failed_job(runs)
+    cause = {"class": "node-lost", "message": "node lost: n3 (did not answer the re-check)",
+             "decision": "node-lost: a node was lost; restarting (1 restart(s) left)"}  # fmt: skip
+    first = AttemptRecord(number=1, nodes=("n1", "n2", "n3"), started="t0", ended="t1",
+                          exit_code=1, cause=cause, excluded=("n3",),
+                          logs="attempts/1/logs")  # fmt: skip
+    last = AttemptRecord(number=2, nodes=("n1", "n2"), started="t1", ended="t2", exit_code=1)
+    run.save(replace(run.load(), attempt=2, attempts=(first, last)))
+    earlier = run.path / "attempts" / "1" / "logs"
+    earlier.mkdir(parents=True)
+    (earlier / "n3.log").write_text("2026-11-25T10:00:00.000Z r0/0 out the first attempt\n")
+    shown = orch_here(["status", JOB, "--runs-dir", str(runs)], runs)
+    assert shown.returncode == 0, shown.stderr
+    assert "attempts: 2" in shown.stdout
+    assert ("  1: n1, n2, n3: exit 1: node lost: n3 (did not answer the re-check) (node-lost: "
+            "a node was lost; restarting (1 restart(s) left)); dropped n3") in shown.stdout
+    as_json = json.loads(orch_here(["status", JOB, "--json", "--runs-dir", str(runs)], runs).stdout)
+    assert [a["number"] for a in as_json["attempts"]] == [1, 2]
+    assert as_json["attempts"][0]["cause"]["class"] == "node-lost"
+    logs = orch_here(["logs", JOB, "--attempt", "1", "--node", "n3", "--runs-dir", str(runs)], runs)
+    assert logs.returncode == 0 and "the first attempt" in logs.stdout, logs.stderr
+    missing = orch_here(["logs", JOB, "--attempt", "7", "--runs-dir", str(runs)], runs)
+    assert missing.returncode == 2 and "has no attempt 7" in missing.stderr
