@@ -13,12 +13,20 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+
+def _tick_until(stop: threading.Event) -> None:
+    """A progress frame every second while torch loads and the group forms: start-up is no
+    silence (--hang-timeout counts from the start), however slow a loaded machine makes it."""
+    seconds = 0
+    while not stop.wait(1.0):
+        seconds += 1
+        sys.stderr.write(f"\rstarting {seconds} s")
+        sys.stderr.flush()
 
 
 def _resume_step(checkpoint: Path) -> int:
@@ -45,9 +53,16 @@ def main() -> None:
     args = parser.parse_args()
 
     restart = int(os.environ.get("ORCH_RESTART_COUNT", "0"))
+    started = threading.Event()
+    threading.Thread(target=_tick_until, args=(started,), daemon=True).start()
+    import torch
+    import torch.distributed as dist
+
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     start = _resume_step(args.checkpoint) if restart else 0
+    started.set()
+    sys.stderr.write("\n")
     print(f"rank {rank}/{world} restart {restart} starts at step {start}", flush=True)
     for step in range(start, args.steps):
         if restart == 0 and step == args.exit_at and rank == 0:
