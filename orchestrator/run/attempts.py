@@ -33,6 +33,7 @@ def attempt_failure(first: FirstFailure, ranks: Sequence[RankRecord],
         signal=cause.signal if cause is not None else None,
         oom_kill=bool(cause.oom_kill) if cause is not None else False,
         exception=first.root_cause, traceback=first.traceback, unreachable=tuple(unreachable),
+        hint=first.hint,
     )  # fmt: skip
 
 

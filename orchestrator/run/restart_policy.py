@@ -54,6 +54,7 @@ _TRANSIENT = re.compile(
 _ECC = re.compile(r"uncorrectable ecc error")
 # `File "x.py", line 12, in f` (a traceback) or `File "x.py", line 12 in f` (faulthandler).
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_HINT_FRAME = re.compile(r" at (\S+:\d+) in ")  # rank_ends.end_hint's "... at x.py:12 in f"
 
 
 class FailureClass(str, Enum):
@@ -92,6 +93,7 @@ class AttemptFailure:
     exception: str | None = None  # the root cause's exception line
     traceback: tuple[str, ...] = ()  # the root cause's traceback block
     unreachable: tuple[str, ...] = ()  # nodes that did not answer the re-check
+    hint: str | None = None  # what a fatal signal's end means ("SIGSEGV ... at x.py:12 in f")
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,9 @@ def _last_frame(lines: Sequence[str]) -> str | None:
 
 def _where(failure: AttemptFailure) -> tuple[str, str] | None:
     """What failed and where: the exception's type (or the signal) and its innermost frame."""
-    frame = _last_frame(failure.traceback) or _last_frame(failure.reason.splitlines())
+    frame = _last_frame(failure.traceback)
+    if frame is None and failure.hint and (found := _HINT_FRAME.search(failure.hint)):
+        frame = found.group(1)
     if frame is None:
         return None
     if failure.exception:

@@ -150,6 +150,15 @@ def test_the_same_error_at_the_same_line_twice_stops_whatever_the_policy():
     assert decide(elsewhere, ANY, restarts_done=1, previous=first.cause).restart
 
 
+def test_a_segfault_at_the_same_python_frame_twice_stops():
+    crash = _rank_failure(exit_code=139, reason="killed by SIGSEGV", signal="SIGSEGV",
+                          hint="SIGSEGV in native code at /w/train.py:88 in forward")  # fmt: skip
+    first = decide(crash, INFRA, restarts_done=0)
+    assert first.restart and first.cause.where == ("SIGSEGV", "/w/train.py:88")
+    again = decide(crash, INFRA, restarts_done=1, previous=first.cause)
+    assert not again.restart and "SIGSEGV at /w/train.py:88 on two attempts" in again.why
+
+
 def test_two_lost_nodes_in_a_row_are_not_the_same_error():
     first = decide(NODE_SILENT, INFRA, restarts_done=0)
     assert decide(SSH_DROPPED, INFRA, restarts_done=1, previous=first.cause).restart
