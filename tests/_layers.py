@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("__main__", 7),
 )
 PURE = (
-    "errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "run/verdict", "report",
+    "errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "run/verdict",
+    "run/restart_policy", "report",
 )  # fmt: skip
 IMPURE_MODULES = ("subprocess", "socket", "paramiko")
 JOB_STACK = ("torch", "accelerate", "yaml")  # what a node's job interpreter has anyway

@@ -31,6 +31,7 @@ from orchestrator.run.launch import LaunchResult
 from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.pipeline import prepare_job, run_job
 from orchestrator.run.records import (
+    AttemptRecord,
     FirstFailure,
     JobRecord,
     RunDir,
@@ -42,6 +43,7 @@ from orchestrator.run.records import (
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.teardown import kill_job
 from orchestrator.run.verdict import JobState
+from orchestrator.specs.constants import RESTART_COUNT_VAR
 from orchestrator.specs.recipe import load_recipe
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
 
@@ -110,8 +112,37 @@ def _print_cause_notes(console: Console, failure: FirstFailure) -> None:
         console.print(f"[bold]hint[/]: {escape(failure.hint)}")
 
 
-def _print_summary(result: LaunchResult) -> None:
+def _cause_text(attempt: AttemptRecord) -> str:
+    """`signal: n2 rank 3: killed by SIGKILL; <what orch decided>`."""
+    cause = attempt.cause
+    if cause is None:
+        return "succeeded"
+    return f"{cause['message']} ({cause['decision']})"
+
+
+def _print_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:
+    """Each attempt of a job that had several, and why each ended."""
+    if len(attempts) < 2:
+        return
+    console.print(f"attempts: {len(attempts)}")
+    for attempt in attempts:
+        code = "-" if attempt.exit_code is None else attempt.exit_code
+        dropped = f"; dropped {', '.join(attempt.excluded)}" if attempt.excluded else ""
+        console.print(f"  {attempt.number}: {', '.join(attempt.nodes)}: exit {code}: "
+                      f"{_cause_text(attempt)}{dropped}", markup=False)  # fmt: skip
+
+
+def _print_recovery(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:
+    """Why the last attempt was not followed by another, when restarts were asked for."""
+    last = attempts[-1] if attempts else None
+    if last is None or last.cause is None:
+        return
+    console.print(f"recovery: {last.cause['decision']}", markup=False)
+
+
+def _print_summary(result: LaunchResult, *, restarts: bool = False) -> None:
     err = _err()
+    _print_attempts(err, result.attempts)
     codes = ", ".join(
         f"{node}={'-' if code is None else code}" for node, code in result.node_exit_codes.items()
     )
@@ -130,6 +161,8 @@ def _print_summary(result: LaunchResult) -> None:
                 for line in failure.last_lines:
                     err.print(f"  | {line}", markup=False)
         err.print(f"node exit codes: {codes}")
+        if restarts:
+            _print_recovery(err, result.attempts)
         _print_stacks_kept(result)
         for failed in result.teardown.failed if result.teardown else ():
             err.print(f"[yellow]teardown on {failed.node}[/]: {escape(failed.why)}")
@@ -172,9 +205,29 @@ class _PipelinePrinter:
             err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
 
     def started(self, plan: LaunchPlan, run: RunDir) -> None:
+        restart = plan.job.env.get(RESTART_COUNT_VAR, "0")
+        attempt = f" attempt {int(restart) + 1}" if restart != "0" else ""
         _err().print(
-            f"job {plan.job_id}: {plan.launcher} on {plan.shape_text}; record {run.path}"
+            f"job {plan.job_id}{attempt}: {plan.launcher} on {plan.shape_text}; record {run.path}"
         )
+
+    def attempt_ended(self, run_dir: Path) -> None:
+        """The ended attempt's page, before its files move to attempts/<n>/."""
+        _print_report(_err(), run_dir)
+
+    def restarting(self, ended: AttemptRecord, plan: LaunchPlan, following: LaunchPlan,
+                   pause: float) -> None:  # fmt: skip
+        err = _err()
+        err.print(f"[yellow]attempt {ended.number} ended[/], exit code {ended.exit_code}: "
+                  f"{escape(_cause_text(ended))}")  # fmt: skip
+        if ended.excluded:
+            err.print(f"  dropped: {', '.join(ended.excluded)}", markup=False)
+        nodes = ", ".join(following.hosts)
+        err.print(f"attempt {ended.number + 1} in {pause:.0f} s on {nodes}", markup=False)
+        if following.world_size != plan.world_size:
+            change = f"{plan.world_size} to {following.world_size} ranks"
+            err.print(f"  the world size changes from {change} ({following.shape_text})",
+                      markup=False)  # fmt: skip
 
 
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
@@ -190,7 +243,7 @@ def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) 
     finally:
         if view is not None:
             view.close()
-    _print_summary(result)
+    _print_summary(result, restarts=request.max_restarts > 0)
     raise typer.Exit(result.exit_code)
 
 
@@ -246,7 +299,8 @@ def submit(
     extra = tuple(script_args or ())
     spec = recipe_spec(loaded, str(recipe), extra_args=extra, main_port=options.main_port)
     asked = SbatchRequest(gpus_per_node, time_limit, partition) if sbatch else None
-    request = job_request(options, spec, nodes=options.nodes or loaded.slurm.nodes,
+    nodes = options.nodes or loaded.recovery.nodes or loaded.slurm.nodes
+    request = job_request(options, spec, nodes=nodes,
                           recipe=loaded, extra_args=extra, sbatch=asked,
                           job_id=given_job_id)  # fmt: skip
     if request.sbatch is None:
@@ -315,6 +369,7 @@ def status(
     for node in record.hosts:
         code = record.node_exit_codes.get(node)
         out.print(f"  {node}: exit {'-' if code is None else code}")
+    _print_attempts(out, record.attempts)
     failure = record.first_failure
     if failure is not None:
         _print_root_cause(out, failure)

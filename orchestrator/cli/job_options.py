@@ -19,7 +19,9 @@ from orchestrator.plan.request import (
     HostsRequest,
     JobRequest,
     LaunchSpec,
+    RecoveryRequest,
     WatchRequest,
+    check_recovery,
     kept_env,
 )
 from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
@@ -44,8 +46,30 @@ _NODES = typer.Option(
     None,
     "--nodes",
     min=1,
-    help="Nodes: inside an allocation, its first N (more than it holds "
-    "is refused); with --sbatch, how many to ask Slurm for.",
+    help="Run on the first N healthy nodes of the hostfile (or of the allocation): the rest "
+    "are spares that replace a node lost on a restart. With --sbatch, how many to ask "
+    "Slurm for. Default: every node.",
+)
+_MIN_NODES = typer.Option(
+    None,
+    "--min-nodes",
+    min=1,
+    help="When no spare is left, restart on fewer nodes, down to M (the world size "
+    "changes). Default: every node of the job is needed.",
+)
+_MAX_RESTARTS = typer.Option(
+    None,
+    "--max-restarts",
+    min=0,
+    help="Restart a failed job up to N times under the same job id, on the healthy nodes, "
+    "when a restart can fix it (see --restart-on). Each rank sees ORCH_RESTART_COUNT. "
+    "Default: 0.",
+)
+_RESTART_ON = typer.Option(
+    None,
+    "--restart-on",
+    help="infra: restart after a node lost, a hang, a rank killed by a signal, a known "
+    "transient NCCL/gloo/CUDA fault (the default); any: the script's own errors too.",
 )
 _MAIN_PORT = typer.Option(
     None,
@@ -112,6 +136,9 @@ class JobOptions:
     quiet: bool = field(metadata=_declared(_QUIET))
     heartbeat_timeout: float = field(metadata=_declared(_HEARTBEAT_TIMEOUT))
     hang_timeout: float | None = field(metadata=_declared(_HANG_TIMEOUT))
+    max_restarts: int | None = field(metadata=_declared(_MAX_RESTARTS))
+    restart_on: str | None = field(metadata=_declared(_RESTART_ON))
+    min_nodes: int | None = field(metadata=_declared(_MIN_NODES))
     env_keep: list[str] = field(metadata=_declared(_ENV_KEEP))
 
 
@@ -181,6 +208,9 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     )  # fmt: skip
     runs_dir = str(options.runs_dir) if options.runs_dir is not None else None
     keep = tuple(options.env_keep)
+    recovery = RecoveryRequest(max_restarts=options.max_restarts, restart_on=options.restart_on,
+                               min_nodes=options.min_nodes)  # fmt: skip
+    check_recovery(recovery)
     return JobRequest(spec=kept_env(spec, keep), hosts=hosts, watch=watch,
                       fanout=options.fanout, main_port=options.main_port, runs_dir=runs_dir,
-                      env_keep=keep, **more)  # fmt: skip
+                      env_keep=keep, recovery=recovery, **more)  # fmt: skip

@@ -23,6 +23,7 @@ from orchestrator.logs.sink import (
     read_log_lines,
 )
 from orchestrator.remote.agent_spec import node_dir_shown
+from orchestrator.run.attempts import attempt_run_dir
 from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.records import (
     RUNNING_STATES,
@@ -176,6 +177,10 @@ def logs(
         None, "--rank", "-r", min=0,
         help="Only this global rank's lines (its raw output with --raw).",
     ),
+    attempt: int | None = typer.Option(
+        None, "--attempt", "-a", min=1,
+        help="An earlier attempt's logs (1 is the first); default: the latest.",
+    ),
     runs_dir: Path = _RUNS_DIR,
 ) -> None:
     """Print a job's per-node logs (timestamp, [r<rank>/<local rank>,] stream, text), prefixed
@@ -190,7 +195,7 @@ def logs(
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)
     check_job(run)
-    record = run.load()
+    run, record = attempt_run_dir(run, run.load(), attempt)
     nodes = _selected_nodes(record, run, node)
     out = sys.stdout.buffer
     try:

@@ -42,7 +42,8 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
     _check_transport(place.transport, place.fanout, spec.launcher)
     counts = ranks_per_node(hostfile, spec.nproc_per_node)
     _check_uneven(hostfile, counts, spec.launcher)
-    env = build_job_env(place.job_id, dict(spec.env), spec.passthrough, head.environ)
+    env = build_job_env(place.job_id, dict(spec.env), spec.passthrough, head.environ,
+                        restart_count=place.restart_count)  # fmt: skip
     job = JobShape(
         job_id=place.job_id, launcher=spec.launcher, hostfile=hostfile, ranks_per_node=counts,
         script=spec.script, args=spec.args, python=spec.python or head.orch_python,

@@ -114,6 +114,7 @@ class Placement:
     slurm_job: str = ""  # the Slurm allocation the job runs in, if any
     slurm_batch: bool = False  # that allocation is the job's own (orch submit --sbatch)
     transport: str = "ssh"  # how orch's own commands reach the nodes: ssh, or slurm (srun)
+    restart_count: int = 0  # the attempt: 0 first, then one more after each restart
 
 
 @dataclass(frozen=True)

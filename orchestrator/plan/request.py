@@ -13,7 +13,7 @@ from orchestrator.errors import UsageError
 from orchestrator.specs.constants import DEFAULT_LAUNCHER
 from orchestrator.specs.jobenv import check_name
 from orchestrator.specs.options import check_launcher
-from orchestrator.specs.recipe import AccelerateOptions, Recipe
+from orchestrator.specs.recipe import AccelerateOptions, Recipe, RecoveryOptions
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,16 @@ class WatchRequest:
 
 
 @dataclass(frozen=True)
+class RecoveryRequest:
+    """--max-restarts, --restart-on and --min-nodes as given (None: the recipe's, else the
+    default: one attempt, infrastructure faults only, every node needed)."""
+
+    max_restarts: int | None = None
+    restart_on: str | None = None
+    min_nodes: int | None = None
+
+
+@dataclass(frozen=True)
 class SbatchRequest:
     """`--sbatch`: what to ask Slurm for beyond the recipe's `slurm:` section."""
 
@@ -82,6 +92,7 @@ class JobRequest:
     recipe: Recipe | None = None  # submit: the loaded recipe (its hosts, its Slurm section)
     extra_args: tuple[str, ...] = ()  # submit: the ARGS after the recipe (also in the spec)
     sbatch: SbatchRequest | None = None
+    recovery: RecoveryRequest = field(default_factory=RecoveryRequest)
     env_keep: tuple[str, ...] = ()  # --env-keep as given (the spec also holds a recipe's)
     job_id: str | None = None  # given: the batch script's own submit names its job
 
@@ -90,6 +101,27 @@ class JobRequest:
         """--hang-timeout, else the recipe's."""
         recipe = self.recipe.hang_timeout if self.recipe is not None else None
         return self.watch.hang_timeout or recipe
+
+    @property
+    def max_restarts(self) -> int:
+        """--max-restarts, else the recipe's, else 0."""
+        given = self.recovery.max_restarts
+        return given if given is not None else self._recipe_recovery.max_restarts
+
+    @property
+    def restart_on(self) -> str:
+        """--restart-on, else the recipe's, else infra."""
+        return self.recovery.restart_on or self._recipe_recovery.restart_on
+
+    @property
+    def min_nodes(self) -> int | None:
+        """--min-nodes, else the recipe's; None: every node of the job is needed."""
+        given = self.recovery.min_nodes
+        return given if given is not None else self._recipe_recovery.min_nodes
+
+    @property
+    def _recipe_recovery(self) -> RecoveryOptions:
+        return self.recipe.recovery if self.recipe is not None else RecoveryOptions()
 
 
 def env_options(
@@ -156,6 +188,19 @@ def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
         rdzv_id=recipe.torchrun.rdzv_id,
         recipe=path,
     )
+
+
+RESTART_ON = ("infra", "any")
+
+
+def check_recovery(recovery: RecoveryRequest) -> None:
+    """--restart-on names a policy orch knows."""
+    if recovery.restart_on is not None and recovery.restart_on not in RESTART_ON:
+        raise UsageError(
+            f"--restart-on {recovery.restart_on!r} is not a policy orch knows",
+            "--restart-on infra (node lost, hang, signal, transient faults; the default) or "
+            "--restart-on any (the script's own errors too)",
+        )
 
 
 def check_sbatch_hosts(hosts: HostsRequest) -> None:

@@ -30,6 +30,9 @@ class BatchRequest:
     time: str | None = None
     partition: str | None = None
     account: str | None = None
+    # --max-restarts: the allocation outlives a node that fails, so the job can go on in it
+    # (Slurm ends the whole job on a node's failure otherwise).
+    no_kill: bool = False
 
 
 def batch_request(
@@ -45,6 +48,7 @@ def batch_request(
     time: str | None = None,
     partition: str | None = None,
     account: str | None = None,
+    no_kill: bool = False,
 ) -> BatchRequest:
     if nodes is None:
         raise UsageError(
@@ -55,7 +59,7 @@ def batch_request(
         job_id=job_id, name=name, nodes=nodes,
         ntasks_per_node=ntasks_per_node or gpus_per_node or 1, workdir=workdir, output=output,
         command=tuple(command), gpus_per_node=gpus_per_node, time=time, partition=partition,
-        account=account,
+        account=account, no_kill=no_kill,
     )  # fmt: skip
 
 
@@ -78,6 +82,7 @@ def request_batch(request: JobRequest, *, job_id: str, cwd: str, output: str,
         time=asked.time or wanted.time,
         partition=asked.partition or wanted.partition,
         account=wanted.account,
+        no_kill=request.max_restarts > 0,
     )
 
 
@@ -94,7 +99,10 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
     argv += [flag for flag, given in switches if given]
     values = (("--heartbeat-timeout", watch.heartbeat_timeout),
               ("--hang-timeout", watch.hang_timeout), ("--main-port", request.main_port),
-              ("--fanout", request.fanout))  # fmt: skip
+              ("--fanout", request.fanout),
+              ("--max-restarts", request.recovery.max_restarts),
+              ("--restart-on", request.recovery.restart_on),
+              ("--min-nodes", request.recovery.min_nodes))  # fmt: skip
     for option, value in values:
         if value is not None:
             argv += [option, f"{value}"]
@@ -123,5 +131,7 @@ def render_batch_script(request: BatchRequest) -> str:
                           ("account", request.account)):  # fmt: skip
         if value:
             lines.append(f"#SBATCH --{option}={value}")
+    if request.no_kill:
+        lines.append("#SBATCH --no-kill")
     lines.append("exec " + " ".join(shlex.quote(word) for word in request.command))
     return "\n".join(lines) + "\n"

@@ -59,7 +59,7 @@ def build_report(run_dir: Path) -> ReportModel:
         stacks=read_stacks(run, record.teardown_stacks or _latest(kept, "dump")),
         moments=moments, series=series, slowest=slowest_rank(series),
         profile=read_profile(run, _latest(kept, "profile")),
-        parity=read_parity(run.path / PREFLIGHT_FILE),
+        parity=read_parity(run.path / PREFLIGHT_FILE), attempts=record.attempts,
     )  # fmt: skip
 
 

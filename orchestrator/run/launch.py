@@ -61,6 +61,7 @@ from orchestrator.run.rank_ends import (
     rank_end_from_fields,
 )
 from orchestrator.run.records import (
+    AttemptRecord,
     FirstFailure,
     JobRecord,
     RunDir,
@@ -118,6 +119,7 @@ class LaunchResult:
     stacks: StacksResult | None = None  # the running ranks' stacks, taken before teardown
     stacks_file: Path | None = None  # where they are kept in the record
     stacks_problem: str | None = None  # why they were not taken
+    attempts: tuple[AttemptRecord, ...] = ()  # every attempt of the job, this one last
 
 
 # ----- writing the plan's files ----------------------------------------------------
@@ -161,8 +163,9 @@ def write_private_files(plan: LaunchPlan) -> None:
             handle.write(planned.content)
 
 
-def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
-    """Write the plan's files and a first job.json (state "starting")."""
+def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None) -> JobRecord:
+    """Write the plan's files and a first job.json (state "starting"). `earlier`: the record
+    of the job's attempts so far, when this is a restart (its start and attempts stay)."""
     run.create()
     for planned in plan.files:
         if planned.run_dir:
@@ -188,6 +191,10 @@ def prepare_run(plan: LaunchPlan, run: RunDir) -> JobRecord:
         slurm_batch=plan.slurm_batch,
         transport=plan.transport,
     )
+    record = replace(record, attempt_started=record.started_at)
+    if earlier is not None:
+        record = replace(record, started_at=earlier.started_at, attempts=earlier.attempts,
+                         attempt=len(earlier.attempts) + 1)  # fmt: skip
     run.save(record)
     return record
 

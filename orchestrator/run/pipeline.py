@@ -15,8 +15,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -28,15 +28,39 @@ from orchestrator.plan.agent_command import node_files_command
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import JobRequest
+from orchestrator.run.attempts import (
+    attempt_failure,
+    attempt_record,
+    keep_apart,
+    unreachable_nodes,
+    with_attempt,
+)
 from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
-from orchestrator.run.moments import save_preflight
+from orchestrator.run.moments import note_attempt, save_preflight
 from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.ports import plan_with_main_port
-from orchestrator.run.records import RunDir, new_job_id, run_dir, runs_root
+from orchestrator.run.records import (
+    AttemptRecord,
+    FirstFailure,
+    JobRecord,
+    RunDir,
+    new_job_id,
+    run_dir,
+    runs_root,
+)
+from orchestrator.run.restart_policy import (
+    Cause,
+    RestartDecision,
+    RestartPolicy,
+    decide,
+    next_nodes,
+    pause_before,
+    short_of_nodes,
+)
 from orchestrator.run.sync import SyncedFiles
 from orchestrator.run.transport import SLURM, choose_transport, plan_transport
-from orchestrator.run.verdict import WatchSettings
-from orchestrator.specs.inventory import Hostfile, filter_hosts, read_hostfile
+from orchestrator.run.verdict import JobState, WatchSettings
+from orchestrator.specs.inventory import Hostfile, filter_hosts, job_nodes, read_hostfile
 from orchestrator.specs.recipe import recipe_hosts
 from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
 
@@ -53,12 +77,26 @@ def head_context(job_id: str, environ: Mapping[str, str], *, dry_run: bool) -> H
 class PreparedJob:
     """A request made concrete on this head: its record's root and its plan, built with the
     given main port or the first one orch would try (`build(port, chosen)` builds it again
-    with the port node 0 picks)."""
+    with the port node 0 picks). `pool`: every node the job may use, its own first (the
+    rest are spares); `builder(hosts, restart)` makes `build` for another attempt."""
 
     request: JobRequest
     root: Path
     plan: LaunchPlan
     build: Callable[[int, bool], LaunchPlan]
+    pool: Hostfile | None = None
+    builder: Callable[[Hostfile, int], Callable[[int, bool], LaunchPlan]] | None = None
+
+    def on(self, nodes: Sequence[str], restart: int) -> PreparedJob:
+        """The same job on these nodes of its pool, as its attempt number `restart` + 1."""
+        assert self.pool is not None and self.builder is not None
+        wanted = set(nodes)
+        hosts = Hostfile(tuple(h for h in self.pool.hosts if h.host in wanted),
+                         source=self.pool.source)  # fmt: skip
+        build = self.builder(hosts, restart)
+        plan = plan_with_main_port(build, self.request.spec.main_port, self.plan.job_id,
+                                   dry_run=True, preflight=False)  # fmt: skip
+        return replace(self, plan=plan, build=build)
 
 
 def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: bool,
@@ -73,7 +111,8 @@ def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: boo
         _given_hosts(request, environ), slurm=wanted.slurm, environ=environ,
         nproc_per_node=spec.nproc_per_node, nodes=wanted.nodes,
     )  # fmt: skip
-    hosts = filter_hosts(inventory, include=wanted.include, exclude=wanted.exclude)
+    pool = filter_hosts(inventory, include=wanted.include, exclude=wanted.exclude)
+    hosts = job_nodes(pool, wanted.nodes, request.min_nodes)
     fanout = chosen_fanout(request.fanout, spec.launcher, allocation is not None)
     root = runs_root(request.runs_dir)
     job_id = request.job_id or new_job_id()
@@ -86,16 +125,21 @@ def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: boo
         ssh_check=(lambda node: succeeded(node, None)) if dry_run else None,
     ).kind  # fmt: skip
 
-    def build(port: int, chosen: bool) -> LaunchPlan:
-        place = Placement(
-            job_id=job_id, hostfile=hosts, run_dir=str(root / job_id), main_port=port,
-            main_port_chosen=chosen, fanout=fanout, slurm_job=slurm_job, slurm_batch=slurm_batch,
-            transport=transport,
-        )  # fmt: skip
-        return build_plan(spec, place, head)
+    def builder(on: Hostfile, restart: int) -> Callable[[int, bool], LaunchPlan]:
+        def build(port: int, chosen: bool) -> LaunchPlan:
+            place = Placement(
+                job_id=job_id, hostfile=on, run_dir=str(root / job_id), main_port=port,
+                main_port_chosen=chosen, fanout=fanout, slurm_job=slurm_job,
+                slurm_batch=slurm_batch, transport=transport, restart_count=restart,
+            )  # fmt: skip
+            return build_plan(spec, place, head)
 
+        return build
+
+    build = builder(hosts, 0)
     plan = plan_with_main_port(build, spec.main_port, job_id, dry_run=True, preflight=False)
-    return PreparedJob(request=request, root=root, plan=plan, build=build)
+    return PreparedJob(request=request, root=root, plan=plan, build=build, pool=pool,
+                       builder=builder)  # fmt: skip
 
 
 def _given_hosts(request: JobRequest, environ: Mapping[str, str]) -> Hostfile | None:
@@ -119,21 +163,119 @@ def pipeline_options(request: JobRequest) -> PipelineOptions:
 
 
 def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> LaunchResult:
-    """Run a prepared job to its end (`execute_plan`), with the port node 0 picks for it.
-    Everything it writes on the head (the record, the logs, the raw node logs, the stacks)
-    is the user's alone, whatever the login umask: the umask is 077 for the job's time."""
+    """Run a prepared job to its end: its attempts (`execute_plan` each, with the port node 0
+    picks for it), as long as the restart policy says another is worth it. Everything it
+    writes on the head (the record, the logs, the raw node logs, the stacks) is the user's
+    alone, whatever the login umask: the umask is 077 for the job's time."""
+    before = os.umask(0o077)
+    try:
+        return _attempts(job, view=view, reporter=reporter)
+    finally:
+        os.umask(before)
+
+
+def _run_attempt(job: PreparedJob, earlier: JobRecord | None, *, view: LogView | None,
+                 reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
     options = pipeline_options(job.request)
 
     def with_port() -> LaunchPlan:
         return plan_with_main_port(job.build, job.request.spec.main_port, job.plan.job_id,
                                    dry_run=False, preflight=options.preflight)  # fmt: skip
 
-    before = os.umask(0o077)
-    try:
-        return execute_plan(job.plan, job.root, options, view=view, reporter=reporter,
-                            with_port=with_port)  # fmt: skip
-    finally:
-        os.umask(before)
+    return execute_plan(job.plan, job.root, options, view=view, reporter=reporter,
+                        with_port=with_port, earlier=earlier)  # fmt: skip
+
+
+def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> (
+    LaunchResult
+):
+    """plan -> execute -> verdict -> restart or stop. Whether to restart is the restart
+    policy's (a pure function of the attempt's facts); this loop only carries it out."""
+    request = job.request
+    state = _Recovery(RestartPolicy(request.max_restarts, request.restart_on),
+                      wanted=len(job.plan.hosts),
+                      minimum=request.min_nodes or len(job.plan.hosts))  # fmt: skip
+    job = _healthy_start(job, state.wanted, state.minimum)
+    result = _run_attempt(job, None, view=view, reporter=reporter)
+    while True:
+        run = RunDir(result.run_dir)
+        record = run.load()
+        if result.state == JobState.SUCCEEDED or result.first_failure is None:
+            return _ended(run, record, result, None)
+        decision, excluded, nodes = state.after(job, record, result.first_failure)
+        if not decision.restart:  # nothing is dropped: no attempt follows
+            return _ended(run, record, result, decision)
+        reporter.attempt_ended(run.path)  # its page, kept with its logs
+        attempt = keep_apart(run, attempt_record(record, decision, excluded))
+        note_attempt(run.path, time.time(), attempt.number + 1, decision.why)
+        ended = replace(record, attempts=(*record.attempts, attempt))
+        earlier = with_attempt(run, record, attempt, next_one=True)
+        pause = pause_before(record.attempt - 1)
+        following = job.on(nodes, record.attempt)
+        reporter.restarting(attempt, job.plan, following.plan, pause)
+        job = following
+        try:
+            time.sleep(pause)
+            result = _run_attempt(job, earlier, view=view, reporter=reporter)
+        except (OrchError, KeyboardInterrupt) as err:
+            # The next attempt never started: the job ended with the one before.
+            run.save(ended)
+            if isinstance(err, KeyboardInterrupt):
+                return replace(result, attempts=ended.attempts)
+            raise
+
+
+@dataclass
+class _Recovery:
+    """What the attempts loop carries from one attempt to the next."""
+
+    policy: RestartPolicy
+    wanted: int  # the job's nodes
+    minimum: int  # --min-nodes, else every one of them
+    dropped: list[str] = field(default_factory=list)  # excluded after earlier attempts
+    previous: Cause | None = None  # the last failed attempt's cause
+
+    def after(self, job: PreparedJob, record: JobRecord, first: FirstFailure) -> tuple[
+        RestartDecision, tuple[str, ...], tuple[str, ...]
+    ]:
+        """The decision after a failed attempt, the nodes it drops, the next one's nodes."""
+        restarts_done = record.attempt - 1
+        pool = job.pool.names if job.pool is not None else job.plan.hosts
+        # The re-check costs a few seconds: only when a restart may follow, over ssh.
+        recheck = self.policy.max_restarts > restarts_done and job.plan.job.fanout == "pdsh"
+        left = [n for n in pool if n not in self.dropped]
+        unreachable = unreachable_nodes(left) if recheck else ()
+        facts = attempt_failure(first, record.ranks, unreachable)
+        decision = decide(facts, self.policy, restarts_done=restarts_done, previous=self.previous)
+        excluded = tuple(dict.fromkeys((*decision.cause.at_fault, *unreachable)))
+        nodes = next_nodes(pool, job.plan.hosts, [*self.dropped, *excluded], wanted=self.wanted,
+                           minimum=self.minimum)  # fmt: skip
+        if decision.restart and nodes.problem is not None:
+            decision = short_of_nodes(decision, nodes.problem)
+        self.dropped += excluded
+        self.previous = decision.cause
+        return decision, excluded, nodes.nodes
+
+
+def _healthy_start(job: PreparedJob, wanted: int, minimum: int) -> PreparedJob:
+    """With spares in the pool (--nodes below its size), the first `wanted` nodes that
+    answer; without, the job's own nodes as they are (the pre-flight checks them)."""
+    pool = job.pool
+    if pool is None or len(pool.hosts) <= wanted or job.plan.job.fanout != "pdsh":
+        return job
+    unreachable = unreachable_nodes(pool.names)
+    nodes = next_nodes(pool.names, (), unreachable, wanted=wanted, minimum=minimum)
+    if nodes.problem is not None:
+        raise OrchError(f"not enough nodes answer: {nodes.problem}; nothing was started",
+                        "check SSH to those nodes with `orch doctor --hostfile F`")  # fmt: skip
+    return job if nodes.nodes == job.plan.hosts else job.on(nodes.nodes, 0)
+
+
+def _ended(run: RunDir, record: JobRecord, result: LaunchResult,
+           decision: RestartDecision | None) -> LaunchResult:  # fmt: skip
+    """The last attempt into the record; the job's result is that attempt's."""
+    final = with_attempt(run, record, attempt_record(record, decision), next_one=False)
+    return replace(result, attempts=final.attempts)
 
 
 class PipelineReporter(Protocol):
@@ -142,6 +284,11 @@ class PipelineReporter(Protocol):
     def preflight_failed(self, report: DoctorReport) -> None: ...
 
     def started(self, plan: LaunchPlan, run: RunDir) -> None: ...
+
+    def attempt_ended(self, run_dir: Path) -> None: ...
+
+    def restarting(self, ended: AttemptRecord, plan: LaunchPlan, following: LaunchPlan,
+                   pause: float) -> None: ...  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,9 +307,11 @@ def execute_plan(
     view: LogView | None,
     reporter: PipelineReporter,
     with_port: Callable[[], LaunchPlan] | None = None,
+    earlier: JobRecord | None = None,
 ) -> LaunchResult:
     """Run the plan to its end; SIGINT and SIGTERM tear the job down on every node.
-    `with_port`, when given, returns the plan with the main port node 0 picked for it."""
+    `with_port`, when given, returns the plan with the main port node 0 picked for it;
+    `earlier`, the job's record so far when this is a restart."""
     if options.sync:
         _sync(plan, reporter)
     plan = _settings_and_port(plan, with_port)
@@ -176,7 +325,7 @@ def execute_plan(
         _remove_node_private(plan)
         raise
     run = run_dir(root, plan.job_id)
-    record = prepare_run(plan, run)
+    record = prepare_run(plan, run, earlier)
     if preflight is not None:  # for the job's page: it ran before its directory existed
         save_preflight(run.path, preflight[0], preflight[1], preflight[2].to_dict())
     runner = JobRunner(

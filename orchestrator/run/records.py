@@ -85,6 +85,30 @@ def rank_records(ends: Collection[RankEnd], order: RankOrder | None) -> tuple[Ra
     )
 
 
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of a job, as job.json keeps it under `attempts` (the first is 1; its
+    ranks saw ORCH_RESTART_COUNT = number - 1). `cause`: its class and message naming the
+    node and rank, and what orch decided (None when it succeeded); `excluded`: the nodes
+    dropped after it; `logs`: where its head-side logs are, in the record."""
+
+    number: int
+    nodes: tuple[str, ...]
+    started: str
+    ended: str | None = None
+    exit_code: int | None = None
+    cause: Mapping[str, str] | None = None  # {"class", "message", "decision"}
+    excluded: tuple[str, ...] = ()
+    logs: str = "logs"
+    stacks: str | None = None  # the stacks taken at its teardown, in the record
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> AttemptRecord:
+        lists = {name: tuple(data.get(name, ())) for name in ("nodes", "excluded")}
+        cause = data.get("cause")
+        return cls(**{**data, **lists, "cause": dict(cause) if cause else None})
+
+
 def _failure_from_json(data: Mapping) -> FirstFailure:
     lists = {name: tuple(data.get(name, ())) for name in ("last_lines", "traceback")}
     kind = FailureKind(data.get("kind", FailureKind.RANK))
@@ -118,6 +142,9 @@ class JobRecord:
     slurm_batch: bool = False  # the Slurm job is this job's own (submitted with --sbatch)
     ranks: tuple[RankRecord, ...] = ()  # every rank's end, by rank
     transport: str = "ssh"  # how orch's own commands reach the nodes: ssh, or slurm (srun)
+    attempt: int = 1  # the attempt running, or the last one
+    attempt_started: str | None = None  # when it started (started_at: the job's first)
+    attempts: tuple[AttemptRecord, ...] = ()  # every attempt that ended, first to last
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -126,6 +153,7 @@ class JobRecord:
         data["node_exit_codes"] = dict(self.node_exit_codes)
         data["node_logs"] = dict(self.node_logs)
         data["ranks"] = [asdict(rank) for rank in self.ranks]
+        data["attempts"] = [asdict(attempt) for attempt in self.attempts]
         return data
 
     @classmethod
@@ -157,6 +185,9 @@ class JobRecord:
             slurm_batch=bool(data.get("slurm_batch", False)),
             ranks=tuple(RankRecord(**rank) for rank in data.get("ranks", ())),
             transport=str(data.get("transport") or "ssh"),
+            attempt=int(data.get("attempt", 1)),
+            attempt_started=data.get("attempt_started"),
+            attempts=tuple(AttemptRecord.from_json(a) for a in data.get("attempts", ())),
         )
 
 

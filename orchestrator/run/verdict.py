@@ -31,6 +31,9 @@ from enum import Enum
 from orchestrator.stacks.report import StacksResult
 
 SSH_LOST = 255  # ssh's own exit code when the connection fails
+# A node's ssh ended with another code before its agent ran (no such interpreter, say): the
+# node answered, the command did not run there.
+REMOTE_COMMAND_FAILED = "the remote command failed with exit code"
 HANG_EXIT_CODE = 124  # a job that hung, as `timeout` reports a command that ran too long
 
 
@@ -336,7 +339,7 @@ class JobVerdict:
                 reason = "lost its ssh connection (ssh exit 255)"
                 return Failure(node, reason, 1, kind=FailureKind.LOST)
             # The agent never ran (e.g. no such interpreter): the remote shell's code.
-            return Failure(node, f"the remote command failed with exit code {code}", code,
+            return Failure(node, f"{REMOTE_COMMAND_FAILED} {code}", code,
                            kind=FailureKind.LOST)  # fmt: skip
         return None
 

@@ -15,6 +15,9 @@ CHOSEN_PORT_RANGE = (DEFAULT_MAIN_PORT, DEFAULT_MAIN_PORT + 999)
 # Set on every process of a job on every node; the only way orch finds them again.
 # remote/procs.py carries its own copy (it is shipped alone); a test holds them equal.
 JOB_ID_VAR = "ORCH_JOB_ID"
+# Which attempt of the job this is: 0 on the first, 1 after one restart (as torchrun's
+# TORCHELASTIC_RESTART_COUNT), so a script knows to resume from its checkpoint.
+RESTART_COUNT_VAR = "ORCH_RESTART_COUNT"
 
 
 def is_tcp_port(port: int) -> bool:

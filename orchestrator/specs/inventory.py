@@ -295,6 +295,25 @@ def filter_hosts(
     return Hostfile(tuple(hosts), source=hostfile.source)
 
 
+def job_nodes(pool: Hostfile, nodes: int | None, min_nodes: int | None) -> Hostfile:
+    """The first `nodes` of the pool, in order (all of it: None); the rest are spares. A
+    count the pool cannot give, or a `min_nodes` above it, is refused with the fix."""
+    have = len(pool.hosts)
+    if nodes is not None and nodes > have:
+        raise UsageError(
+            f"--nodes {nodes}: {_where(pool)} has {have} node(s) ({fold_nodeset(pool.names)})",
+            f"ask for at most {have} (--nodes {have}), or add nodes to the hostfile",
+        )
+    wanted = have if nodes is None else nodes
+    if min_nodes is not None and min_nodes > wanted:
+        said = f"--nodes {nodes}" if nodes is not None else f"the {have} node(s) of {_where(pool)}"
+        raise UsageError(
+            f"--min-nodes {min_nodes} is above {said}: the job can never run that many",
+            f"give --min-nodes {wanted} or less",
+        )
+    return Hostfile(pool.hosts[:wanted], source=pool.source)
+
+
 def _check_first_slots(entry: HostSlots, named: set[int] | None, spec: str, *,
                        include: bool) -> None:  # fmt: skip
     """A node's ranks run on its first GPUs (0..k-1) on every launcher (DeepSpeed's

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from orchestrator.errors import UsageError
-from orchestrator.specs.constants import JOB_ID_VAR
+from orchestrator.specs.constants import JOB_ID_VAR, RESTART_COUNT_VAR
 
 REDACTED = "***"
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -60,27 +60,30 @@ def build_job_env(
     extra: Mapping[str, str],
     passthrough: Iterable[str] = (),
     environ: Mapping[str, str] = os.environ,
+    restart_count: int = 0,
 ) -> dict[str, str]:
-    """The job's variables: ORCH_JOB_ID, the head's NCCL_*, the passthrough names set, then extra.
+    """The job's variables: ORCH_JOB_ID and ORCH_RESTART_COUNT, the head's NCCL_*, the
+    passthrough names set, then extra.
 
     `extra` (a recipe's `env`, `--env` options) wins over the head's values, but
-    may not change ORCH_JOB_ID: teardown finds the job's processes by it.
+    may not change ORCH_JOB_ID (teardown finds the job's processes by it) nor
+    ORCH_RESTART_COUNT (a script resumes by it).
     """
     if not job_id:
         raise UsageError("empty job id")
-    env: dict[str, str] = {JOB_ID_VAR: job_id}
+    env: dict[str, str] = {JOB_ID_VAR: job_id, RESTART_COUNT_VAR: str(restart_count)}
     for name in sorted(environ):
         if name.startswith(AUTO_PREFIXES):
             env[name] = environ[name]
     for name in passthrough:
         check_name(name)
-        if name in environ and name != JOB_ID_VAR:
+        if name in environ and name not in (JOB_ID_VAR, RESTART_COUNT_VAR):
             env[name] = environ[name]
     for name, value in extra.items():
-        if name == JOB_ID_VAR and value != job_id:
+        if name in (JOB_ID_VAR, RESTART_COUNT_VAR) and value != env[name]:
             raise UsageError(
-                f"{JOB_ID_VAR} is set by orch for each job and cannot be overridden",
-                hint=f"remove {JOB_ID_VAR} from the job's env",
+                f"{name} is set by orch for each job and cannot be overridden",
+                hint=f"remove {name} from the job's env",
             )
         env[name] = value
     for name, value in env.items():

@@ -158,6 +158,15 @@ class SlurmOptions(_Strict):
     account: str | None = None
 
 
+class RecoveryOptions(_Strict):
+    """Restarts after a failure a restart can fix (options on the command line win)."""
+
+    max_restarts: int = Field(0, ge=0)  # 0: one attempt
+    restart_on: Literal["infra", "any"] = "infra"
+    nodes: int | None = Field(None, ge=1)  # the first N healthy nodes; the rest are spares
+    min_nodes: int | None = Field(None, ge=1)  # go on with fewer, down to this
+
+
 class Recipe(_Strict):
     """A complete description of one training launch."""
 
@@ -181,6 +190,7 @@ class Recipe(_Strict):
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
+    recovery: RecoveryOptions = Field(default_factory=RecoveryOptions)
     source: str | None = Field(None, exclude=True)  # the file it was loaded from
 
     @field_validator("args", mode="before")
@@ -206,7 +216,7 @@ class Recipe(_Strict):
         for name, item in value.items():
             _as_value_error(jobenv.check_name, name)
             _as_value_error(jobenv.check_value, name, item)
-            if name == jobenv.JOB_ID_VAR:
+            if name in (jobenv.JOB_ID_VAR, jobenv.RESTART_COUNT_VAR):
                 raise ValueError(f"{name} is set by orch for each job")
         return value
 

@@ -149,8 +149,9 @@ def job_inventory(
     nproc_per_node: int | None = None,
     nodes: int | None = None,
 ) -> tuple[Hostfile, Allocation | None]:
-    """The hosts a job runs on: `--hostfile`, unless `--slurm` asks for the allocation; with
-    neither, the allocation this runs in, if any (its first `nodes`, when given)."""
+    """The hosts a job may run on: `--hostfile`, unless `--slurm` asks for the allocation;
+    with neither, the allocation this runs in, if any (whole: its nodes past the first
+    `nodes` are the job's spares; more than it holds is refused in Slurm's words)."""
     if hostfile is not None and not slurm:
         return hostfile, None
     allocation = allocation_from_env(environ)
@@ -160,8 +161,8 @@ def job_inventory(
         raise UsageError(
             "no hostfile given", "pass --hostfile F (e.g. the one `orch sandbox up` prints)"
         )
-    hosts = allocation_hostfile(allocation, nodes=nodes, nproc_per_node=nproc_per_node)
-    return hosts, allocation
+    allocation_hostfile(allocation, nodes=nodes, nproc_per_node=nproc_per_node)  # checks
+    return allocation_hostfile(allocation, nproc_per_node=nproc_per_node), allocation
 
 
 def chosen_fanout(fanout: str | None, launcher: str, in_allocation: bool) -> str:

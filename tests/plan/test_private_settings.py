@@ -44,6 +44,7 @@ def test_every_value_the_user_set_is_redacted_unless_kept() -> None:
     plan = _plan(env_keep=("MODE", "CUDA_VISIBLE_DEVICES", "WANDB_API_KEY", "DB_URL"))
     assert plan.redacted_env == {
         "ORCH_JOB_ID": "job-1",  # orch's own, and the head's NCCL_*, show as they are
+        "ORCH_RESTART_COUNT": "0",
         "NCCL_DEBUG": "INFO",
         "DB_PASS": "***",  # no secret by its name: redacted all the same
         "MODE": "train",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from _report_job import CAUSE_NODE, CAUSE_RANK, EXCEPTION, HOSTILE, failed_job
@@ -13,6 +14,7 @@ from orchestrator.report import build_report, render_html, write_report
 from orchestrator.report.model import FOLD_RANKS_ABOVE
 from orchestrator.report.read import duration, shape, tail_lines
 from orchestrator.report.timeline import timeline
+from orchestrator.run.records import AttemptRecord
 
 
 @pytest.fixture
@@ -153,3 +155,18 @@ def test_shape_of_uneven_nodes_gives_the_totals(run):
     assert shape(3, ranks) == "3 nodes, 8 ranks"
     assert shape(1, ()) == "1 node"
 
+
+def test_a_job_of_several_attempts_lists_them_and_why_each_ended(run):
+    lost = AttemptRecord(number=1, nodes=("n1", "n2", "n3"), started="t0", ended="t1",
+                         exit_code=1, excluded=("n3",),
+                         cause={"class": "node-lost", "message": "node lost: n3 (<gone>)",
+                                "decision": "node-lost: a node was lost; restarting"})  # fmt: skip
+    last = AttemptRecord(number=2, nodes=("n1", "n2"), started="t1", ended="t2", exit_code=0)
+    run.save(replace(run.load(), attempts=(lost, last)))
+    page = render_html(build_report(run.path))
+    assert "The job ran 2 times under one id" in page
+    assert '<tr data-attempt="1"><td>1</td><td>n1, n2, n3</td>' in page
+    assert "node lost: n3 (&lt;gone&gt;): node-lost: a node was lost; restarting" in page
+    assert "<td>n3</td></tr>" in page
+    run.save(replace(run.load(), attempts=(last,)))
+    assert 'id="attempts"' not in render_html(build_report(run.path))  # one attempt: no table

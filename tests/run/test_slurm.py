@@ -20,6 +20,7 @@ from orchestrator.plan.request import (
     HostsRequest,
     JobRequest,
     LaunchSpec,
+    RecoveryRequest,
     SbatchRequest,
     WatchRequest,
     recipe_spec,
@@ -36,7 +37,7 @@ from orchestrator.remote.agent_spec import AgentSpec, decode
 from orchestrator.run.records import JobRecord, batch_state
 from orchestrator.run.verdict import Failure, JobVerdict, NodeExited, WatchSettings, in_slurm_words
 from orchestrator.sandbox.slurm import SlurmNode, render_conf
-from orchestrator.specs.inventory import make_hostfile, read_hostfile
+from orchestrator.specs.inventory import job_nodes, make_hostfile, read_hostfile
 from orchestrator.specs.slurm import (
     Allocation,
     allocation_from_env,
@@ -227,16 +228,23 @@ def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given()
     assert argv == ("/py", "-m", "orchestrator", "submit", "/r.yaml", "--slurm", "--job-id", "j1",
                     "--runs-dir", "/runs")  # fmt: skip
     watch = WatchRequest(preflight=False, sync=True, heartbeat_timeout=20.0, hang_timeout=30.0)
-    given = _sbatch_request(watch=watch, main_port=29600, fanout="pdsh", extra_args=("a", "b"))
+    recovery = RecoveryRequest(max_restarts=2, restart_on="any", min_nodes=1)
+    given = _sbatch_request(watch=watch, main_port=29600, fanout="pdsh", extra_args=("a", "b"),
+                            recovery=recovery)  # fmt: skip
     argv = submit_argv(given, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
     assert argv[10:] == ("--no-doctor", "--sync", "--heartbeat-timeout", "20.0",
                          "--hang-timeout", "30.0", "--main-port", "29600", "--fanout", "pdsh",
+                         "--max-restarts", "2", "--restart-on", "any", "--min-nodes", "1",
                          "--", "a", "b")  # fmt: skip
     batch = request_batch(_sbatch_request(sbatch=SbatchRequest(partition="p")), job_id="j1",
                           cwd="/w", output="/o", command=argv)  # fmt: skip
     assert (batch.name, batch.nodes, batch.ntasks_per_node, batch.workdir) == (
         "orch-smoke", 2, 2, "/w")  # fmt: skip
     assert (batch.time, batch.partition, batch.account) == ("5", "p", "acc")
+    assert "--no-kill" not in render_batch_script(batch)
+    restarting = request_batch(_sbatch_request(recovery=RecoveryRequest(max_restarts=1)),
+                               job_id="j1", cwd="/w", output="/o", command=argv)  # fmt: skip
+    assert "#SBATCH --no-kill\n" in render_batch_script(restarting)  # a node's loss keeps it
 
 
 def test_a_batch_job_needs_a_node_count():
@@ -302,8 +310,9 @@ def test_the_sandbox_slurm_conf_gives_each_slurmd_its_port_and_paths(tmp_path: P
 
 
 def test_inside_an_allocation_the_job_takes_its_first_nodes_or_refuses_more():
-    hosts, _ = job_inventory(None, slurm=True, environ=ALLOC_ENV, nodes=2)
-    assert hosts.names == ("gpu07", "gpu08")
+    pool, _ = job_inventory(None, slurm=True, environ=ALLOC_ENV, nodes=2)
+    assert pool.names == ("gpu07", "gpu08", "gpu10")  # the third is the job's spare
+    assert job_nodes(pool, 2, None).names == ("gpu07", "gpu08")
     with pytest.raises(UsageError, match="holds 3 node"):
         job_inventory(None, slurm=True, environ=ALLOC_ENV, nodes=5)
 

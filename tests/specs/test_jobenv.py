@@ -70,6 +70,7 @@ def test_build_job_env_order_and_sources() -> None:
     )
     assert env == {
         JOB_ID_VAR: "job-1",
+        "ORCH_RESTART_COUNT": "0",  # the first attempt
         "NCCL_IB_DISABLE": "0",
         "NCCL_SOCKET_IFNAME": "eth0",
         "HF_TOKEN": "t",
@@ -78,6 +79,14 @@ def test_build_job_env_order_and_sources() -> None:
     }
     assert next(iter(env)) == JOB_ID_VAR
     assert "HOME" not in env
+
+
+def test_each_attempt_sees_its_restart_count_which_the_user_cannot_set() -> None:
+    assert build_job_env("job-1", {}, environ={}, restart_count=2)["ORCH_RESTART_COUNT"] == "2"
+    with pytest.raises(UsageError, match="ORCH_RESTART_COUNT is set by orch"):
+        build_job_env("job-1", {"ORCH_RESTART_COUNT": "5"}, environ={})
+    forwarded = build_job_env("job-1", {}, ["ORCH_RESTART_COUNT"], {"ORCH_RESTART_COUNT": "9"})
+    assert forwarded["ORCH_RESTART_COUNT"] == "0"
 
 
 def test_job_id_cannot_be_overridden() -> None:

@@ -1,0 +1,88 @@
+"""A training script that survives a restart: it checkpoints, and resumes by ORCH_RESTART_COUNT.
+
+Plain torch DDP (gloo on CPU, NCCL on GPUs) fitting y = 3x - 1 with a tiny MLP. Rank 0
+saves the model, the optimizer and the next step every `--save-every` steps to
+`<checkpoint-dir>/<job id>.pt`, atomically (a node may die in the middle of a save). When
+orch restarts the job (ORCH_RESTART_COUNT > 0) every rank loads that checkpoint and goes on
+from its step; a new job (another job id) starts from scratch. The checkpoint directory must
+be one every node can read: a shared filesystem (here: the sandbox's nodes share this
+machine's). The world size may change between attempts (--min-nodes): each rank takes its
+share of every batch by its rank, so a data-parallel run goes on with fewer ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--step-sleep", type=float, default=0.1, help="seconds per step")
+    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
+    return parser.parse_args()
+
+
+def batch(step: int, rank: int, world: int, size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's batch, the same whatever the world size; this rank's share of it."""
+    generator = torch.Generator().manual_seed(step)
+    x = torch.rand(size, 1, generator=generator)
+    mine = x[rank::world]
+    return mine, 3 * mine - 1
+
+
+def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    partial = path.with_suffix(".partial")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+               partial)  # fmt: skip
+    partial.replace(path)  # a reader sees the old checkpoint or the new one, never half
+
+
+def main() -> int:
+    args = parse_args()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = int(os.environ.get("ORCH_RESTART_COUNT", "0"))
+    checkpoint = args.checkpoint_dir / f"{os.environ.get('ORCH_JOB_ID', 'job')}.pt"
+    model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    if restart > 0 and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+    print(f"rank {rank}/{world}: attempt {restart + 1}, from step {start}", flush=True)
+    ddp = DistributedDataParallel(model)
+    if rank == 0:
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    loss = torch.zeros(())
+    for step in range(start, args.steps):
+        x, y = batch(step, rank, world)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == 0 and (step + 1) % args.save_every == 0:
+            save(checkpoint, model, optimizer, step + 1)
+        if rank == 0 and step % 10 == 0:
+            print(f"step {step}: loss {loss.item():.4f}", flush=True)
+        time.sleep(args.step_sleep)
+    print(f"rank {rank}: done at step {args.steps}, loss {loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
