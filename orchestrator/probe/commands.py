@@ -13,7 +13,8 @@ from typing import Any
 from orchestrator.remote import boot_blob, boot_code, program_source
 
 # The probe makes the user's directory as a launch would: with the same parts beside it.
-PROBE_SOURCE = boot_code(boot_blob(("owned", "agent_spec", "ports"), "probe"))
+PROBE_SOURCE = boot_code(boot_blob(("owned", "agent_spec", "ports", "environment"), "probe"))
+ENVIRONMENT_SOURCE = boot_code(boot_blob((), "environment"))
 COLLECTIVE_SOURCE = program_source("collective")
 DEEP_SIZE_BYTES = 16 << 20
 DEEP_ITERATIONS = 5

@@ -14,13 +14,16 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.checks.collective import nccl_transport
+from orchestrator.checks.environment import script_distributions, script_imports
 from orchestrator.checks.model import (
     CollectiveResult,
     DoctorReport,
@@ -31,13 +34,16 @@ from orchestrator.checks.model import (
 from orchestrator.checks.report import build_report
 from orchestrator.pernode import NodeResult, succeeded
 from orchestrator.probe.commands import (
+    ENVIRONMENT_SOURCE,
     collective_command,
     connect_request,
     listen_request,
     probe_command,
 )
 from orchestrator.probe.facts import (
+    Environment,
     ProbeError,
+    parse_environment,
     parse_facts,
     parse_listening,
 )
@@ -211,6 +217,33 @@ def run_collective(
     return results
 
 
+def head_environment(python: str, timeout: float = PROBE_TIMEOUT_S) -> Environment | None:
+    """The job's interpreter on the head, as a node's probe reports it: the reference of
+    environment parity. None when the head has no such interpreter (node 0 is the
+    reference then) or it does not answer."""
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        return None
+    try:
+        done = subprocess.run([python, "-c", ENVIRONMENT_SOURCE], capture_output=True,
+                              timeout=timeout, check=False)  # fmt: skip
+        return parse_environment(json.loads(done.stdout))
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def script_packages(script: str | None) -> frozenset[str]:
+    """The distributions the script imports, as the head's packages provide its modules."""
+    from importlib import metadata
+
+    if not script:
+        return frozenset()
+    try:
+        source = Path(script).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return frozenset()
+    return script_distributions(script_imports(source), metadata.packages_distributions())
+
+
 def _sha256(path: str | None) -> str | None:
     if not path:
         return None
@@ -250,18 +283,20 @@ def run_preflight(
     names = list(hostfile.names)
     env = os.environ if env is None else env
     address = main_address or names[0]
-    probes = probe_nodes(
-        names,
-        python=python,
-        workdir=workdir,
-        script=script,
-        main_address=address,
-        main_port=main_port,
-        timeout=timeout,
-        probe_timeout=probe_timeout,
-        accept_new_host_keys=accept_new_host_keys,
-        on_node=on_node,
-    )
+    with ThreadPoolExecutor(1) as head:  # the head's environment, while the nodes answer
+        head_env = head.submit(head_environment, python, probe_timeout)
+        probes = probe_nodes(
+            names,
+            python=python,
+            workdir=workdir,
+            script=script,
+            main_address=address,
+            main_port=main_port,
+            timeout=timeout,
+            probe_timeout=probe_timeout,
+            accept_new_host_keys=accept_new_host_keys,
+            on_node=on_node,
+        )
     deep: list[CollectiveResult] = []
     if full:
         deep = run_collective(
@@ -279,5 +314,7 @@ def run_preflight(
         main_port=main_port,
         deep=deep,
         extra=extra_findings,
+        head_environment=head_env.result(),
+        script_packages=script_packages(script),
     )
     return replace(report, seconds=time.monotonic() - started)
