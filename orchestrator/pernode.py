@@ -34,6 +34,17 @@ class NodeResult(Generic[T]):
         return f"{self.problem} ({self.hint})" if self.hint else self.problem
 
 
+@dataclass(frozen=True)
+class ShellStartup:
+    """How a bare command (`true`) went on a node: the user's shell and its start-up files
+    (~/.bashrc...) run before every command orch runs there. `finished` is False when it
+    did not end within its limit; `stderr` holds the last lines it printed there."""
+
+    seconds: float
+    finished: bool
+    stderr: str
+
+
 def succeeded(node: str, value: T) -> NodeResult[T]:
     return NodeResult(node, value=value)
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from orchestrator.pernode import ShellStartup
 from orchestrator.probe.facts import NodeFacts
 from orchestrator.specs.jobenv import redact
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 
 Severity = Literal["error", "warning"]
-CHECK_GROUPS = ("ssh", "python", "files", "parity", "network", "gpu", "disk", "stacks")
+CHECK_GROUPS = ("ssh", "shell", "python", "files", "parity", "network", "gpu", "disk", "stacks")
 CLUSTER = "*"  # the node of a finding about the whole cluster or a file
 
 
@@ -43,6 +44,7 @@ class NodeProbe:
     node: str
     facts: NodeFacts | None
     error: NodeError | None = None
+    shell: ShellStartup | None = None  # a bare command before the probe
 
 
 @dataclass(frozen=True)

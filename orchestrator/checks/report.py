@@ -32,6 +32,7 @@ from orchestrator.checks.node import (
     check_known_traps,
     check_own_directories,
     check_reachability,
+    check_shell,
     check_stacks,
 )
 from orchestrator.checks.parity import check_parity
@@ -87,6 +88,7 @@ def build_report(
     environment = environment_parity(with_facts(probes), head_environment, script_packages)
     findings = [
         *check_reachability(probes),
+        *check_shell(probes),
         *check_interpreter(probes, python),
         *check_known_traps(probes, python),
         *check_own_directories(probes),

@@ -32,7 +32,7 @@ from orchestrator.checks.model import (
     NodeProbe,
 )
 from orchestrator.checks.report import build_report
-from orchestrator.pernode import NodeResult, succeeded
+from orchestrator.pernode import NodeResult, ShellStartup, succeeded
 from orchestrator.probe.commands import (
     ENVIRONMENT_SOURCE,
     collective_command,
@@ -69,7 +69,7 @@ def _to_probe(outcome: NodeResult[CommandResult]) -> NodeProbe:
         error = NodeError(outcome.kind or "other", outcome.problem or "", outcome.hint or "")
         return NodeProbe(outcome.node, None, error)
     try:
-        return NodeProbe(outcome.node, parse_facts(outcome.node, result.stdout))
+        return NodeProbe(outcome.node, parse_facts(outcome.node, result.stdout), shell=result.shell)
     except ProbeError as err:
         stderr = result.stderr.decode(errors="replace").strip().splitlines()[-3:]
         detail = " | ".join(stderr) or str(err)
@@ -81,6 +81,7 @@ def _to_probe(outcome: NodeResult[CommandResult]) -> NodeProbe:
                 f"{outcome.node}: the probe failed (exit {result.exit_code}): {detail}",
                 "check that the node has a working python3 on PATH for its login shell",
             ),
+            shell=result.shell,
         )
 
 
@@ -120,6 +121,7 @@ def probe_nodes(
     # Node 0 waits for "done"; the window only bounds it if this process dies.
     listen = listen_request(main_port, peers=len(others), window=2 * probe_timeout + timeout + 10)
     process: RemoteProcess | None = None
+    shell: ShellStartup | None = None
     first_line = b""
     main_outcome: NodeResult[CommandResult] | None = None
     listening = False
@@ -131,6 +133,7 @@ def probe_nodes(
         main_outcome = failure_result(err.failure)
     else:
         try:
+            shell = session.time_shell(timeout)
             process = session.start(command(main, listen), timeout)  # the channel opens
         except SSHError as err:
             session.close()
@@ -147,13 +150,14 @@ def probe_nodes(
             connect_timeout=timeout,
             accept_new_host_keys=accept_new_host_keys,
             on_result=None if on_node is None else lambda r: on_node(r.node, r.ok),
+            time_shell=True,
         )
         if process is not None:
             with contextlib.suppress(OSError, EOFError):
                 process.send(b"done\n")
             try:
                 result = process.wait(probe_timeout)
-                result = replace(result, stdout=first_line + result.stdout)
+                result = replace(result, stdout=first_line + result.stdout, shell=shell)
                 main_outcome = succeeded(main, result)
             except SSHError as err:
                 main_outcome = failure_result(err.failure)

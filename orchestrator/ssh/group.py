@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.ssh.config import load_ssh_config
@@ -28,9 +29,12 @@ def run_on_nodes(
     accept_new_host_keys: bool = False,
     stdin: bytes | None = None,
     on_result: Callable[[NodeResult[CommandResult]], None] | None = None,
+    time_shell: bool = False,
 ) -> GroupResult[CommandResult]:
     """Run a command on every node in parallel; one result per node, in order (a node
-    succeeded when the command ran, whatever its exit code).
+    succeeded when the command ran, whatever its exit code). With `time_shell`, a bare
+    command runs first on the same connection (bounded by connect_timeout), and the
+    result says how the user's shell started.
 
     A node's time is bounded by connect_timeout + timeout: a node that hangs
     delays the result by at most that, whatever the others do.
@@ -46,7 +50,8 @@ def run_on_nodes(
                 accept_new_host_keys=accept_new_host_keys,
                 config=config,
             ) as session:
-                return succeeded(node, session.run(text, timeout, stdin))
+                shell = session.time_shell(connect_timeout) if time_shell else None
+                return succeeded(node, replace(session.run(text, timeout, stdin), shell=shell))
         except SSHError as err:
             return failure_result(err.failure)
         except Exception as err:

@@ -12,9 +12,13 @@ from pathlib import Path
 
 import paramiko
 
-from orchestrator.ssh.errors import ssh_error
+from orchestrator.pernode import ShellStartup
+from orchestrator.ssh.errors import SSHError, ssh_error
 
 _POLL_S = 0.02
+BARE_COMMAND = "true"  # what times the user's shell start-up on a node
+STDERR_TAIL_LINES = 3
+STDERR_LINE_CHARS = 240
 
 
 class Hop:
@@ -29,6 +33,18 @@ class CommandResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    shell: ShellStartup | None = None  # the shell's start-up, when it was timed first
+
+
+def stderr_tail(chunks: list[bytes]) -> str:
+    """The last lines a node printed on stderr, as one line (` | ` between them)."""
+    lines = b"".join(chunks).decode(errors="replace").replace("\r", "\n").splitlines()
+    kept = [line.strip()[:STDERR_LINE_CHARS] for line in lines if line.strip()]
+    return " | ".join(kept[-STDERR_TAIL_LINES:])
+
+
+def _printed(tail: str) -> str:
+    return f"; the node printed on stderr: {tail}" if tail else ""
 
 
 SFTPClient = paramiko.SFTPClient
@@ -74,6 +90,18 @@ class NodeSession:
         finally:
             channel.close()
 
+    def time_shell(self, timeout: float) -> ShellStartup:
+        """Run a bare command: how long the user's shell takes to start on the node and
+        what its start-up files print on stderr."""
+        started = time.monotonic()
+        try:
+            result = self.run(BARE_COMMAND, timeout)
+        except SSHError as err:
+            if err.failure.kind != "timeout":
+                raise
+            return ShellStartup(time.monotonic() - started, False, err.failure.stderr)
+        return ShellStartup(time.monotonic() - started, True, stderr_tail([result.stderr]))
+
     def start(self, command: str, timeout: float = 10.0) -> RemoteProcess:
         """Start a command and return at once; read its output line by line."""
         return RemoteProcess(self.node, self._channel(command, timeout))
@@ -116,7 +144,8 @@ class NodeSession:
                     try:
                         chunk = channel.recv(1 << 16)
                     except TimeoutError as err:
-                        raise OSError(f"{self.node}: reading {remote} timed out") from err
+                        said = _printed(stderr_tail(errors))
+                        raise OSError(f"{self.node}: reading {remote} timed out{said}") from err
                     if not chunk:
                         break
                     out.write(chunk)
@@ -154,11 +183,14 @@ def _read_until_exit(
         ):
             break
         if time.monotonic() >= deadline:
+            tail = stderr_tail(err)
             raise ssh_error(
                 node,
                 "timeout",
-                f"{node}: command did not finish within {timeout:g}s",
-                "the node is slow or stuck; raise --timeout or check the node",
+                f"{node}: command did not finish within {timeout:g}s{_printed(tail)}",
+                "the node is slow or stuck (or its shell start-up files wait for something: "
+                "~/.bashrc); raise --timeout or check the node",
+                stderr=tail,
             )
         if not busy:
             time.sleep(_POLL_S)

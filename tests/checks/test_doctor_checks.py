@@ -374,3 +374,25 @@ def test_a_node_whose_own_directory_cannot_be_used_fails_naming_path_owner_mode_
     report = build_report(parse_hostfile("n1 slots=1\nn2 slots=1\nn3 slots=1\n"), probes,
                           python=PY, workdir=None, script=None, env={})  # fmt: skip
     assert finding in report.findings
+
+
+def test_a_slow_or_noisy_shell_start_up_is_named_with_what_it_printed() -> None:
+    from orchestrator.checks.node import check_shell
+    from orchestrator.pernode import ShellStartup
+
+    items = [
+        NodeProbe("n1", facts("n1"), shell=ShellStartup(0.05, True, "")),
+        NodeProbe("n2", facts("n2"), shell=ShellStartup(3.2, True, "pyenv: cannot rehash")),
+        NodeProbe("n3", facts("n3"), shell=ShellStartup(10.0, False, "")),
+        NodeProbe("n4", None, NodeError("auth", "n4: rejected", "ssh-copy-id")),
+    ]
+    found = check_shell(items)
+    assert [(f.node, f.check, f.severity) for f in found] == [
+        ("n2", "shell", "warning"), ("n3", "shell", "warning")
+    ]  # fmt: skip
+    assert found[0].problem == (
+        "the shell on n2 takes 3.2s to start (a bare `true` over SSH): every command orch runs "
+        "there waits that long; its start-up prints on stderr on n2: pyenv: cannot rehash"
+    )
+    assert "did not finish within 10s on n3" in found[1].problem
+    assert "~/.bashrc" in found[1].fix
