@@ -36,12 +36,11 @@ class NodeResult(Generic[T]):
 
 @dataclass(frozen=True)
 class ShellStartup:
-    """How a bare command (`true`) went on a node: the user's shell and its start-up files
-    (~/.bashrc...) run before every command orch runs there. `finished` is False when it
-    did not end within its limit; `stderr` holds the last lines it printed there."""
+    """How the user's shell started on a node: it and its start-up files (~/.bashrc...) run
+    before every command orch runs there. `seconds` from the command's start to the shell
+    running it; `stderr`: the last lines the start-up printed there."""
 
     seconds: float
-    finished: bool
     stderr: str
 
 

@@ -32,7 +32,7 @@ from orchestrator.checks.model import (
     NodeProbe,
 )
 from orchestrator.checks.report import build_report
-from orchestrator.pernode import NodeResult, ShellStartup, succeeded
+from orchestrator.pernode import NodeResult, succeeded
 from orchestrator.probe.commands import (
     ENVIRONMENT_SOURCE,
     collective_command,
@@ -121,7 +121,6 @@ def probe_nodes(
     # Node 0 waits for "done"; the window only bounds it if this process dies.
     listen = listen_request(main_port, peers=len(others), window=2 * probe_timeout + timeout + 10)
     process: RemoteProcess | None = None
-    shell: ShellStartup | None = None
     first_line = b""
     main_outcome: NodeResult[CommandResult] | None = None
     listening = False
@@ -133,8 +132,7 @@ def probe_nodes(
         main_outcome = failure_result(err.failure)
     else:
         try:
-            shell = session.time_shell(timeout)
-            process = session.start(command(main, listen), timeout)  # the channel opens
+            process = session.start(command(main, listen), timeout, time_shell=True)
         except SSHError as err:
             session.close()
             main_outcome = failure_result(err.failure)
@@ -157,7 +155,7 @@ def probe_nodes(
                 process.send(b"done\n")
             try:
                 result = process.wait(probe_timeout)
-                result = replace(result, stdout=first_line + result.stdout, shell=shell)
+                result = replace(result, stdout=first_line + result.stdout)
                 main_outcome = succeeded(main, result)
             except SSHError as err:
                 main_outcome = failure_result(err.failure)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.ssh.config import load_ssh_config
@@ -32,9 +31,9 @@ def run_on_nodes(
     time_shell: bool = False,
 ) -> GroupResult[CommandResult]:
     """Run a command on every node in parallel; one result per node, in order (a node
-    succeeded when the command ran, whatever its exit code). With `time_shell`, a bare
-    command runs first on the same connection (bounded by connect_timeout), and the
-    result says how the user's shell started.
+    succeeded when the command ran, whatever its exit code). With `time_shell`, the
+    command prints SHELL_UP_MARKER on stderr first thing, and the result says how long the
+    user's shell took to start and what it printed (see session.ShellClock).
 
     A node's time is bounded by connect_timeout + timeout: a node that hangs
     delays the result by at most that, whatever the others do.
@@ -50,8 +49,7 @@ def run_on_nodes(
                 accept_new_host_keys=accept_new_host_keys,
                 config=config,
             ) as session:
-                shell = session.time_shell(connect_timeout) if time_shell else None
-                return succeeded(node, replace(session.run(text, timeout, stdin), shell=shell))
+                return succeeded(node, session.run(text, timeout, stdin, time_shell))
         except SSHError as err:
             return failure_result(err.failure)
         except Exception as err:

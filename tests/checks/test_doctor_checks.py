@@ -381,9 +381,9 @@ def test_a_slow_or_noisy_shell_start_up_is_named_with_what_it_printed() -> None:
     from orchestrator.pernode import ShellStartup
 
     items = [
-        NodeProbe("n1", facts("n1"), shell=ShellStartup(0.05, True, "")),
-        NodeProbe("n2", facts("n2"), shell=ShellStartup(3.2, True, "pyenv: cannot rehash")),
-        NodeProbe("n3", facts("n3"), shell=ShellStartup(10.0, False, "")),
+        NodeProbe("n1", facts("n1"), shell=ShellStartup(0.05, "")),
+        NodeProbe("n2", facts("n2"), shell=ShellStartup(3.2, "pyenv: cannot rehash")),
+        NodeProbe("n3", facts("n3"), shell=ShellStartup(0.1, "stty: not a tty")),
         NodeProbe("n4", None, NodeError("auth", "n4: rejected", "ssh-copy-id")),
     ]
     found = check_shell(items)
@@ -391,8 +391,9 @@ def test_a_slow_or_noisy_shell_start_up_is_named_with_what_it_printed() -> None:
         ("n2", "shell", "warning"), ("n3", "shell", "warning")
     ]  # fmt: skip
     assert found[0].problem == (
-        "the shell on n2 takes 3.2s to start (a bare `true` over SSH): every command orch runs "
-        "there waits that long; its start-up prints on stderr on n2: pyenv: cannot rehash"
+        "the shell on n2 takes 3.2s to start (timed over SSH until it runs orch's command): "
+        "every command orch runs there waits that long; its start-up prints on stderr on n2: "
+        "pyenv: cannot rehash"
     )
-    assert "did not finish within 10s on n3" in found[1].problem
+    assert found[1].problem == "its start-up prints on stderr on n3: stty: not a tty"
     assert "~/.bashrc" in found[1].fix
