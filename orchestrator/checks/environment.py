@@ -170,6 +170,9 @@ def _finding(node: str, parity: EnvironmentParity, python: str, node_print: str)
                f"{show_value(first.reference)}), then install the same packages")  # fmt: skip
     else:
         fix = _pip_fix(node, python, ref, mine)
+        if ref == HEAD:  # the head's environment can be copied as it is
+            fix += (f"; or copy the head's: `orch env push --python {shlex.quote(python)}` "
+                    "with this --hostfile")  # fmt: skip
     severity: Severity = "error" if any(d.severity == "error" for d, _ in mine) else "warning"
     return Finding(node, "parity", problem, fix, severity)
 

@@ -65,7 +65,10 @@ def test_differences_are_grouped_by_package_and_name_every_node() -> None:
         ("node2", "parity", "error"), ("node3", "parity", "error"), ("node4", "parity", "error")
     ]  # fmt: skip
     assert "transformers 4.46.0 (4.46.1 on the head)" in found[0].problem
-    assert f"on node2: `{PY} -m pip install transformers==4.46.1`" == found[0].fix
+    assert found[0].fix == (
+        f"on node2: `{PY} -m pip install transformers==4.46.1`; or copy the head's: "
+        f"`orch env push --python {PY}` with this --hostfile"
+    )
     assert "transformers missing (4.46.1 on the head)" in found[1].problem
 
 
@@ -77,7 +80,7 @@ def test_a_package_only_one_node_has_is_removed_there() -> None:
     assert diff.describe(parity.reference) == "0.1 on n2; missing elsewhere"
     [finding] = environment_findings(parity, PY)
     assert finding.severity == "warning"  # neither a launcher's nor the script's
-    assert finding.fix == f"on n2: `{PY} -m pip uninstall -y left-over`"
+    assert finding.fix.startswith(f"on n2: `{PY} -m pip uninstall -y left-over`; or copy")
 
 
 def test_when_every_node_differs_from_the_head_the_head_is_named() -> None:
