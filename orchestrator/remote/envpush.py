@@ -247,14 +247,20 @@ def build(staging, root, request, stream):
     return received
 
 
+def with_mtimes(root, found):
+    """The files of a manifest with their mtimes: what `manifest(root, previous)` needs to
+    hash only the files that changed since."""
+    return {
+        rel: [*entry[:4], os.lstat(os.path.join(root, rel)).st_mtime_ns]
+        for rel, entry in found.items()
+        if entry[0] == "f"
+    }
+
+
 def _record(staging, previous):
     """The manifest of the new root, with mtimes, so the next look hashes only what changed
     (files kept as hard links keep their mtime, and their hash comes from `previous`)."""
-    found = manifest(staging, previous)
-    recorded = {}
-    for rel, entry in found.items():
-        if entry[0] == "f":
-            recorded[rel] = [*entry[:4], os.lstat(os.path.join(staging, rel)).st_mtime_ns]
+    recorded = with_mtimes(staging, manifest(staging, previous))
     with open(os.path.join(staging, MANIFEST_NAME), "w") as handle:
         json.dump(recorded, handle, separators=(",", ":"))
 

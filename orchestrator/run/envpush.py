@@ -16,11 +16,14 @@ nodes; relaying between nodes is the next step), and `--slurm` node selection.
 from __future__ import annotations
 
 import configparser
+import contextlib
+import hashlib
 import json
 import os
 import secrets
 import shlex
 import tarfile
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +33,13 @@ from orchestrator.errors import UsageError
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import boot_blob, boot_code
-from orchestrator.remote.envpush import manifest, unpack
+from orchestrator.remote.envpush import manifest, unpack, with_mtimes
+from orchestrator.remote.owned import (
+    UnsafeDirectory,
+    private_directories,
+    user_directory,
+    write_private_file,
+)
 from orchestrator.ssh import NodeSession, SSHError, failure_result, load_ssh_config, open_session
 
 PUSH_SOURCE = boot_code(boot_blob(("environment",), "envpush"))
@@ -330,6 +339,25 @@ def _node_dict(result: NodeResult[NodePush]) -> dict[str, Any]:
     }
 
 
+def head_manifest(root: str) -> dict[str, list[Any]]:
+    """The head's manifest; hashes of files unchanged since the last push (same size and
+    mtime) come from the copy kept in the user's own directory, not from reading 6 GB."""
+    key = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
+    try:
+        top = user_directory(os.getuid(), tempfile.gettempdir())
+        cache = Path(private_directories(top, ["env-manifests"], os.getuid())) / key
+    except (UnsafeDirectory, OSError):
+        return manifest(root)  # no safe place for it: every file is read
+    try:
+        previous = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    found = manifest(root, previous)
+    with contextlib.suppress(OSError):
+        write_private_file(str(cache), json.dumps(with_mtimes(root, found)).encode())
+    return found
+
+
 def push_environment(
     nodes: Sequence[str],
     source: EnvSource,
@@ -342,7 +370,7 @@ def push_environment(
     on_node: Callable[[NodeResult[NodePush]], None] | None = None,
 ) -> PushReport:
     """Push the head's environment to every node; one result per node."""
-    head_files = manifest(source.root)
+    head_files = head_manifest(source.root)
     payload = sum(e[1] for e in head_files.values())
     marker = f"{MARKER_PREFIX}{secrets.token_hex(8)}"
     marker_path = Path(source.root) / marker

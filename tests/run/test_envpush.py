@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -99,3 +100,21 @@ def test_the_node_builds_beside_and_swaps_or_keeps_the_old(tmp_path: Path) -> No
     assert set(recorded) == {"kept.py", "pkg/new.py"}
     again = node_side.manifest(str(root), recorded)
     assert again["pkg/new.py"][2] == hashlib.sha256(new).hexdigest()
+
+
+def test_the_heads_manifest_reads_only_files_changed_since_the_last_push(tmp_path, monkeypatch):
+    from orchestrator.run import envpush
+
+    monkeypatch.setattr(envpush.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    root = tmp_path / "env"
+    root.mkdir()
+    weights = root / "weights.bin"
+    weights.write_bytes(b"a" * 100)
+    first = envpush.head_manifest(str(root))["weights.bin"][2]
+    stamp = weights.stat().st_mtime_ns
+    weights.write_bytes(b"b" * 100)  # same size, and the mtime put back: taken as unchanged
+    os.utime(weights, ns=(stamp, stamp))
+    assert envpush.head_manifest(str(root))["weights.bin"][2] == first
+    weights.write_bytes(b"b" * 101)
+    assert envpush.head_manifest(str(root))["weights.bin"][2] != first
