@@ -234,7 +234,10 @@ def head_environment(python: str, timeout: float = PROBE_TIMEOUT_S) -> Environme
 
 
 def script_packages(script: str | None) -> frozenset[str]:
-    """The distributions the script imports, as the head's packages provide its modules."""
+    """The distributions the script imports, as the head's packages provide its modules.
+    The head's whole map of modules to distributions (reading every package's file list:
+    most of a second with torch) is read only for a module no distribution is named after
+    (`yaml`, from PyYAML)."""
     from importlib import metadata
 
     if not script:
@@ -243,7 +246,20 @@ def script_packages(script: str | None) -> frozenset[str]:
         source = Path(script).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return frozenset()
-    return script_distributions(script_imports(source), metadata.packages_distributions())
+    modules = {m for m in script_imports(source) if m not in sys.stdlib_module_names}
+    unnamed = [m for m in modules if not _named_distribution(m)]
+    providers = metadata.packages_distributions() if unnamed else {}
+    return script_distributions(modules, providers)
+
+
+def _named_distribution(module: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(module)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _sha256(path: str | None) -> str | None:
@@ -285,8 +301,9 @@ def run_preflight(
     names = list(hostfile.names)
     env = os.environ if env is None else env
     address = main_address or names[0]
-    with ThreadPoolExecutor(1) as head:  # the head's environment, while the nodes answer
+    with ThreadPoolExecutor(2) as head:  # the head's environment, while the nodes answer
         head_env = head.submit(head_environment, python, probe_timeout)
+        imports = head.submit(script_packages, script)
         probes = probe_nodes(
             names,
             python=python,
@@ -317,6 +334,6 @@ def run_preflight(
         deep=deep,
         extra=extra_findings,
         head_environment=head_env.result(),
-        script_packages=script_packages(script),
+        script_packages=imports.result(),
     )
     return replace(report, seconds=time.monotonic() - started)

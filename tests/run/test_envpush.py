@@ -118,3 +118,4 @@ def test_the_heads_manifest_reads_only_files_changed_since_the_last_push(tmp_pat
     assert envpush.head_manifest(str(root))["weights.bin"][2] == first
     weights.write_bytes(b"b" * 101)
     assert envpush.head_manifest(str(root))["weights.bin"][2] != first
+
