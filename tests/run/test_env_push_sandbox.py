@@ -128,3 +128,33 @@ def test_a_system_interpreter_is_refused_before_anything_is_sent(cluster) -> Non
                           check=False)  # fmt: skip
     assert done.returncode in (1, 2)
     assert "is not in a virtual or conda environment" in done.stderr
+
+
+def test_an_interrupted_push_leaves_the_previous_environment_working(cluster) -> None:
+    _, state, root = cluster
+    first = state.nodes[1].name
+    push(state, root)
+    site = next(root.glob("lib/python*/site-packages"))
+    (site / "demo_pkg" / "big.bin").write_bytes(bytes(range(256)) * (200 << 12))  # 200 MiB
+    (site / "demo_pkg" / "__init__.py").write_text("VERSION = 'interrupted'\n")
+    argv = [ORCH, "env", "push", "--hostfile", state.hostfile, "--python",
+            str(root / "bin/python"), "--json"]  # fmt: skip
+    head = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    building = False
+    try:
+        for _ in range(600):  # until the node builds the new environment beside the old
+            building = on_node(first, "sh", "-c", f"ls -d {root}.orch-new-*").returncode == 0
+            if building or head.poll() is not None:
+                break
+        head.kill()  # the head is gone mid-transfer, as with a power cut
+        head.wait(timeout=30)
+    finally:
+        (site / "demo_pkg" / "big.bin").unlink()
+        (site / "demo_pkg" / "__init__.py").write_text("VERSION = '1.1'\n")
+    assert building, "the push ended before it could be interrupted"
+    ran = on_node(first, f"{root}/bin/python", "-c", "import demo_pkg; print(demo_pkg.VERSION)")
+    assert ran.stdout.strip() in ("1.0", "1.1"), ran.stderr  # the previous one, whole
+    for _ in range(100):  # the node side saw the channel close and cleaned up
+        if on_node(first, "sh", "-c", f"ls -d {root}.orch-new-*").returncode != 0:
+            break
+    assert on_node(first, "sh", "-c", f"ls -d {root}.orch-new-*").returncode != 0
