@@ -13,17 +13,19 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
+from orchestrator.specs.slurm import job_inventory
 
 env_app = typer.Typer(help="The job's Python environment on every node.")
 app.add_typer(env_app, name="env")
-_HOSTFILE = typer.Option(..., "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
+_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
 
 
 @env_app.command("push")
 def push(
-    hostfile: Path = _HOSTFILE,
+    hostfile: Path | None = _HOSTFILE,
+    slurm: bool = SLURM,
     python: str = typer.Option(
         sys.executable, "--python", help="Interpreter of the environment to push (venv or conda)."
     ),
@@ -37,7 +39,8 @@ def push(
     exclude: str | None = EXCLUDE,
 ) -> None:
     """Make every node's environment at PATH the head's: only what differs is sent, and
-    each node switches to it in one rename."""
+    each node switches to it in one rename. Nodes as doctor takes them (--hostfile, or
+    inside a Slurm allocation), reached over SSH."""
     from orchestrator.errors import OrchError
     from orchestrator.run.envpush import environment_source, push_environment
     from orchestrator.run.preflight import head_environment
@@ -49,7 +52,9 @@ def push(
             f"{source.python} does not run on the head",
             "check the environment with `--python ... -c 'import sys'`",
         )
-    hosts = filter_hosts(read_hostfile(hostfile), include=include, exclude=exclude)
+    given = read_hostfile(hostfile) if hostfile is not None else None
+    inventory, _ = job_inventory(given, slurm=slurm, environ=os.environ)
+    hosts = filter_hosts(inventory, include=include, exclude=exclude)
     with _progress(quiet=as_json) as (on_bytes, on_node):
         report = push_environment(
             hosts.names,

@@ -10,7 +10,7 @@ as one tar stream, builds the new environment beside the old one and swaps it in
 rename. A shared filesystem (the node sees a marker written here) is left alone.
 
 Not done yet: the head sends every node its own copy (head bytes grow with the number of
-nodes; relaying between nodes is the next step), and `--slurm` node selection.
+nodes; relaying between nodes is the next step).
 """
 
 from __future__ import annotations
