@@ -34,6 +34,16 @@ class NodeResult(Generic[T]):
         return f"{self.problem} ({self.hint})" if self.hint else self.problem
 
 
+@dataclass(frozen=True)
+class ShellStartup:
+    """How the user's shell started on a node: it and its start-up files (~/.bashrc...) run
+    before every command orch runs there. `seconds` from the command's start to the shell
+    running it; `stderr`: the last lines the start-up printed there."""
+
+    seconds: float
+    stderr: str
+
+
 def succeeded(node: str, value: T) -> NodeResult[T]:
     return NodeResult(node, value=value)
 

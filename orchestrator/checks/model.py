@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from orchestrator.pernode import ShellStartup
 from orchestrator.probe.facts import NodeFacts
 from orchestrator.specs.jobenv import redact
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 
 Severity = Literal["error", "warning"]
-CHECK_GROUPS = ("ssh", "python", "files", "parity", "network", "gpu", "disk", "stacks")
+CHECK_GROUPS = ("ssh", "shell", "python", "files", "parity", "network", "gpu", "disk", "stacks")
 CLUSTER = "*"  # the node of a finding about the whole cluster or a file
 
 
@@ -43,6 +44,7 @@ class NodeProbe:
     node: str
     facts: NodeFacts | None
     error: NodeError | None = None
+    shell: ShellStartup | None = None  # a bare command before the probe
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,71 @@ class ParityRow:
     fact: str
     majority: str
     differing: tuple[tuple[str, str], ...]  # (node, its value)
+
+
+HEAD = "the head"  # the environment's reference, where the head runs the job's interpreter
+Kind = Literal["interpreter", "launcher", "script", "other"]
+KINDS: tuple[Kind, ...] = ("interpreter", "launcher", "script", "other")
+Fold = Callable[[Sequence[str]], str]
+
+
+@dataclass(frozen=True)
+class EnvDifference:
+    """One package (or the interpreter, its ABI, the platform) that is not the same
+    everywhere: the reference's value, and every other value with the nodes that have it."""
+
+    item: str
+    kind: Kind
+    reference: str | None  # None: not installed there
+    others: tuple[tuple[str | None, tuple[str, ...]], ...]
+    every_node_differs: bool = False  # no compared node has the reference's value
+
+    @property
+    def severity(self) -> Severity:
+        return "warning" if self.kind == "other" else "error"
+
+    def describe(self, reference_name: str, fold: Fold = ", ".join) -> str:
+        """`4.46.0 on node2; missing on node3; 4.46.1 elsewhere`, with `fold` writing a
+        list of nodes (the CLI folds them as node sets: `node[2-5,9]`)."""
+        parts = [f"{show_value(value)} on {fold(nodes)}" for value, nodes in self.others]
+        where = f"on {reference_name}" if self.every_node_differs else "elsewhere"
+        return "; ".join([*parts, f"{show_value(self.reference)} {where}"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "package": self.item,
+            "kind": self.kind,
+            "severity": self.severity,
+            "reference": self.reference,
+            "others": [{"value": v, "nodes": list(n)} for v, n in self.others],
+        }
+
+
+@dataclass(frozen=True)
+class EnvironmentParity:
+    reference: str  # HEAD, or node 0's name
+    fingerprints: tuple[tuple[str, str], ...]  # (HEAD or node, fingerprint), head first
+    differences: tuple[EnvDifference, ...]  # most important first
+    reference_dists: Mapping[str, str]  # every node's are these, changed by the differences
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "fingerprints": dict(self.fingerprints),
+            "differences": [d.to_dict() for d in self.differences],
+            "reference_distributions": dict(self.reference_dists),
+        }
+
+    def fingerprint_groups(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(fingerprint, who has it), the reference's first."""
+        groups: dict[str, list[str]] = {}
+        for who, print_ in self.fingerprints:
+            groups.setdefault(print_, []).append(who)
+        return [(p, tuple(w)) for p, w in groups.items()]
+
+
+def show_value(value: str | None) -> str:
+    return "missing" if value is None else value
 
 
 @dataclass(frozen=True)
@@ -81,6 +148,7 @@ class DoctorReport:
     main_port: int | None = None
     main_address: str | None = None
     seconds: float | None = None  # how long gathering the facts took
+    environment: EnvironmentParity | None = None
 
     @property
     def ok(self) -> bool:
@@ -113,6 +181,7 @@ class DoctorReport:
                 }
                 for row in self.parity
             ],
+            "environment": None if self.environment is None else self.environment.to_dict(),
             "shared_interfaces": list(self.shared_interfaces),
             "deep": [asdict(r) for r in self.deep],
         }
@@ -123,6 +192,12 @@ def _facts_dict(facts: NodeFacts | None) -> dict[str, Any] | None:
         return None
     doc = asdict(facts)
     doc["packages"] = dict(facts.packages)
+    env = facts.environment
+    # every node's distributions are the report's reference's, changed by its differences
+    doc["environment"] = None if env is None else {
+        "fingerprint": env.fingerprint, "python": env.python_version, "abi": env.abi,
+        "platform": env.platform, "distributions": len(env.dists),
+    }  # fmt: skip
     doc["interfaces"] = {k: list(v) for k, v in facts.interfaces.items()}
     doc["resolved"] = {k: list(v) for k, v in facts.resolved.items()}
     doc["nccl_env"] = redact(facts.nccl_env)  # what is printed or saved never holds secrets

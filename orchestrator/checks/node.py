@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.checks.model import CLUSTER, Finding, NodeProbe, Severity, with_facts
+from orchestrator.pernode import ShellStartup
 
 if TYPE_CHECKING:
     from orchestrator.probe.facts import NodeFacts
@@ -25,6 +26,40 @@ def check_reachability(probes: Sequence[NodeProbe]) -> list[Finding]:
             group = "python" if probe.error.kind == "probe" else "ssh"
             findings.append(Finding(probe.node, group, probe.error.message, probe.error.hint))
     return findings
+
+
+SLOW_SHELL_S = 2.0  # a shell start-up slower than this delays every command orch runs there
+_SHELL_FIX = (
+    "look at the start-up files of your login shell on {node} (~/.bashrc, ~/.bash_profile, "
+    "/etc/bash.bashrc): SSH commands run them too. Make them quiet and quick when not "
+    "interactive, e.g. `case $- in *i*) ;; *) return;; esac` at the top of ~/.bashrc before "
+    "`pyenv init`/`conda init`, or clear a stale lock (`pyenv rehash` leaves "
+    "~/.pyenv/shims/.pyenv-shim)"
+)
+
+
+def check_shell(probes: Sequence[NodeProbe]) -> list[Finding]:
+    """The user's shell on each node, timed as the probe starts: a start-up slower than
+    SLOW_SHELL_S, or one that prints on stderr (warnings: the probe's own result says whether
+    commands still work; one that timed out says what the node printed)."""
+    findings = []
+    for probe in probes:
+        problem = None if probe.shell is None else _shell_problem(probe.node, probe.shell)
+        if problem:
+            fix = _SHELL_FIX.format(node=probe.node)
+            findings.append(Finding(probe.node, "shell", problem, fix, "warning"))
+    return findings
+
+
+def _shell_problem(node: str, shell: ShellStartup) -> str:
+    what = []
+    if shell.seconds > SLOW_SHELL_S:
+        what.append(f"the shell on {node} takes {shell.seconds:.1f}s to start (timed over "
+                    "SSH until it runs orch's command): every command orch runs there waits "
+                    "that long")  # fmt: skip
+    if shell.stderr:
+        what.append(f"its start-up prints on stderr on {node}: {shell.stderr}")
+    return "; ".join(what)
 
 
 # ----- interpreter, files, known traps ------------------------------------------------------

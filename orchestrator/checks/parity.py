@@ -1,4 +1,5 @@
-"""Parity: every node's environment against the majority (versions, CUDA, NCCL, GPUs).
+"""Parity: every node's facts other than its Python environment against the majority
+(torch's CUDA build, GPUs, driver, the script).
 Pure: facts in, findings out."""
 
 from __future__ import annotations
@@ -26,22 +27,10 @@ class ParityFact:
     needs_interpreter: bool = True
 
 
-def _pkg(name: str) -> Callable[[NodeFacts], str | None]:
-    return lambda f: f.packages.get(name)
-
-
-_PIP_FIX = "on {node}: `{python} -m pip install {package}=={value}`"
 PARITY_FACTS: tuple[ParityFact, ...] = (
-    ParityFact("python", lambda f: f.python_version, "error",
-               "install Python {value} at the job's interpreter path on {node}"),
-    ParityFact("torch", _pkg("torch"), "error", _PIP_FIX),
+    # The interpreter, the platform and every package: checks/environment.py.
     ParityFact("cuda (torch build)", lambda f: f.torch_cuda, "error",
                "install the torch build for CUDA {value} on {node}"),
-    ParityFact("nccl", _pkg("nccl"), "error", "install the NCCL {value} wheel on {node}"),
-    ParityFact("deepspeed", _pkg("deepspeed"), "error", _PIP_FIX),
-    ParityFact("accelerate", _pkg("accelerate"), "error", _PIP_FIX),
-    ParityFact("transformers", _pkg("transformers"), "error", _PIP_FIX),
-    ParityFact("colossalai", _pkg("colossalai"), "error", _PIP_FIX),
     ParityFact("gpu count", lambda f: str(f.gpu_count), "error",
                "check {node}'s GPUs with `nvidia-smi` (a GPU missing or fallen off the bus?)",
                needs_interpreter=False),
@@ -50,8 +39,6 @@ PARITY_FACTS: tuple[ParityFact, ...] = (
                needs_interpreter=False),
     ParityFact("driver", lambda f: f.driver, "warning",
                "install NVIDIA driver {value} on {node}", needs_interpreter=False),
-    ParityFact("os", lambda f: f.os, "warning", "run the same OS release on every node",
-               needs_interpreter=False),
     ParityFact("script sha256", lambda f: f.script_sha256, "error",
                "copy the same script to {node} (or use a shared filesystem)",
                needs_interpreter=False),

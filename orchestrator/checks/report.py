@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.checks.collective import check_collective
+from orchestrator.checks.environment import environment_findings, environment_parity
 from orchestrator.checks.model import (
     CHECK_GROUPS,
     CollectiveResult,
@@ -14,6 +15,7 @@ from orchestrator.checks.model import (
     Finding,
     NodeCheckStatus,
     NodeProbe,
+    with_facts,
 )
 from orchestrator.checks.network import (
     check_hostnames,
@@ -30,11 +32,13 @@ from orchestrator.checks.node import (
     check_known_traps,
     check_own_directories,
     check_reachability,
+    check_shell,
     check_stacks,
 )
 from orchestrator.checks.parity import check_parity
 
 if TYPE_CHECKING:
+    from orchestrator.probe.facts import Environment
     from orchestrator.specs.inventory import Hostfile
 
 
@@ -72,17 +76,25 @@ def build_report(
     main_port: int | None = None,
     deep: Sequence[CollectiveResult] = (),
     extra: Sequence[Finding] = (),
+    head_environment: Environment | None = None,
+    script_packages: frozenset[str] = frozenset(),
 ) -> DoctorReport:
+    """head_environment: the job's interpreter on the head (None: the head has no such
+    path; node 0 is the reference then); script_packages: the distributions the script
+    imports, compared right after the launchers' packages."""
     names = list(hostfile.names)
     slots = {h.host: h.slots for h in hostfile.hosts}
     parity_rows, parity_findings = check_parity(probes, python)
+    environment = environment_parity(with_facts(probes), head_environment, script_packages)
     findings = [
         *check_reachability(probes),
+        *check_shell(probes),
         *check_interpreter(probes, python),
         *check_known_traps(probes, python),
         *check_own_directories(probes),
         *check_files(probes, workdir=workdir, script=script,
                      head_script_sha256=head_script_sha256),
+        *environment_findings(environment, python),
         *parity_findings,
         *check_resolution(probes, names),
         *check_hostnames(probes),
@@ -108,4 +120,5 @@ def build_report(
         deep=tuple(deep),
         main_port=main_port,
         main_address=main_address,
+        environment=environment,
     )

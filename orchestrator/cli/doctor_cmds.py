@@ -13,10 +13,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.checks.model import DoctorReport, Finding
+from orchestrator.checks.model import DoctorReport, EnvironmentParity, Finding
 from orchestrator.checks.node import check_accelerate_config
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
+from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
 from orchestrator.cli.progress import node_progress
 from orchestrator.errors import InputFileError
@@ -25,6 +26,9 @@ from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.options import check_port
 from orchestrator.specs.slurm import job_inventory
 
+FINGERPRINT_SHOWN = 8  # hex digits of an environment's fingerprint in a table
+ENV_ROWS_SHOWN = 20  # rows of packages that differ, the most important first
+PACKAGES_PER_ROW = 6  # packages named in one row that differ the same way
 _STYLE = {"ok": "[green]ok[/]", "warning": "[yellow]warn[/]", "error": "[bold red]FAIL[/]"}
 
 
@@ -50,14 +54,17 @@ def _node_table(report: DoctorReport, reached_by: str) -> Table:
     table.add_column("node", style="bold")
     for group in groups:  # the ssh column says how the node was reached: ssh, or srun
         table.add_column(reached_by if group == "ssh" else group)
-    for column in ("python / torch", "gpus", "free"):
+    for column in ("python / torch", "env", "gpus", "free"):
         table.add_column(column, style="dim")
     for node in report.nodes:
         facts = node.facts
-        details = ["", "", ""]
+        details = ["", "", "", ""]
         if facts is not None:
+            env = facts.environment
             details = [
                 f"{facts.python_version} / {facts.packages.get('torch') or '-'}",
+                env.fingerprint[:FINGERPRINT_SHOWN] if env is not None and facts.python_found
+                else "-",
                 str(facts.gpu_count) + (f" x {facts.gpu_model}" if facts.gpu_model else ""),
                 f"{facts.disk_free_bytes / (1 << 30):.0f} GiB"
                 if facts.disk_free_bytes is not None
@@ -86,14 +93,57 @@ def _parity_table(report: DoctorReport) -> Table:
     table.add_column("most nodes")
     table.add_column("differing nodes")
     for row in report.parity:
-        table.add_row(row.fact, row.majority, ", ".join(f"{n}: {v}" for n, v in row.differing))
+        by_value: dict[str, list[str]] = {}
+        for node, value in row.differing:
+            by_value.setdefault(value, []).append(node)
+        where = "; ".join(f"{v} on {nodes_text(n)}" for v, n in by_value.items())
+        table.add_row(row.fact, row.majority, where)
     return table
+
+
+def _environment_table(parity: EnvironmentParity) -> Table:
+    """The packages that differ, grouped, the most important first."""
+    table = Table(title=f"environment: what differs from {parity.reference}'s",
+                  title_justify="left")  # fmt: skip
+    table.add_column("package", style="bold")
+    table.add_column("kind", no_wrap=True)
+    table.add_column("where it differs (nodes folded)")
+    rows = _same_difference_rows(parity)
+    for packages, kind, where in rows[:ENV_ROWS_SHOWN]:
+        shown = ", ".join(packages[:PACKAGES_PER_ROW])
+        if len(packages) > PACKAGES_PER_ROW:
+            shown += f" and {len(packages) - PACKAGES_PER_ROW} more"
+        table.add_row(shown, kind if kind == "other" else f"[bold red]{kind}[/]", where)
+    hidden = sum(len(packages) for packages, _, _ in rows[ENV_ROWS_SHOWN:])
+    if hidden:
+        table.add_row("...", "", f"{hidden} more differ (`orch doctor --json` lists them all)")
+    return table
+
+
+def _same_difference_rows(parity: EnvironmentParity) -> list[tuple[list[str], str, str]]:
+    """One row per (kind, where it differs): a node that differs in 40 packages the same
+    way is one row, as `clush -b` folds identical output."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for diff in parity.differences:
+        where = diff.describe(parity.reference, nodes_text)
+        rows.setdefault((diff.kind, where), []).append(diff.item)
+    return [(packages, kind, where) for (kind, where), packages in rows.items()]
+
+
+def _fingerprints_line(parity: EnvironmentParity) -> str:
+    groups = parity.fingerprint_groups()
+    prints = "; ".join(f"{p[:FINGERPRINT_SHOWN]} on {nodes_text(w)}" for p, w in groups)
+    return f"environment fingerprints (reference: {parity.reference}): {prints}"
 
 
 def print_report(report: DoctorReport, console: Console, reached_by: str = "ssh") -> None:
     console.print(_node_table(report, reached_by))
     if report.parity:
         console.print(_parity_table(report))
+    if report.environment is not None:
+        console.print(_fingerprints_line(report.environment))
+        if report.environment.differences:
+            console.print(_environment_table(report.environment))
     if report.deep:
         deep = Table(title="all_reduce (--deep)", title_justify="left")
         for column in ("node", "backend", "transport", "bus bandwidth", "result"):

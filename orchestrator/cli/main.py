@@ -9,6 +9,7 @@ from rich.console import Console
 
 from orchestrator.cli import (
     doctor_cmds,
+    env_cmds,
     files_cmds,
     job_cmds,
     logs_cmds,
@@ -21,7 +22,7 @@ from orchestrator.errors import OrchError
 
 # Importing a command module registers its commands on `app`.
 COMMAND_GROUPS = (
-    doctor_cmds, files_cmds, job_cmds, logs_cmds, report_cmds, sandbox_cmds, stacks_cmds,
+    doctor_cmds, env_cmds, files_cmds, job_cmds, logs_cmds, report_cmds, sandbox_cmds, stacks_cmds,
 )  # fmt: skip
 
 

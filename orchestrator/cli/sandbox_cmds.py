@@ -24,6 +24,12 @@ _DIR_OPTION = typer.Option(
 )
 
 
+_PRIVATE_OPTION = typer.Option(
+    [],
+    "--private",
+    help="An existing directory each node gets its own empty copy of (its local disk: "
+    "neither the head nor another node sees what it writes there); repeatable.",
+)
 _GUEST_OPTION = typer.Option(
     [],
     "--guest",
@@ -60,6 +66,7 @@ def up(
         "several hostfile entries on one machine would; each keeps its own hostname.",
     ),
     guest: list[str] = _GUEST_OPTION,
+    private: list[Path] = _PRIVATE_OPTION,
     directory: Path | None = _DIR_OPTION,
 ) -> None:
     """Start the nodes (or keep them if already up) and print the hostfile path."""
@@ -70,9 +77,12 @@ def up(
                 "nodes that refuse SSH are reached through Slurm: add --slurm",
             )
         sshd = "no-ssh"
-    state = Sandbox(directory).up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd,
-                                  slurm=slurm, shared_pids=shared_pids,
-                                  guest_users=tuple(guest))  # fmt: skip
+    box = Sandbox(directory)
+    state = box.up(nodes=nodes, slots=slots, prefix=prefix, sshd_profile=sshd, slurm=slurm,
+                   shared_pids=shared_pids, guest_users=tuple(guest))  # fmt: skip
+    for path in private:
+        for node in state.nodes:
+            box.private_directory(node.name, path.resolve())
     err = Console(stderr=True, highlight=False)
     first, last = state.nodes[0], state.nodes[-1]
     err.print(

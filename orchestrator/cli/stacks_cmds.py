@@ -8,9 +8,9 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from ClusterShell.NodeSet import NodeSet
 
 from orchestrator.cli.app import app
+from orchestrator.cli.folding import nodes_text
 from orchestrator.errors import OrchError
 from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.records import (
@@ -53,17 +53,10 @@ def _echo(line: str = "") -> None:
     typer.echo(line)
 
 
-def _nodes_text(nodes: tuple[str, ...] | list[str]) -> str:
-    try:
-        return str(NodeSet.fromlist(list(nodes)))
-    except Exception:  # a name NodeSet cannot fold is shown as it is
-        return ",".join(nodes)
-
-
 def _block_lines(block: StackBlock, majority: bool) -> list[str]:
     count = len(block.ranks)
     title = f"rank{'s' if count > 1 else ''} {rank_ranges(block.rank_numbers)}"
-    title += f" ({_nodes_text(block.nodes)})" + (f"  [{count} ranks, majority]" if majority else "")
+    title += f" ({nodes_text(block.nodes)})" + (f"  [{count} ranks, majority]" if majority else "")
     lines = [_RULE, title, _RULE]
     for thread in block.threads:
         state = "idle" if thread.idle else "active"

@@ -11,17 +11,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.remote import boot_blob, boot_code, program_source
+from orchestrator.specs.constants import SHELL_UP_MARKER
 
 # The probe makes the user's directory as a launch would: with the same parts beside it.
-PROBE_SOURCE = boot_code(boot_blob(("owned", "agent_spec", "ports"), "probe"))
+PROBE_SOURCE = boot_code(boot_blob(("owned", "agent_spec", "ports", "environment"), "probe"))
+ENVIRONMENT_SOURCE = boot_code(boot_blob((), "environment"))
 COLLECTIVE_SOURCE = program_source("collective")
 DEEP_SIZE_BYTES = 16 << 20
 DEEP_ITERATIONS = 5
 
 # Run the probe with the job's interpreter; when that is missing, with any
-# python3 on the node so the other facts still come back. `sh -c` keeps the
+# python3 on the node so the other facts still come back. It says on stderr first that the
+# user's shell has started, which times the shell's start-up files. `sh -c` keeps the
 # command independent of the user's login shell (fish, csh...).
 _LAUNCH = (
+    f"echo {SHELL_UP_MARKER} >&2; "  # the login shell has started (ssh.session.ShellClock)
     "PY=$1; FLAGS=$2; SRC=$3; shift 3; "
     'if [ -x "$PY" ]; then exec "$PY" $FLAGS -c "$SRC" "$@"; fi; '
     "for c in python3 python; do if command -v $c >/dev/null 2>&1; then "

@@ -46,6 +46,40 @@ class OwnDirectory:
 
 
 @dataclass(frozen=True)
+class Environment:
+    """The job's interpreter and every distribution it sees (remote/environment.py)."""
+
+    fingerprint: str
+    implementation: str
+    python_version: str
+    abi: str
+    os: str
+    libc: str
+    machine: str
+    dists: Mapping[str, str]  # normalized name -> version
+
+    @property
+    def platform(self) -> str:
+        return ", ".join(v for v in (self.os, self.libc, self.machine) if v)
+
+
+def parse_environment(doc: Any) -> Environment | None:
+    """remote/environment.py's document (None: not there, as from an older probe)."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("dists"), Mapping):
+        return None
+    return Environment(
+        fingerprint=str(doc.get("fingerprint", "")),
+        implementation=str(_get(doc, "interpreter", "implementation", default="")),
+        python_version=str(_get(doc, "interpreter", "version", default="")),
+        abi=str(_get(doc, "interpreter", "abi", default="")),
+        os=str(_get(doc, "platform", "os", default="")),
+        libc=str(_get(doc, "platform", "libc", default="")),
+        machine=str(_get(doc, "platform", "machine", default="")),
+        dists={str(k): str(v) for k, v in doc["dists"].items()},
+    )
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     node: str
     hostname: str
@@ -88,6 +122,7 @@ class NodeFacts:
     cap_sys_ptrace: bool = False
     stacks_probed: bool = False  # an older probe says nothing of stacks
     own_dirs: tuple[OwnDirectory, ...] = ()
+    environment: Environment | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -195,4 +230,5 @@ def parse_facts(node: str, stdout: bytes | str) -> NodeFacts:
         cap_sys_ptrace=bool(_get(doc, "stacks", "cap_sys_ptrace", default=False)),
         stacks_probed="stacks" in doc,
         own_dirs=_own_dirs(doc.get("own_dirs")),
+        environment=parse_environment(doc.get("environment")),
     )

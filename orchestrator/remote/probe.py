@@ -1,6 +1,7 @@
 """The node-side probe: STANDARD LIBRARY ONLY, shipped to each node as `python -c`, with
-owned.py, agent_spec.py and ports.py loaded beside it (as orch_<name>): it makes and checks
-the user's own directory as a launch would.
+owned.py, agent_spec.py, ports.py and environment.py loaded beside it (as orch_<name>): it
+makes and checks the user's own directory as a launch would, and reports the job's whole
+Python environment.
 
 It prints one JSON document of facts about the node and the job's environment.
 It reads package versions from installed metadata (importing torch would take
@@ -27,10 +28,11 @@ import time
 
 try:  # on a node, loaded beside this program
     import orch_agent_spec as agent_spec
+    import orch_environment as environment
     import orch_owned as owned
     import orch_ports as ports
 except ImportError:
-    from orchestrator.remote import agent_spec, owned, ports
+    from orchestrator.remote import agent_spec, environment, owned, ports
 
 PROBE_VERSION = 1
 PACKAGES = ("torch", "deepspeed", "accelerate", "transformers", "colossalai", "tqdm", "numpy")
@@ -409,6 +411,7 @@ def probe(request):
         },
         "packages": package_versions() if interpreter_found else {},
         "torch_cuda": torch_cuda_version() if interpreter_found else None,
+        "environment": environment.environment() if interpreter_found else None,
         "gpu": gpus(),
         "disk": disk_free(workdir),
         "workdir": {"path": workdir, "exists": bool(workdir) and os.path.isdir(workdir)},
@@ -432,7 +435,7 @@ def main(argv):
     request = json.loads(argv[0]) if argv else {}
     if "--interpreter-missing" in argv[1:]:
         request["interpreter_found"] = False
-    print(json.dumps(probe(request), sort_keys=True))
+    print(json.dumps(probe(request), sort_keys=True, separators=(",", ":")))
 
 
 if __name__ == "__main__":

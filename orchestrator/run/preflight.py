@@ -14,13 +14,16 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.checks.collective import nccl_transport
+from orchestrator.checks.environment import script_distributions, script_imports
 from orchestrator.checks.model import (
     CollectiveResult,
     DoctorReport,
@@ -31,13 +34,16 @@ from orchestrator.checks.model import (
 from orchestrator.checks.report import build_report
 from orchestrator.pernode import NodeResult, failed, succeeded
 from orchestrator.probe.commands import (
+    ENVIRONMENT_SOURCE,
     collective_command,
     connect_request,
     listen_request,
     probe_command,
 )
 from orchestrator.probe.facts import (
+    Environment,
     ProbeError,
+    parse_environment,
     parse_facts,
     parse_listening,
 )
@@ -56,7 +62,7 @@ def _to_probe(outcome: NodeResult[CommandResult]) -> NodeProbe:
         error = NodeError(outcome.kind or "other", outcome.problem or "", outcome.hint or "")
         return NodeProbe(outcome.node, None, error)
     try:
-        return NodeProbe(outcome.node, parse_facts(outcome.node, result.stdout))
+        return NodeProbe(outcome.node, parse_facts(outcome.node, result.stdout), shell=result.shell)
     except ProbeError as err:
         stderr = result.stderr.decode(errors="replace").strip().splitlines()[-3:]
         detail = " | ".join(stderr) or str(err)
@@ -68,6 +74,7 @@ def _to_probe(outcome: NodeResult[CommandResult]) -> NodeProbe:
                 f"{outcome.node}: the probe failed (exit {result.exit_code}): {detail}",
                 "check that the node has a working python3 on PATH for its login shell",
             ),
+            shell=result.shell,
         )
 
 
@@ -107,7 +114,7 @@ def probe_nodes(
 
     # Node 0 waits for "done"; the window only bounds it if this process dies.
     listen = listen_request(main_port, peers=len(others), window=2 * probe_timeout + timeout + 10)
-    started = transport.start(main, command(listen), timeout=timeout)
+    started = transport.start(main, command(listen), timeout=timeout, time_shell=True)
     process = started.value
     main_outcome: NodeResult[CommandResult] | None = None
     if process is None:
@@ -124,6 +131,7 @@ def probe_nodes(
             timeout=probe_timeout,
             connect_timeout=timeout,
             on_result=None if on_node is None else lambda r: on_node(r.node, r.ok),
+            time_shell=True,
         )
         if process is not None:
             with contextlib.suppress(OSError, EOFError):
@@ -198,6 +206,49 @@ def run_collective(
     return results
 
 
+def head_environment(python: str, timeout: float = PROBE_TIMEOUT_S) -> Environment | None:
+    """The job's interpreter on the head, as a node's probe reports it: the reference of
+    environment parity. None when the head has no such interpreter (node 0 is the
+    reference then) or it does not answer."""
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        return None
+    try:
+        done = subprocess.run([python, "-c", ENVIRONMENT_SOURCE], capture_output=True,
+                              timeout=timeout, check=False)  # fmt: skip
+        return parse_environment(json.loads(done.stdout))
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def script_packages(script: str | None) -> frozenset[str]:
+    """The distributions the script imports, as the head's packages provide its modules.
+    The head's whole map of modules to distributions (reading every package's file list:
+    most of a second with torch) is read only for a module no distribution is named after
+    (`yaml`, from PyYAML)."""
+    from importlib import metadata
+
+    if not script:
+        return frozenset()
+    try:
+        source = Path(script).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return frozenset()
+    modules = {m for m in script_imports(source) if m not in sys.stdlib_module_names}
+    unnamed = [m for m in modules if not _named_distribution(m)]
+    providers = metadata.packages_distributions() if unnamed else {}
+    return script_distributions(modules, providers)
+
+
+def _named_distribution(module: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(module)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _sha256(path: str | None) -> str | None:
     if not path:
         return None
@@ -238,19 +289,22 @@ def run_preflight(
     names = list(hostfile.names)
     env = os.environ if env is None else env
     address = main_address or names[0]
-    probes = probe_nodes(
-        names,
-        python=python,
-        workdir=workdir,
-        script=script,
-        main_address=address,
-        main_port=main_port,
-        timeout=timeout,
-        probe_timeout=probe_timeout,
-        accept_new_host_keys=accept_new_host_keys,
-        on_node=on_node,
-        transport=transport,
-    )
+    with ThreadPoolExecutor(2) as head:  # the head's environment, while the nodes answer
+        head_env = head.submit(head_environment, python, probe_timeout)
+        imports = head.submit(script_packages, script)
+        probes = probe_nodes(
+            names,
+            python=python,
+            workdir=workdir,
+            script=script,
+            main_address=address,
+            main_port=main_port,
+            timeout=timeout,
+            probe_timeout=probe_timeout,
+            accept_new_host_keys=accept_new_host_keys,
+            on_node=on_node,
+            transport=transport,
+        )
     deep: list[CollectiveResult] = []
     if full:
         deep = run_collective(probes, python=python, address=address, port=main_port,
@@ -267,5 +321,7 @@ def run_preflight(
         main_port=main_port,
         deep=deep,
         extra=extra_findings,
+        head_environment=head_env.result(),
+        script_packages=imports.result(),
     )
     return replace(report, seconds=time.monotonic() - started)

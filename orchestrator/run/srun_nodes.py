@@ -30,9 +30,11 @@ from orchestrator.plan.srun_command import (
     STEP_STARTED,
     node_step_argv,
 )
+from orchestrator.specs.constants import SHELL_UP_MARKER
 from orchestrator.ssh import CommandResult
 
 _STARTED = STEP_STARTED.encode() + b"\n"
+_SHELL_UP = SHELL_UP_MARKER.encode() + b"\n"
 _STOP_GRACE_S = 5.0  # srun passes SIGTERM on to the command; then it is killed
 _TAIL_LINES = 5
 # What srun and slurmstepd say about the step itself, not the command's own words.
@@ -45,8 +47,10 @@ _SLURMS_OWN = re.compile(
 
 def commands_stderr(stderr: bytes) -> bytes:
     """A step's stderr without srun's and slurmstepd's lines about the step (its exit code,
-    its cancellation): what the command printed, as ssh would give it."""
-    return _SLURMS_OWN.sub(b"", stderr.replace(_STARTED, b""))
+    its cancellation) and without the line a command prints when a login shell has started
+    it (srun starts none): what the command printed, as ssh would give it."""
+    stderr = stderr.replace(_STARTED, b"").replace(_SHELL_UP, b"")
+    return _SLURMS_OWN.sub(b"", stderr)
 
 
 def _stderr_tail(stderr: bytes) -> str:

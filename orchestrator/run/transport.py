@@ -95,8 +95,11 @@ class NodeTransport:
         connect_timeout: float = 10.0,
         stdin: bytes | None = None,
         on_result: Callable[[NodeResult[CommandResult]], None] | None = None,
+        time_shell: bool = False,
     ) -> GroupResult[CommandResult]:
-        """`command` on every node, in parallel: one result per node, in order."""
+        """`command` on every node, in parallel: one result per node, in order. `time_shell`:
+        over SSH, the login shell's start-up is timed (ssh.session.ShellClock); srun starts
+        no login shell, and only its marker is taken out."""
         if self.slurm_job:
             return run_on_nodes_via_srun(
                 nodes, command, slurm_job=self.slurm_job, timeout=connect_timeout + timeout,
@@ -105,6 +108,7 @@ class NodeTransport:
         return run_on_nodes(
             nodes, command, timeout=timeout, connect_timeout=connect_timeout, stdin=stdin,
             accept_new_host_keys=self.accept_new_host_keys, on_result=on_result,
+            time_shell=time_shell,
         )  # fmt: skip
 
     def session(self, node: str, *, timeout: float) -> NodeAccess:
@@ -116,8 +120,10 @@ class NodeTransport:
         return open_session(node, timeout=timeout, config=load_ssh_config(),
                             accept_new_host_keys=self.accept_new_host_keys)  # fmt: skip
 
-    def start(self, node: str, command: str, *, timeout: float) -> NodeResult[StartedCommand]:
-        """`command` left running on `node`, or the node's failure to start it."""
+    def start(self, node: str, command: str, *, timeout: float,
+              time_shell: bool = False) -> NodeResult[StartedCommand]:  # fmt: skip
+        """`command` left running on `node`, or the node's failure to start it (`time_shell`
+        as for `run`)."""
         if self.slurm_job:
             return succeeded(node, StepProcess(node, command, slurm_job=self.slurm_job))
         try:
@@ -126,7 +132,7 @@ class NodeTransport:
         except SSHError as err:
             return failure_result(err.failure)
         try:
-            process = session.start(command, timeout)
+            process = session.start(command, timeout, time_shell=time_shell)
         except SSHError as err:
             session.close()
             return failure_result(err.failure)

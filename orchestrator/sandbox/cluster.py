@@ -186,6 +186,14 @@ class Sandbox:
     def thaw(self, name: str) -> None:
         faults.thaw(self._require_state(), name)
 
+    def shell_startup(self, name: str, script: str) -> Path:
+        """Give one node its own ~/.bashrc (see `faults.shell_startup`)."""
+        return faults.shell_startup(self._require_state(), name, script)
+
+    def private_directory(self, name: str, path: Path) -> Path:
+        """Give one node its own empty directory at `path` (see `faults.private_directory`)."""
+        return faults.private_directory(self._require_state(), name, path)
+
     def _require_state(self) -> SandboxState:
         state = self.load()
         if state is None:

@@ -12,6 +12,10 @@ PORT_RANGE = (1, 65535)
 # Linux ephemeral range (32768+), so an outgoing connection never takes it first.
 CHOSEN_PORT_RANGE = (DEFAULT_MAIN_PORT, DEFAULT_MAIN_PORT + 999)
 
+# The first thing a node command orch times prints on stderr: the user's login shell (and
+# its start-up files) ran before it, and what they printed on stderr came before it.
+SHELL_UP_MARKER = "ORCH-SHELL-UP"
+
 # Set on every process of a job on every node; the only way orch finds them again.
 # remote/procs.py carries its own copy (it is shipped alone); a test holds them equal.
 JOB_ID_VAR = "ORCH_JOB_ID"

@@ -25,6 +25,7 @@ class SSHFailure:
     kind: str
     message: str
     hint: str
+    stderr: str = ""  # the last lines the node printed on stderr, when a command failed
 
 
 class SSHError(OrchError):
@@ -33,5 +34,5 @@ class SSHError(OrchError):
         self.failure = failure
 
 
-def ssh_error(node: str, kind: str, message: str, hint: str) -> SSHError:
-    return SSHError(SSHFailure(node=node, kind=kind, message=message, hint=hint))
+def ssh_error(node: str, kind: str, message: str, hint: str, stderr: str = "") -> SSHError:
+    return SSHError(SSHFailure(node=node, kind=kind, message=message, hint=hint, stderr=stderr))

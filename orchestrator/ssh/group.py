@@ -28,9 +28,12 @@ def run_on_nodes(
     accept_new_host_keys: bool = False,
     stdin: bytes | None = None,
     on_result: Callable[[NodeResult[CommandResult]], None] | None = None,
+    time_shell: bool = False,
 ) -> GroupResult[CommandResult]:
     """Run a command on every node in parallel; one result per node, in order (a node
-    succeeded when the command ran, whatever its exit code).
+    succeeded when the command ran, whatever its exit code). With `time_shell`, the
+    command prints SHELL_UP_MARKER on stderr first thing, and the result says how long the
+    user's shell took to start and what it printed (see session.ShellClock).
 
     A node's time is bounded by connect_timeout + timeout: a node that hangs
     delays the result by at most that, whatever the others do.
@@ -46,7 +49,7 @@ def run_on_nodes(
                 accept_new_host_keys=accept_new_host_keys,
                 config=config,
             ) as session:
-                return succeeded(node, session.run(text, timeout, stdin))
+                return succeeded(node, session.run(text, timeout, stdin, time_shell))
         except SSHError as err:
             return failure_result(err.failure)
         except Exception as err:

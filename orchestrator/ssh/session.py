@@ -12,9 +12,13 @@ from pathlib import Path
 
 import paramiko
 
+from orchestrator.pernode import ShellStartup
+from orchestrator.specs.constants import SHELL_UP_MARKER
 from orchestrator.ssh.errors import ssh_error
 
 _POLL_S = 0.02
+STDERR_TAIL_LINES = 3
+STDERR_LINE_CHARS = 240
 
 
 class Hop:
@@ -29,6 +33,42 @@ class CommandResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    shell: ShellStartup | None = None  # the shell's start-up, when the command was timed
+
+
+class ShellClock:
+    """Times the user's shell on a node: the command prints SHELL_UP_MARKER on stderr
+    first thing, so the marker's arrival ends the shell's start-up, and what came on stderr
+    before it is what the start-up files printed. The marker is taken out of stderr."""
+
+    MARKER = SHELL_UP_MARKER.encode() + b"\n"
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.startup: ShellStartup | None = None
+
+    def look(self, err: list[bytes]) -> None:
+        """After more stderr arrived (err is changed in place)."""
+        if self.startup is not None:
+            return
+        joined = b"".join(err)
+        where = joined.find(self.MARKER)
+        if where < 0:
+            return
+        before = joined[:where]
+        self.startup = ShellStartup(time.monotonic() - self.started, stderr_tail([before]))
+        err[:] = [before + joined[where + len(self.MARKER) :]]
+
+
+def stderr_tail(chunks: list[bytes]) -> str:
+    """The last lines a node printed on stderr, as one line (` | ` between them)."""
+    lines = b"".join(chunks).decode(errors="replace").replace("\r", "\n").splitlines()
+    kept = [line.strip()[:STDERR_LINE_CHARS] for line in lines if line.strip()]
+    return " | ".join(kept[-STDERR_TAIL_LINES:])
+
+
+def _printed(tail: str) -> str:
+    return f"; the node printed on stderr: {tail}" if tail else ""
 
 
 SFTPClient = paramiko.SFTPClient
@@ -62,21 +102,26 @@ class NodeSession:
             ) from err
         return channel
 
-    def run(self, command: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
-        """Run a command, wait for it at most `timeout` seconds, collect its output."""
+    def run(self, command: str, timeout: float, stdin: bytes | None = None,
+            time_shell: bool = False) -> CommandResult:  # fmt: skip
+        """Run a command, wait for it at most `timeout` seconds, collect its output. With
+        `time_shell`, the command prints SHELL_UP_MARKER on stderr first (see ShellClock)."""
         deadline = time.monotonic() + timeout
+        clock = ShellClock() if time_shell else None
         channel = self._channel(command, timeout)
         try:
             if stdin is not None:
                 channel.sendall(stdin)
             channel.shutdown_write()
-            return _read_until_exit(self.node, channel, deadline, timeout, [])
+            return _read_until_exit(self.node, channel, deadline, timeout, [], clock)
         finally:
             channel.close()
 
-    def start(self, command: str, timeout: float = 10.0) -> RemoteProcess:
-        """Start a command and return at once; read its output line by line."""
-        return RemoteProcess(self.node, self._channel(command, timeout))
+    def start(self, command: str, timeout: float = 10.0, time_shell: bool = False) -> RemoteProcess:
+        """Start a command and return at once; read its output line by line. With
+        `time_shell`, as `run`."""
+        clock = ShellClock() if time_shell else None
+        return RemoteProcess(self.node, self._channel(command, timeout), clock)
 
     def sftp_if_offered(self, timeout: float) -> SFTPClient | None:
         """An SFTP client (its channel bounded by `timeout`), or None when the node's sshd
@@ -116,7 +161,8 @@ class NodeSession:
                     try:
                         chunk = channel.recv(1 << 16)
                     except TimeoutError as err:
-                        raise OSError(f"{self.node}: reading {remote} timed out") from err
+                        said = _printed(stderr_tail(errors))
+                        raise OSError(f"{self.node}: reading {remote} timed out{said}") from err
                     if not chunk:
                         break
                     out.write(chunk)
@@ -137,10 +183,11 @@ class NodeSession:
 
 
 def _read_until_exit(
-    node: str, channel: paramiko.Channel, deadline: float, timeout: float, out: list[bytes]
-) -> CommandResult:
+    node: str, channel: paramiko.Channel, deadline: float, timeout: float, out: list[bytes],
+    clock: ShellClock | None = None, err: list[bytes] | None = None,
+) -> CommandResult:  # fmt: skip
     """Read stdout and stderr until the command exits; SSHError when the deadline passes."""
-    err: list[bytes] = []
+    err = [] if err is None else err
     while True:
         busy = False
         while channel.recv_ready():
@@ -149,16 +196,21 @@ def _read_until_exit(
         while channel.recv_stderr_ready():
             err.append(channel.recv_stderr(65536))
             busy = True
+        if busy and clock is not None:
+            clock.look(err)
         if channel.exit_status_ready() and not (
             channel.recv_ready() or channel.recv_stderr_ready()
         ):
             break
         if time.monotonic() >= deadline:
+            tail = stderr_tail(err)
             raise ssh_error(
                 node,
                 "timeout",
-                f"{node}: command did not finish within {timeout:g}s",
-                "the node is slow or stuck; raise --timeout or check the node",
+                f"{node}: command did not finish within {timeout:g}s{_printed(tail)}",
+                "the node is slow or stuck (or its shell start-up files wait for something: "
+                "~/.bashrc); raise --timeout or check the node",
+                stderr=tail,
             )
         if not busy:
             time.sleep(_POLL_S)
@@ -170,16 +222,23 @@ def _read_until_exit(
             out.append(chunk)
     while channel.recv_stderr_ready():
         err.append(channel.recv_stderr(65536))
-    return CommandResult(node, code, b"".join(out), b"".join(err))
+    startup = None
+    if clock is not None:
+        clock.look(err)
+        startup = clock.startup
+    return CommandResult(node, code, b"".join(out), b"".join(err), startup)
 
 
 class RemoteProcess:
     """A command left running on a node; closing the channel hangs it up."""
 
-    def __init__(self, node: str, channel: paramiko.Channel) -> None:
+    def __init__(self, node: str, channel: paramiko.Channel,
+                 clock: ShellClock | None = None) -> None:  # fmt: skip
         self.node = node
         self._channel = channel
         self._buffer = b""
+        self._clock = clock
+        self._err: list[bytes] = []
 
     def read_line(self, timeout: float) -> bytes | None:
         """The next stdout line, or None at EOF or when `timeout` passes first."""
@@ -188,7 +247,8 @@ class RemoteProcess:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            self._channel.settimeout(min(remaining, 0.5))
+            self._read_stderr()
+            self._channel.settimeout(min(remaining, 0.05 if self._clock else 0.5))
             try:
                 chunk = self._channel.recv(65536)
             except TimeoutError:
@@ -198,6 +258,13 @@ class RemoteProcess:
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line + b"\n"
+
+    def _read_stderr(self) -> None:
+        # while waiting for stdout, so the shell's start-up is timed when it ends
+        while self._channel.recv_stderr_ready():
+            self._err.append(self._channel.recv_stderr(65536))
+        if self._clock is not None:
+            self._clock.look(self._err)
 
     def send(self, data: bytes) -> None:
         """Write to the command's stdin."""
@@ -209,7 +276,8 @@ class RemoteProcess:
         try:
             with contextlib.suppress(OSError, EOFError):
                 self._channel.shutdown_write()
-            return _read_until_exit(self.node, self._channel, deadline, timeout, [self._buffer])
+            return _read_until_exit(self.node, self._channel, deadline, timeout, [self._buffer],
+                                    self._clock, self._err)  # fmt: skip
         finally:
             self._channel.close()
 

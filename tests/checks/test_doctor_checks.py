@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+from _doctor_facts import ADDRS, NAMES, PY, facts
 
 from orchestrator.checks.collective import check_collective, nccl_transport
 from orchestrator.checks.model import CollectiveResult, NodeError, NodeProbe
@@ -34,47 +35,6 @@ from orchestrator.checks.report import build_report
 from orchestrator.probe.facts import GpuInfo, NodeFacts, OwnDirectory
 from orchestrator.specs.inventory import parse_hostfile
 
-PY = "/opt/venv/bin/python"
-NAMES = ["n1", "n2", "n3"]
-ADDRS = {"n1": ("10.0.0.1",), "n2": ("10.0.0.2",), "n3": ("10.0.0.3",)}
-
-
-def facts(node: str, **changes: object) -> NodeFacts:
-    base = NodeFacts(
-        node=node,
-        hostname=node,
-        os="Debian GNU/Linux 12 (bookworm)",
-        kernel="6.1",
-        python_requested=PY,
-        python_found=True,
-        python_executable=PY,
-        python_version="3.11.7",
-        packages={
-            "torch": "2.13.0+cpu",
-            "deepspeed": "0.19.8",
-            "accelerate": "1.15.0",
-            "transformers": "5.23.0",
-            "colossalai": None,
-            "nccl": None,
-        },
-        torch_cuda=None,
-        nvidia_smi="absent",
-        gpus=(),
-        gpu_busy_pids=(),
-        disk_path="/work",
-        disk_free_bytes=80 << 30,
-        workdir="/work",
-        workdir_exists=True,
-        script="/work/train.py",
-        script_exists=True,
-        script_sha256="a" * 64,
-        interfaces={"lo": ("127.0.0.1",), "eth0": ("10.0.0.9",), "docker0": ("172.17.0.1",)},
-        ib_devices=(),
-        resolved=dict(ADDRS),
-        resolve_errors={},
-    )
-    return replace(base, **changes)
-
 
 def probes(*items: NodeFacts) -> list[NodeProbe]:
     return [NodeProbe(f.node, f) for f in items]
@@ -96,39 +56,26 @@ def test_identical_nodes_give_no_findings() -> None:
 
 
 def test_parity_table_names_the_differing_node_and_the_majority() -> None:
-    old = {"torch": "2.13.0+cpu", "accelerate": "1.2.0", "deepspeed": "0.19.8",
-           "transformers": "5.23.0"}  # fmt: skip
-    rows, found = check_parity(cluster(n3={"packages": old}), PY)
+    rows, found = check_parity(cluster(n3={"torch_cuda": "12.1"}), PY)
     assert [(r.fact, r.majority, r.differing) for r in rows] == [
-        ("accelerate", "1.15.0", (("n3", "1.2.0"),))
+        ("cuda (torch build)", "missing", (("n3", "12.1"),))
     ]
     assert len(found) == 1
     assert found[0].node == "n3" and found[0].check == "parity"
-    assert "accelerate is 1.2.0 on n3, but 1.15.0 on most nodes" in found[0].problem
-    assert "pip install accelerate==1.15.0" in found[0].fix
-
-
-def test_parity_missing_package_is_shown_as_missing() -> None:
-    rows, found = check_parity(
-        cluster(n2={"packages": {"torch": "2.13.0+cpu", "accelerate": "1.15.0",
-                                 "deepspeed": "0.19.8"}}),
-        PY,
-    )  # fmt: skip
-    assert rows[0].fact == "transformers" and rows[0].differing == (("n2", "missing"),)
-    assert found[0].severity == "error"
+    assert "cuda (torch build) is 12.1 on n3, but missing on most nodes" in found[0].problem
 
 
 def test_parity_tie_goes_to_node_zero() -> None:
     assert majority_value(["a", "b"]) == "a"
     assert majority_value(["b", "a", "a"]) == "a"
-    two = probes(facts("n1", python_version="3.10.1"), facts("n2"))
+    two = probes(facts("n1", torch_cuda="12.1"), facts("n2", torch_cuda="12.4"))
     rows, _ = check_parity(two, PY)
-    assert rows[0].majority == "3.10.1" and rows[0].differing == (("n2", "3.11.7"),)
+    assert rows[0].majority == "12.1" and rows[0].differing == (("n2", "12.4"),)
 
 
-def test_parity_skips_package_facts_of_a_node_without_the_interpreter() -> None:
-    # The fallback interpreter's packages say nothing about the job's environment.
-    missing = {"python_found": False, "packages": {}, "python_version": "3.9.2"}
+def test_parity_skips_interpreter_facts_of_a_node_without_the_interpreter() -> None:
+    # The fallback interpreter's torch says nothing about the job's environment.
+    missing = {"python_found": False, "packages": {}, "torch_cuda": "11.8"}
     rows, _ = check_parity(cluster(n2=missing), PY)
     assert rows == []
     found = check_interpreter(cluster(n2=missing), PY)
@@ -136,9 +83,12 @@ def test_parity_skips_package_facts_of_a_node_without_the_interpreter() -> None:
     assert f"interpreter {PY} does not exist on n2" in found[0].problem
 
 
-def test_driver_and_os_differences_are_warnings() -> None:
-    rows, found = check_parity(cluster(n2={"os": "Ubuntu 22.04"}), PY)
-    assert rows[0].fact == "os"
+def test_driver_differences_are_warnings() -> None:
+    gpu = GpuInfo("0", "H100", "550.54", "0", "GPU-1")
+    rows, found = check_parity(
+        cluster(n1={"gpus": (gpu,)}, n2={"gpus": (replace(gpu, driver="535.1"),)},
+                n3={"gpus": (gpu,)}), PY)  # fmt: skip
+    assert rows[0].fact == "driver"
     assert found[0].severity == "warning"
 
 
@@ -424,3 +374,26 @@ def test_a_node_whose_own_directory_cannot_be_used_fails_naming_path_owner_mode_
     report = build_report(parse_hostfile("n1 slots=1\nn2 slots=1\nn3 slots=1\n"), probes,
                           python=PY, workdir=None, script=None, env={})  # fmt: skip
     assert finding in report.findings
+
+
+def test_a_slow_or_noisy_shell_start_up_is_named_with_what_it_printed() -> None:
+    from orchestrator.checks.node import check_shell
+    from orchestrator.pernode import ShellStartup
+
+    items = [
+        NodeProbe("n1", facts("n1"), shell=ShellStartup(0.05, "")),
+        NodeProbe("n2", facts("n2"), shell=ShellStartup(3.2, "pyenv: cannot rehash")),
+        NodeProbe("n3", facts("n3"), shell=ShellStartup(0.1, "stty: not a tty")),
+        NodeProbe("n4", None, NodeError("auth", "n4: rejected", "ssh-copy-id")),
+    ]
+    found = check_shell(items)
+    assert [(f.node, f.check, f.severity) for f in found] == [
+        ("n2", "shell", "warning"), ("n3", "shell", "warning")
+    ]  # fmt: skip
+    assert found[0].problem == (
+        "the shell on n2 takes 3.2s to start (timed over SSH until it runs orch's command): "
+        "every command orch runs there waits that long; its start-up prints on stderr on n2: "
+        "pyenv: cannot rehash"
+    )
+    assert found[1].problem == "its start-up prints on stderr on n3: stty: not a tty"
+    assert "~/.bashrc" in found[1].fix

@@ -266,43 +266,62 @@ def test_name_that_does_not_resolve(sandbox, tmp_path: Path) -> None:
     assert elapsed < LIMIT
 
 
-@pytest.fixture
-def wrapped_python(sandbox, tmp_path: Path) -> tuple[str, str]:
-    """An interpreter whose accelerate metadata says 0.0.1 on one node only."""
-    _, state = sandbox
-    odd = state.nodes[2].name
-    site = tmp_path / "odd-site"
-    dist = site / "accelerate-0.0.1.dist-info"
+def _dist_info(site: Path, name: str, version: str) -> None:
+    dist = site / f"{name}-{version}.dist-info"
     dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: accelerate\nVersion: 0.0.1\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+@pytest.fixture
+def wrapped_python(sandbox, tmp_path: Path) -> tuple[str, str, str]:
+    """An interpreter whose environment differs on two nodes, each by its own PYTHONPATH:
+    accelerate's metadata says 0.0.1 on one, and another has a package nobody else has."""
+    _, state = sandbox
+    odd, extra = state.nodes[2].name, state.nodes[3].name
+    _dist_info(tmp_path / "odd-site", "accelerate", "0.0.1")
+    _dist_info(tmp_path / "extra-site", "left_over", "0.1")
     wrapper = tmp_path / "python"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'if [ "$ORCH_SANDBOX_NODE" = "{odd}" ]; then export PYTHONPATH={site}; fi\n'
+        f'case "$ORCH_SANDBOX_NODE" in {odd}) export PYTHONPATH={tmp_path / "odd-site"};; '
+        f'{extra}) export PYTHONPATH={tmp_path / "extra-site"};; esac\n'
         f'exec {sys.executable} "$@"\n'
     )
     wrapper.chmod(0o755)
-    return str(wrapper), odd
+    return str(wrapper), odd, extra
 
 
-def test_different_package_version_on_one_node(sandbox, wrapped_python, tmp_path: Path) -> None:
+def test_different_environment_on_two_nodes(sandbox, wrapped_python, tmp_path: Path) -> None:
+    """The head (which runs the same interpreter path) is the reference; every difference
+    is named by package, the launcher's first, and the node that has it."""
     _, state = sandbox
-    python, odd = wrapped_python
+    python, odd, extra = wrapped_python
     hostfile = Path(state.hostfile)
     port = free_port(state.nodes[0].address)
     code, report, elapsed = doctor(hostfile, "--python", python, port=port)
     assert code == 1 and isinstance(report, dict)
-    assert report["parity"] == [
-        {"fact": "accelerate", "majority": metadata.version("accelerate"),
-         "differing": [{"node": odd, "value": "0.0.1"}]}
+    version = metadata.version("accelerate")
+    env = report["environment"]
+    assert env["reference"] == "the head"
+    assert env["differences"] == [
+        {"package": "accelerate", "kind": "launcher", "severity": "error", "reference": version,
+         "others": [{"value": "0.0.1", "nodes": [odd]}]},
+        {"package": "left-over", "kind": "other", "severity": "warning", "reference": None,
+         "others": [{"value": "0.1", "nodes": [extra]}]},
     ]  # fmt: skip
+    prints = env["fingerprints"]
+    assert len({prints["the head"], prints[odd], prints[extra]}) == 3
+    assert prints[state.nodes[0].name] == prints[state.nodes[1].name] == prints["the head"]
     [finding] = findings_for(report, odd)
-    assert finding["check"] == "parity"
-    assert f"accelerate is 0.0.1 on {odd}" in finding["problem"]
-    assert "pip install accelerate==" in finding["fix"]
+    assert finding["check"] == "parity" and finding["severity"] == "error"
+    assert f"accelerate 0.0.1 ({version} on the head)" in finding["problem"]
+    assert f"pip install accelerate=={version}" in finding["fix"]
+    [finding] = findings_for(report, extra)
+    assert finding["severity"] == "warning" and "pip uninstall -y left-over" in finding["fix"]
     code, text, _ = doctor(hostfile, "--python", python, port=port, as_json=False)
     assert code == 1 and isinstance(text, str)
-    assert "parity" in text and f"{odd}: 0.0.1" in text
+    assert f"0.0.1 on {odd}; {version} elsewhere" in text
+    assert f"0.1 on {extra}; missing elsewhere" in text
     assert elapsed < LIMIT
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -81,6 +82,13 @@ def test_probe_runs_locally_and_reads_metadata_without_importing_torch(tmp_path:
     assert facts.python_found and facts.python_executable == sys.executable
     assert facts.packages["accelerate"] == metadata.version("accelerate")
     assert facts.packages["torch"] == metadata.version("torch")
+    # The whole environment: every distribution but orch's own, by its normalized name.
+    env = facts.environment
+    assert env is not None and len(env.fingerprint) == 16
+    everything = {d.metadata["Name"].lower().replace("_", "-"): d.version
+                  for d in metadata.distributions() if d.metadata["Name"] != "orch"}  # fmt: skip
+    assert env.dists == everything
+    assert env.python_version == platform.python_version() and env.machine == platform.machine()
     assert facts.script_sha256 == hashlib.sha256(script.read_bytes()).hexdigest()
     assert facts.workdir_exists and facts.disk_free_bytes and facts.disk_free_bytes > 0
     assert "lo" in facts.interfaces and "127.0.0.1" in facts.interfaces["lo"]

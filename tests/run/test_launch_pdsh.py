@@ -91,14 +91,17 @@ def test_failing_rank_through_deepspeed_is_named_and_torn_down(pair, tmp_path):
     assert record["first_failure"]["node"] == names[1]
 
 
-def _private_files() -> set[Path]:
-    """The job settings files orch writes on the sandbox nodes (which share this /tmp)."""
-    return set(Path(runs_root(os.getuid())).glob("*/*/private.json"))
+def _private_files(names: list[str]) -> set[Path]:
+    """The job settings files orch writes on these sandbox nodes (which share this /tmp
+    with every other sandbox on the machine, whose jobs come and go meanwhile)."""
+    root = Path(runs_root(os.getuid()))
+    return {path for name in names for path in root.glob(f"*/{name}/private.json")}
 
 
 def test_failed_preflight_stops_the_launch_before_anything_runs(pair, tmp_path):
     _box, state = pair
-    before = _private_files()
+    names = [n.name for n in state.nodes]
+    before = _private_files(names)
     result = run_orch(
         ["launch", "--hostfile", state.hostfile, "--python", "/nonexistent/bin/python",
          "--main-port", str(free_port()), str(REPO / "tests" / "jobs" / "allreduce.py")],
@@ -108,4 +111,4 @@ def test_failed_preflight_stops_the_launch_before_anything_runs(pair, tmp_path):
     assert "pre-flight failed" in result.stderr
     assert "/nonexistent/bin/python" in result.stderr
     assert job_ids(tmp_path) == []
-    assert _private_files() == before, "the job's settings were left on the nodes"
+    assert _private_files(names) == before, "the job's settings were left on the nodes"

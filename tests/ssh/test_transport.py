@@ -163,6 +163,13 @@ def test_command_timeout_is_enforced(sandbox) -> None:
     assert not outcome.ok and outcome.kind == "timeout"
     assert outcome.problem is not None and "did not finish within 1.5s" in outcome.problem
     assert time.monotonic() - started < 1.5 + 10
+    # What the node printed on stderr before the limit says why.
+    outcome = run_on_nodes([node], "echo one >&2; echo 'waiting for lock' >&2; sleep 60",
+                           timeout=1.5)[node]  # fmt: skip
+    assert outcome.problem == (
+        f"{node}: command did not finish within 1.5s; the node printed on stderr: "
+        "one | waiting for lock"
+    )
 
 
 def _private_config(tmp_path: Path, state, node, **overrides: str) -> Path:
