@@ -89,10 +89,13 @@ def request_batch(request: JobRequest, *, job_id: str, cwd: str, output: str,
 def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
                 runs_dir: str) -> tuple[str, ...]:  # fmt: skip
     """The orch command the batch script runs: the request's own submit, naming the job, on
-    the allocation's nodes (--slurm). Only what was given is passed on: the recipe says the
-    rest again."""
+    the allocation's nodes (--slurm), as many as the allocation asks for (--nodes given on the
+    head wins over the recipe's, inside too). Otherwise only what was given is passed on: the
+    recipe says the rest again."""
     argv = [python, "-m", "orchestrator", "submit", recipe, "--slurm", "--job-id", job_id,
             "--runs-dir", runs_dir]  # fmt: skip
+    if request.hosts.nodes is not None:  # the allocation's size, --nodes or the recipe's
+        argv += ["--nodes", str(request.hosts.nodes)]
     watch = request.watch
     switches = (("--no-doctor", not watch.preflight), ("--sync", watch.sync),
                 ("--keep-remote-logs", watch.keep_remote_logs))  # fmt: skip

@@ -13,6 +13,8 @@ import os
 import pytest
 from launch_support import RACE, job_ids, job_json, launch_args, run_orch
 
+from orchestrator.run.rank_ends import TIE_S
+
 pytestmark = pytest.mark.sandbox
 
 RUNS = int(os.environ.get("ORCH_FIRST_FAILURE_RUNS", "2"))
@@ -49,7 +51,9 @@ def test_the_rank_that_exits_first_is_named_with_its_own_code(two_by_two, tmp_pa
         assert all(roles[r] == "consequence" for r in (0, 1, 2)), record["ranks"]
         by_rank = {entry["rank"]: entry for entry in record["ranks"]}
         assert by_rank[3]["node"] == nodes[1] and by_rank[3]["local_rank"] == 1
-        assert all(by_rank[r]["end"] > by_rank[3]["end"] for r in (0, 1, 2))
+        # Each end is when its keeper woke: on a loaded node a peer's keeper can wake a few
+        # milliseconds before the cause's, which the roles above already allow for (TIE_S).
+        assert all(by_rank[r]["end"] > by_rank[3]["end"] - TIE_S for r in (0, 1, 2))
         # Every rank's own start and pid, as `orch status --json` shows them.
         status = run_orch(["status", job_id, "--json"], runs)
         assert '"role": "cause"' in status.stdout

@@ -122,7 +122,9 @@ def test_sigint_stops_only_its_job_and_orch_kill_stops_the_other(sandbox, hostfi
                 proc.kill()
 
 
-def test_frozen_node_is_named_and_the_job_ends_within_20s(sandbox_factory, tmp_path):
+def test_frozen_node_is_named_and_the_job_ends_long_before_the_collective_timeout(
+    sandbox_factory, tmp_path
+):
     box, state = sandbox_factory(2, 1)
     names = _names(state)
     out = tmp_path / "orch.out"
@@ -140,7 +142,10 @@ def test_frozen_node_is_named_and_the_job_ends_within_20s(sandbox_factory, tmp_p
         code = proc.wait(90)
         took = time.monotonic() - frozen_at
         text = out.read_text()
-        assert took < 20, text
+        # Noticed by its silence (10 s without a heartbeat) and torn down without waiting
+        # for it: well within a minute, never gloo's 300 s timeout. How fast exactly is
+        # bench_teardown.py's to measure, not a test's on a shared machine.
+        assert took < 60, text
         assert code != 0
         assert f"first failure: {names[1]}: stopped answering" in text
         # Its stop request went out, and nobody waited for the frozen node to answer it.

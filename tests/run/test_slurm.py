@@ -226,13 +226,17 @@ def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given()
     plain = _sbatch_request()
     argv = submit_argv(plain, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
     assert argv == ("/py", "-m", "orchestrator", "submit", "/r.yaml", "--slurm", "--job-id", "j1",
-                    "--runs-dir", "/runs")  # fmt: skip
+                    "--runs-dir", "/runs", "--nodes", "2")  # fmt: skip
+    # --nodes on the head asks for an allocation of that size, and the job inside runs on it.
+    fewer = _sbatch_request(hosts=HostsRequest(nodes=1))
+    assert submit_argv(fewer, python="/py", recipe="/r.yaml", job_id="j1",
+                       runs_dir="/runs")[-2:] == ("--nodes", "1")  # fmt: skip
     watch = WatchRequest(preflight=False, sync=True, heartbeat_timeout=20.0, hang_timeout=30.0)
     recovery = RecoveryRequest(max_restarts=2, restart_on="any", min_nodes=1)
     given = _sbatch_request(watch=watch, main_port=29600, fanout="pdsh", extra_args=("a", "b"),
                             recovery=recovery)  # fmt: skip
     argv = submit_argv(given, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
-    assert argv[10:] == ("--no-doctor", "--sync", "--heartbeat-timeout", "20.0",
+    assert argv[12:] == ("--no-doctor", "--sync", "--heartbeat-timeout", "20.0",
                          "--hang-timeout", "30.0", "--main-port", "29600", "--fanout", "pdsh",
                          "--max-restarts", "2", "--restart-on", "any", "--min-nodes", "1",
                          "--", "a", "b")  # fmt: skip
