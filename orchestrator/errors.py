@@ -42,3 +42,15 @@ class InputFileError(UsageError):
 
 class SandboxError(OrchError):
     """The loopback cluster could not be brought up or down."""
+
+
+class RestartNotStarted(OrchError):
+    """A restart could not start: the job ends with its last attempt, and its exit code."""
+
+    def __init__(self, attempt: int, why: OrchError, exit_code: int) -> None:
+        super().__init__(
+            f"attempt {attempt + 1} could not start ({why}); the job ends with attempt "
+            f"{attempt}'s exit code {exit_code}",
+            why.hint,
+        )
+        self.exit_code = exit_code

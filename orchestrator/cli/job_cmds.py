@@ -15,7 +15,8 @@ from rich.table import Table
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
-from orchestrator.logs.view import make_view
+from orchestrator.logs.sink import LogView
+from orchestrator.logs.view import LiveView, make_view
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -186,7 +187,11 @@ def _print_report(err: Console, run_dir: Path) -> None:
 
 
 class _PipelinePrinter:
-    """Prints what the steps before the job found (orchestrator.run.pipeline)."""
+    """Prints what the steps before the job found (orchestrator.run.pipeline), and between
+    attempts which one runs next on the live view."""
+
+    def __init__(self, view: LogView | None = None) -> None:
+        self.view = view
 
     def synced(self, plan: LaunchPlan, results: GroupResult[SyncedFiles]) -> None:
         err = _err()
@@ -224,6 +229,9 @@ class _PipelinePrinter:
             err.print(f"  dropped: {', '.join(ended.excluded)}", markup=False)
         nodes = ", ".join(following.hosts)
         err.print(f"attempt {ended.number + 1} in {pause:.0f} s on {nodes}", markup=False)
+        if isinstance(self.view, LiveView):
+            last = f"attempt {ended.number} ended, exit {ended.exit_code}: {_cause_text(ended)}"
+            self.view.new_attempt(following.hosts, f"attempt {ended.number + 1} ({last})")
         if following.world_size != plan.world_size:
             change = f"{plan.world_size} to {following.world_size} ranks"
             err.print(f"  the world size changes from {change} ({following.shape_text})",
@@ -239,7 +247,7 @@ def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) 
         return
     view = None if quiet else make_view(job.plan.hosts)
     try:
-        result = run_job(job, view=view, reporter=_PipelinePrinter())
+        result = run_job(job, view=view, reporter=_PipelinePrinter(view))
     finally:
         if view is not None:
             view.close()

@@ -212,6 +212,7 @@ class LiveView:
     ) -> None:
         self.console = console if console is not None else Console(highlight=False)
         self._rows: dict[str, _NodeRow] = {node: _NodeRow() for node in nodes}
+        self._caption = ""  # which attempt runs, and why the last one ended
         self._pending: deque[tuple[str, str, bytes]] = deque()
         self._budget = max(1, int(max_lines_per_second * tick))
         self._hidden = 0
@@ -262,6 +263,13 @@ class LiveView:
             code = fields.get("code")
             row.state = "done" if code == 0 else f"exit {code}"
 
+    def new_attempt(self, nodes: Sequence[str], caption: str) -> None:
+        """A restart: the next attempt's nodes replace the rows (a node dropped after the last
+        attempt leaves the view), under a line that says which attempt runs and why."""
+        with self._lock:
+            self._rows = {node: _NodeRow() for node in nodes}
+            self._caption = caption
+
     # -- rendering -----------------------------------------------------------
 
     def __rich__(self) -> Table:
@@ -271,6 +279,9 @@ class LiveView:
         table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
         with self._lock:
             rows = list(self._rows.items())
+            caption = self._caption
+        if caption:
+            table.add_row("", "", Text(caption, style="yellow", overflow="ellipsis"))
         for node, row in rows:
             style = "green" if row.state == "done" else "red" if "exit" in row.state else ""
             latest = Text(strip_terminal_codes(row.latest.encode()).decode(), overflow="ellipsis")

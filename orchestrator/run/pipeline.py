@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.checks.model import DoctorReport
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, RestartNotStarted
 from orchestrator.logs.sink import LogView
 from orchestrator.pernode import GroupResult, succeeded
 from orchestrator.plan.agent_command import node_files_command
@@ -218,11 +218,12 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
             time.sleep(pause)
             result = _run_attempt(job, earlier, view=view, reporter=reporter)
         except (OrchError, KeyboardInterrupt) as err:
-            # The next attempt never started: the job ended with the one before.
+            # The next attempt never started: the job ended with the one before, and so does
+            # its exit code, whatever kept the next one from starting.
             run.save(ended)
             if isinstance(err, KeyboardInterrupt):
                 return replace(result, attempts=ended.attempts)
-            raise
+            raise RestartNotStarted(record.attempt, err, record.exit_code or 1) from err
 
 
 @dataclass

@@ -131,3 +131,19 @@ def test_plain_view_prints_a_held_frame_once_it_has_waited() -> None:
         time.sleep(0.01)
     assert out.getvalue() == b"n1 r0:  10%|#         | 1/10\n"
     view.close()
+
+
+def test_a_restart_shows_which_attempt_runs_and_drops_the_lost_nodes_row() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=120, color_system=None)
+    view = LiveView(["n1", "n2"], console=console, tick=0.05)
+    view.control("n2", "exit", {"code": 1})
+    view.new_attempt(["n1", "n3"], "attempt 2 (attempt 1 ended, exit 1: node lost: n2)")
+    view.frame("n3", "err", b"restart 1 starts at step 20")
+    rendered = Console(file=io.StringIO(), width=120, color_system=None)
+    rendered.print(view)
+    text = rendered.file.getvalue()
+    view.close()
+    assert "attempt 2 (attempt 1 ended, exit 1: node lost: n2)" in text
+    assert "n3" in text and "restart 1 starts at step 20" in text
+    assert "n2" not in text.replace("node lost: n2", "")

@@ -184,3 +184,13 @@ def test_without_spares_the_job_shrinks_down_to_min_nodes():
     assert short.nodes == ()
     assert short.problem == ("1 healthy node(s) left (n1), fewer than the 2 the job needs "
                              "(--min-nodes); dropped: n2, n3, n4")  # fmt: skip
+
+
+def test_a_restart_that_cannot_start_ends_the_job_with_the_last_attempts_code():
+    from orchestrator.errors import OrchError, RestartNotStarted
+
+    why = OrchError("node2: writing the job's settings failed", "check SSH to node2")
+    ended = RestartNotStarted(1, why, 137)
+    assert ended.exit_code == 137 and ended.hint == "check SSH to node2"
+    assert str(ended) == ("attempt 2 could not start (node2: writing the job's settings failed);"
+                          " the job ends with attempt 1's exit code 137")  # fmt: skip
