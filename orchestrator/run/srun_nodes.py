@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.plan.srun_command import (
@@ -32,11 +33,11 @@ from orchestrator.plan.srun_command import (
 )
 from orchestrator.specs.constants import SHELL_UP_MARKER
 from orchestrator.ssh import CommandResult
+from orchestrator.ssh.session import stderr_tail
 
 _STARTED = STEP_STARTED.encode() + b"\n"
 _SHELL_UP = SHELL_UP_MARKER.encode() + b"\n"
 _STOP_GRACE_S = 5.0  # srun passes SIGTERM on to the command; then it is killed
-_TAIL_LINES = 5
 # What srun and slurmstepd say about the step itself, not the command's own words.
 _SLURMS_OWN = re.compile(
     rb"^(?:srun: error: \S+: tasks? [0-9,-]+: |slurmstepd(?:-\S+)?: error: \*\*\* STEP )"
@@ -53,16 +54,11 @@ def commands_stderr(stderr: bytes) -> bytes:
     return _SLURMS_OWN.sub(b"", stderr)
 
 
-def _stderr_tail(stderr: bytes) -> str:
-    lines = stderr.decode(errors="replace").strip().splitlines()[-_TAIL_LINES:]
-    return " | ".join(line.strip() for line in lines if line.strip())
-
-
 def _started(node: str, code: int, stdout: bytes, stderr: bytes) -> NodeResult[CommandResult]:
     """The command's result, or the node's failure when srun never started it."""
     before, marker, after = stderr.partition(_STARTED)
     if not marker:
-        said = _stderr_tail(stderr) or f"srun exited {code}"
+        said = stderr_tail([stderr]) or f"srun exited {code}"
         return failed(
             node,
             f"{node}: Slurm could not run a step there: {said}",
@@ -84,6 +80,16 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+def _spawn(nodes: Sequence[str], command: str, *, slurm_job: str,
+           environ: Mapping[str, str] | None = None, stdin: int = subprocess.PIPE,
+           stdout: int | IO[bytes] = subprocess.PIPE) -> subprocess.Popen[bytes]:  # fmt: skip
+    """srun running `command` on `nodes` (plan/srun_command.py), stderr piped; srun reads
+    the head's environment for itself, and exports only part of it to the nodes."""
+    env = dict(os.environ if environ is None else environ)
+    argv = node_step_argv(nodes, command, slurm_job=slurm_job, environ=env)
+    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, env=env)
+
+
 def run_step(
     node: str,
     command: str,
@@ -94,11 +100,8 @@ def run_step(
     environ: Mapping[str, str] | None = None,
 ) -> NodeResult[CommandResult]:
     """One command on one node, through its own srun step, bounded by `timeout`."""
-    env = dict(os.environ if environ is None else environ)
-    argv = node_step_argv([node], command, slurm_job=slurm_job, environ=env)
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=env)  # fmt: skip
+        process = _spawn([node], command, slurm_job=slurm_job, environ=environ)
     except FileNotFoundError:
         return failed(node, f"{node}: srun is not installed on this machine",
                       "run orch on a Slurm login node", "other")  # fmt: skip
@@ -205,10 +208,8 @@ def _one_step(nodes: Sequence[str], command: str, *, slurm_job: str, timeout: fl
     """The same command on every node as one step: each node's result, or None when the
     step never started (a node down or refused fails the whole step: each is then asked
     on its own, so that one bad node never hides the others)."""
-    argv = node_step_argv(nodes, command, slurm_job=slurm_job, environ=environ)
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=dict(environ))  # fmt: skip
+        process = _spawn(nodes, command, slurm_job=slurm_job, environ=environ)
     except FileNotFoundError:
         return None  # each node's own step says srun is missing
     stdout, stderr, timed_out = _within(process, stdin or b"", timeout)
@@ -223,7 +224,7 @@ def _one_step(nodes: Sequence[str], command: str, *, slurm_job: str, timeout: fl
         elif timed_out:
             results[node] = _late(node, timeout, answer.stderr if answer else b"")
         else:
-            said = _stderr_tail(stderr) or f"srun exited {process.returncode}"
+            said = stderr_tail([stderr]) or f"srun exited {process.returncode}"
             results[node] = failed(node, f"{node}: its task ended without an answer: {said}",
                                    "check the node with `scontrol show node`", "other")  # fmt: skip
     return results
@@ -232,7 +233,7 @@ def _one_step(nodes: Sequence[str], command: str, *, slurm_job: str, timeout: fl
 def _late(node: str, timeout: float, stderr: bytes) -> NodeResult[CommandResult]:
     """A command still running after `timeout`, with what it printed on stderr so far: a
     login shell's start-up that waits on a lock says so there."""
-    tail = _stderr_tail(commands_stderr(stderr))
+    tail = stderr_tail([commands_stderr(stderr)])
     said = f"; it printed on stderr: {tail}" if tail else ""
     return failed(
         node,
@@ -279,12 +280,8 @@ class StepProcess:
 
     def __init__(self, node: str, command: str, *, slurm_job: str) -> None:
         self.node = node
-        env = dict(os.environ)
-        argv = node_step_argv([node], command, slurm_job=slurm_job, environ=env)
-        self._process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, env=env)  # fmt: skip
+        self._process = _spawn([node], command, slurm_job=slurm_job)
         self._lines: queue.Queue[bytes | None] = queue.Queue()
-        self._rest: list[bytes] = []
         self._stderr: list[bytes] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
@@ -374,12 +371,9 @@ class StepSession:
 
     def download(self, remote: str, local: Path, timeout: float) -> None:
         """Copy one file of the node to `local`. OSError when it cannot be read."""
-        env = dict(os.environ)
-        argv = node_step_argv([self.node], f"cat -- {shlex.quote(remote)}",
-                              slurm_job=self.slurm_job, environ=env)  # fmt: skip
         with local.open("wb") as out:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                       stderr=subprocess.PIPE, env=env)  # fmt: skip
+            process = _spawn([self.node], f"cat -- {shlex.quote(remote)}",
+                             slurm_job=self.slurm_job, stdin=subprocess.DEVNULL, stdout=out)
             try:
                 _out, stderr = process.communicate(timeout=timeout)
             except subprocess.TimeoutExpired as err:
