@@ -47,7 +47,8 @@ def push_once(hostfile: Path, root: Path, work: Path) -> dict[str, object]:
     return {"code": done.code, "wall": round(done.wall, 1), "head_cpu": round(done.cpu, 1),
             "payload_mib": report["payload_bytes"] >> 20,
             "head_sent_mib": round(report["head_sent_bytes"] / 2**20, 1),
-            "ok": all(n["ok"] for n in report["nodes"])}  # fmt: skip
+            "ok": all(n["ok"] for n in report["nodes"]),
+            "problems": [n["problem"] for n in report["nodes"] if not n["ok"]][:3]}  # fmt: skip
 
 
 def main() -> None:

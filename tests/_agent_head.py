@@ -9,6 +9,7 @@ from orchestrator.remote import logwire
 class RecordingHead:
     def __init__(self) -> None:
         self.lines: list[bytes] = []
+        self.line_max: int | None = None  # as a channel under pdsh
 
     def send(self, line: bytes) -> None:
         self.lines.append(line)

@@ -10,6 +10,7 @@ import ast
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from orchestrator.checks.model import (
     HEAD,
@@ -65,6 +66,47 @@ def script_distributions(
 
 def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()  # as pip compares names (PEP 503)
+
+
+# ----- copying the head's environment -------------------------------------------------------
+@dataclass(frozen=True)
+class PushFix:
+    """How the head's environment can reach the nodes, for the fixes of the findings:
+    `command` the `orch env push` command line for the job's nodes (None: none to give),
+    `option` whether the job can push it itself (`--push-env` of launch and submit)."""
+
+    command: str | None = None
+    option: bool = False
+
+    def text(self) -> str:
+        """`copy the head's environment: `orch env push ...``, `launch with --push-env`, or
+        both; empty when neither is given."""
+        ways = [f"copy the head's environment: `{self.command}`"] if self.command else []
+        if self.option:
+            ways.append("launch again with --push-env")
+        return ", or ".join(ways)
+
+
+def env_push_command(python: str, *, hostfile: str | None = None, slurm: bool = False,
+                     include: str | None = None, exclude: str | None = None) -> str:  # fmt: skip
+    """The `orch env push` command line that copies the environment of `python` to the nodes
+    of this hostfile (or of the Slurm allocation), as copy-pasteable shell words."""
+    words = ["orch", "env", "push"]
+    if hostfile is not None:
+        words += ["--hostfile", hostfile]
+    elif slurm:
+        words.append("--slurm")
+    words += ["--python", python]
+    for option, value in (("--include", include), ("--exclude", exclude)):
+        if value:
+            words += [option, value]
+    return shlex.join(words)
+
+
+def with_push(fix: str, push: PushFix | None) -> str:
+    """`fix`, then the ways to copy the head's environment, when there are any."""
+    ways = push.text() if push is not None else ""
+    return f"{fix}; or {ways}" if ways else fix
 
 
 # ----- comparing -----------------------------------------------------------------------------
@@ -153,7 +195,8 @@ def _pip_fix(node: str, python: str, ref: str,
     return f"on {node}: " + " and ".join(commands)
 
 
-def _finding(node: str, parity: EnvironmentParity, python: str, node_print: str) -> Finding:
+def _finding(node: str, parity: EnvironmentParity, python: str, node_print: str,
+             push: PushFix | None) -> Finding:  # fmt: skip
     mine = [(d, v) for d in parity.differences for found, v in [_node_value(d, node)] if found]
     ref = parity.reference
     named = ", ".join(
@@ -170,20 +213,21 @@ def _finding(node: str, parity: EnvironmentParity, python: str, node_print: str)
                f"{show_value(first.reference)}), then install the same packages")  # fmt: skip
     else:
         fix = _pip_fix(node, python, ref, mine)
-        if ref == HEAD:  # the head's environment can be copied as it is
-            fix += (f"; or copy the head's: `orch env push --python {shlex.quote(python)}` "
-                    "with this --hostfile")  # fmt: skip
+    if ref == HEAD:  # the head's environment can be copied as it is
+        fix = with_push(fix, push)
     severity: Severity = "error" if any(d.severity == "error" for d, _ in mine) else "warning"
     return Finding(node, "parity", problem, fix, severity)
 
 
-def environment_findings(parity: EnvironmentParity | None, python: str) -> list[Finding]:
+def environment_findings(parity: EnvironmentParity | None, python: str,
+                         push: PushFix | None = None) -> list[Finding]:  # fmt: skip
     """One finding per node whose environment differs: an error when the interpreter, a
-    launcher's package or one the script imports differs, else a warning."""
+    launcher's package or one the script imports differs, else a warning. `push`: how the
+    head's environment could be copied there, named in the fix (None: only pip's fix)."""
     if parity is None or not parity.differences:
         return []
     return [
-        _finding(node, parity, python, print_)
+        _finding(node, parity, python, print_, push)
         for node, print_ in parity.fingerprints[1:]
         if any(_node_value(d, node)[0] for d in parity.differences)
     ]

@@ -149,6 +149,8 @@ class DoctorReport:
     main_address: str | None = None
     seconds: float | None = None  # how long gathering the facts took
     environment: EnvironmentParity | None = None
+    # the job's interpreter's environment on the head (None: the head has no such interpreter)
+    head_fingerprint: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.checks.environment import PushFix, with_push
 from orchestrator.checks.model import CLUSTER, Finding, NodeProbe, Severity, with_facts
 from orchestrator.pernode import ShellStartup
 
@@ -63,28 +64,34 @@ def _shell_problem(node: str, shell: ShellStartup) -> str:
 
 
 # ----- interpreter, files, known traps ------------------------------------------------------
-def check_interpreter(probes: Sequence[NodeProbe], python: str) -> list[Finding]:
+def check_interpreter(probes: Sequence[NodeProbe], python: str,
+                      push: PushFix | None = None) -> list[Finding]:  # fmt: skip
+    """A node without the job's interpreter, or without torch for it. `push`: how the head's
+    environment could be copied there, named in the fix."""
     findings = []
     for facts in with_facts(probes):
+        node = facts.node
         if not facts.python_found:
+            fix = (f"create the same environment at {python} on {node} (same path on every "
+                   "node), or pass --python with a path valid everywhere")  # fmt: skip
             findings.append(
                 Finding(
-                    facts.node,
+                    node,
                     "python",
-                    f"the job's interpreter {python} does not exist on {facts.node} "
+                    f"the job's interpreter {python} does not exist on {node} "
                     f"(the probe fell back to {facts.python_executable})",
-                    f"create the same environment at {python} on {facts.node} "
-                    "(same path on every node), or pass --python with a path valid everywhere",
+                    with_push(fix, push),
                 )
             )
         elif facts.packages.get("torch") is None:
+            fix = (f"on {node}: `{shlex.quote(python)} -m pip install torch` (the same "
+                   "version as the other nodes)")  # fmt: skip
             findings.append(
                 Finding(
-                    facts.node,
+                    node,
                     "python",
-                    f"torch is not installed for {python} on {facts.node}",
-                    f"on {facts.node}: `{shlex.quote(python)} -m pip install torch` "
-                    "(the same version as the other nodes)",
+                    f"torch is not installed for {python} on {node}",
+                    with_push(fix, push),
                 )
             )
     return findings

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.checks.collective import check_collective
-from orchestrator.checks.environment import environment_findings, environment_parity
+from orchestrator.checks.environment import PushFix, environment_findings, environment_parity
 from orchestrator.checks.model import (
     CHECK_GROUPS,
     CollectiveResult,
@@ -78,10 +78,12 @@ def build_report(
     extra: Sequence[Finding] = (),
     head_environment: Environment | None = None,
     script_packages: frozenset[str] = frozenset(),
+    push: PushFix | None = None,
 ) -> DoctorReport:
     """head_environment: the job's interpreter on the head (None: the head has no such
     path; node 0 is the reference then); script_packages: the distributions the script
-    imports, compared right after the launchers' packages."""
+    imports, compared right after the launchers' packages; push: how the head's environment
+    could be copied to the nodes, named where a node's environment is not the head's."""
     names = list(hostfile.names)
     slots = {h.host: h.slots for h in hostfile.hosts}
     parity_rows, parity_findings = check_parity(probes, python)
@@ -89,12 +91,12 @@ def build_report(
     findings = [
         *check_reachability(probes),
         *check_shell(probes),
-        *check_interpreter(probes, python),
+        *check_interpreter(probes, python, push),
         *check_known_traps(probes, python),
         *check_own_directories(probes),
         *check_files(probes, workdir=workdir, script=script,
                      head_script_sha256=head_script_sha256),
-        *environment_findings(environment, python),
+        *environment_findings(environment, python, push),
         *parity_findings,
         *check_resolution(probes, names),
         *check_hostnames(probes),
@@ -121,4 +123,5 @@ def build_report(
         main_port=main_port,
         main_address=main_address,
         environment=environment,
+        head_fingerprint=head_environment.fingerprint if head_environment is not None else None,
     )

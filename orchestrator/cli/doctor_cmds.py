@@ -226,6 +226,7 @@ def doctor(
     from orchestrator.errors import UsageError
     from orchestrator.run.ports import free_port_on
     from orchestrator.run.preflight import run_preflight
+    from orchestrator.run.push_env import push_fix
     from orchestrator.run.transport import SSH, choose_transport
 
     if timeout <= 0:
@@ -244,6 +245,9 @@ def doctor(
         main_port = free_port_on(hosts.names[0], python, transport)
     port = main_port if main_port is not None else DEFAULT_MAIN_PORT
     extra = _accelerate_findings(accelerate_config)
+    in_allocation = hostfile is None and allocation is not None
+    push = push_fix(python, hostfile=None if hostfile is None else str(hostfile),
+                    slurm=in_allocation, include=include, exclude=exclude)  # fmt: skip
     with node_progress(len(hosts.names), "checking nodes") as on_node:
         report = run_preflight(
             hosts,
@@ -259,6 +263,7 @@ def doctor(
             extra_findings=extra,
             on_node=on_node,
             transport=transport,
+            push=push,
         )
     if allocation is not None and transport.kind == SSH:
         findings = ssh_inside_allocation(report.findings, allocation.job_id)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.slurm import job_inventory
 
@@ -37,13 +40,15 @@ def push(
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds for a node to answer."),
     include: str | None = INCLUDE,
     exclude: str | None = EXCLUDE,
+    transport_name: str | None = TRANSPORT,
 ) -> None:
-    """Make every node's environment at PATH the head's: only what differs is sent, and
-    each node switches to it in one rename. Nodes as doctor takes them (--hostfile, or
-    inside a Slurm allocation), reached over SSH."""
+    """Make every node's environment at the --python's path the head's: only what differs
+    is sent, once, passed from node to node; each node switches to it in one rename. Nodes
+    as doctor takes them (--hostfile, or inside a Slurm allocation)."""
     from orchestrator.errors import OrchError
     from orchestrator.run.envpush import environment_source, push_environment
     from orchestrator.run.preflight import head_environment
+    from orchestrator.run.transport import choose_transport
 
     source = environment_source(python)
     head_env = head_environment(source.python)
@@ -53,25 +58,75 @@ def push(
             "check the environment with `--python ... -c 'import sys'`",
         )
     given = read_hostfile(hostfile) if hostfile is not None else None
-    inventory, _ = job_inventory(given, slurm=slurm, environ=os.environ)
+    inventory, allocation = job_inventory(given, slurm=slurm, environ=os.environ)
     hosts = filter_hosts(inventory, include=include, exclude=exclude)
-    with _progress(quiet=as_json) as (on_bytes, on_node):
-        report = push_environment(
-            hosts.names,
-            source,
-            head_env,
-            dry_run=dry_run,
-            force=force,
-            timeout=timeout,
-            on_bytes=on_bytes,
-            on_node=on_node,
-        )
+    transport = choose_transport(
+        transport_name, slurm_job=allocation.job_id if allocation else "",
+        first_node=hosts.names[0] if hosts.names else "",
+        say=lambda line: typer.echo(line, err=True),
+    )  # fmt: skip
+    try:
+        with _progress(quiet=as_json) as (on_bytes, on_node, on_send):
+            report = _until_interrupted(lambda: push_environment(
+                hosts.names, source, head_env, transport=transport, dry_run=dry_run,
+                force=force, timeout=timeout, on_bytes=on_bytes, on_node=on_node,
+                on_send=on_send,
+            ))  # fmt: skip
+    except _Interrupted as stopped:
+        sys.stderr.write(f"interrupted ({stopped}): no node switched to a half-sent "
+                         "environment; each keeps the one it had (or the new one, if it had "
+                         "switched)\n")  # fmt: skip
+        sys.stderr.flush()
+        os._exit(128 + stopped.signum)  # the push's threads wait for nodes; channels close
     doc = report.to_dict()
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
         _print(doc, dry_run)
     raise typer.Exit(0 if doc["ok"] else 1)
+
+
+T = TypeVar("T")
+
+
+class _Interrupted(Exception):
+    """Ctrl-C (SIGINT) or SIGTERM during the push."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _until_interrupted(work: Callable[[], T]) -> T:
+    """`work` in a thread of its own, so that Ctrl-C or SIGTERM ends the push at once: the
+    process exits, every node's channel closes, and each node drops what it was building
+    and keeps its previous environment (its threads would otherwise wait for the nodes).
+    The handlers are orch's own: a SIGINT ignored since start-up (a job started in the
+    background by a shell) still stops it."""
+    done: dict[str, Any] = {}
+    stop: list[int] = []
+
+    def run() -> None:
+        try:
+            done["value"] = work()
+        except BaseException as err:  # handed to the main thread as it is
+            done["error"] = err
+
+    previous = {sig: signal.signal(sig, lambda signum, _frame: stop.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+    try:
+        worker = threading.Thread(target=run, name="env-push", daemon=True)
+        worker.start()
+        while worker.is_alive() and not stop:
+            worker.join(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stop:
+        raise _Interrupted(stop[0])
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 class _progress:
@@ -84,7 +139,7 @@ class _progress:
 
     def __enter__(self):  # type: ignore[no-untyped-def]
         if not self.show:
-            return None, None
+            return None, None, None
         columns = (
             TextColumn("pushing"),
             BarColumn(),
@@ -95,7 +150,11 @@ class _progress:
         self.bar = Progress(*columns, console=Console(stderr=True), transient=True)
         self.bar.__enter__()
         self.task = self.bar.add_task("push", total=None, nodes=0)
-        return self._bytes, self._node
+        return self._bytes, self._node, self._total
+
+    def _total(self, count: int) -> None:
+        with self.lock:
+            self.bar.update(self.task, total=count)
 
     def _bytes(self, _node: str, count: int) -> None:
         with self.lock:
@@ -111,20 +170,26 @@ class _progress:
             self.bar.__exit__(None, None, None)
 
 
+def _size(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
+
+
 def _print(doc: dict, dry_run: bool) -> None:
     console = Console(highlight=False)
-    verb = "would send" if dry_run else "sent"
+    verb = "would receive" if dry_run else "received"
     for node in doc["nodes"]:
         if not node["ok"]:
-            console.print(f"[red]{node['node']}[/]: {node['problem']}\n  fix: {node['fix']}")
+            console.print(f"[red]{node['problem']}[/]\n  fix: {node['fix']}")
         elif node["shared"]:
             console.print(
                 f"{node['node']}: sees the head's {doc['root']} (shared filesystem): left alone"
             )
         else:
+            came = node.get("from")
+            came = f" from {'the head' if came == 'head' else came}" if came else ""
             console.print(
-                f"{node['node']}: {verb} {node['sent_files']} file(s), "
-                f"{node['sent_bytes'] / 2**20:.1f} MiB; removed "
+                f"{node['node']}: {verb} {node['sent_files']} file(s) "
+                f"({_size(node['sent_bytes'])}){came}; removed "
                 f"{node['removed_files']}; fingerprint {node['fingerprint'] or '-'}"
             )
     ok = sum(1 for n in doc["nodes"] if n["ok"])
@@ -132,7 +197,7 @@ def _print(doc: dict, dry_run: bool) -> None:
         f"{doc['root']} ({doc['payload_bytes'] / 2**20:.0f} MiB, fingerprint "
         f"{doc['fingerprint']}): {ok}/{len(doc['nodes'])} node(s) "
         f"{'checked' if dry_run else 'up to date'}; the head sent "
-        f"{doc['head_sent_bytes'] / 2**20:.1f} MiB"
+        f"{_size(doc['head_sent_bytes'])}"
     )
     if os.environ.get("ORCH_DEBUG"):
         console.print(doc)

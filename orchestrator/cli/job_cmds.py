@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
+from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
 from orchestrator.logs.sink import LogView
 from orchestrator.logs.view import LiveView, make_view
@@ -31,8 +33,10 @@ from orchestrator.run.batch import submit_batch_job
 from orchestrator.run.launch import LaunchResult
 from orchestrator.run.ownership import check_job, check_runs_root
 from orchestrator.run.pipeline import prepare_job, run_job
+from orchestrator.run.push_env import PushDone
 from orchestrator.run.records import (
     AttemptRecord,
+    EnvironmentRecord,
     FirstFailure,
     JobRecord,
     RunDir,
@@ -209,6 +213,15 @@ class _PipelinePrinter:
         for finding in report.errors:
             err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
 
+    def pushing_environment(self, python: str, nodes: Sequence[str]) -> None:
+        _err().print(f"--push-env: the environment of {python} differs from the head's on "
+                     f"{nodes_text(nodes)}: pushing the head's there", markup=False)  # fmt: skip
+
+    def environment_pushed(self, done: PushDone) -> None:
+        _err().print(f"--push-env: pushed {done.root} (fingerprint {done.fingerprint[:8]}) to "
+                     f"{len(done.nodes)} node(s): {done.sent_bytes / 2**20:.1f} MiB sent in "
+                     f"{done.seconds:.0f} s; checking again", markup=False)  # fmt: skip
+
     def started(self, plan: LaunchPlan, run: RunDir) -> None:
         restart = plan.job.env.get(RESTART_COUNT_VAR, "0")
         attempt = f" attempt {int(restart) + 1}" if restart != "0" else ""
@@ -332,6 +345,28 @@ def _record_doc(record: JobRecord) -> dict:
     return doc
 
 
+def environment_line(kept: EnvironmentRecord | None) -> str:
+    """`environment: 1a2b3c4d on every node, the head's; pushed to n2 (3.0 MiB)`: what the
+    job's nodes ran, by fingerprint (the first 8 characters)."""
+    if kept is None:
+        return "environment: not looked at (no pre-flight)"
+    groups: dict[str | None, list[str]] = {}
+    for node, fingerprint in kept.nodes.items():
+        groups.setdefault(fingerprint, []).append(node)
+    if len(groups) == 1:
+        [(only, _)] = groups.items()
+        parts = [f"{(only or 'unknown')[:8]} on every node"]
+    else:
+        parts = [f"{(p or 'unknown')[:8]} on {nodes_text(n)}" for p, n in groups.items()]
+    if kept.reference is not None:
+        same = set(groups) == {kept.reference}
+        parts.append("the head's" if same else f"the head's is {kept.reference[:8]}")
+    text = "environment: " + ", ".join(parts)
+    if kept.pushed:
+        text += f"; pushed to {nodes_text(kept.pushed)} ({kept.pushed_bytes / 2**20:.1f} MiB)"
+    return text
+
+
 @app.command()
 def status(
     job: str = typer.Argument(None, help="A job id (or unique prefix); none: list every job."),
@@ -377,6 +412,7 @@ def status(
     for node in record.hosts:
         code = record.node_exit_codes.get(node)
         out.print(f"  {node}: exit {'-' if code is None else code}")
+    out.print(environment_line(record.environment), markup=False)
     _print_attempts(out, record.attempts)
     failure = record.first_failure
     if failure is not None:

@@ -21,6 +21,7 @@ from orchestrator.plan.request import (
     LaunchSpec,
     RecoveryRequest,
     WatchRequest,
+    check_push_env,
     check_recovery,
     kept_env,
 )
@@ -81,6 +82,13 @@ _DRY_RUN = typer.Option(
 )
 _AS_JSON = typer.Option(False, "--json", help="With --dry-run: the plan as one JSON document.")
 _NO_DOCTOR = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks.")
+_PUSH_ENV = typer.Option(
+    False,
+    "--push-env",
+    help="Where the pre-flight finds a node's Python environment is not the head's (the "
+    "--python interpreter's venv or conda env), push the head's there first (`orch env "
+    "push`), then check again. Recipe: push_env: true.",
+)
 _SYNC = typer.Option(
     False, "--sync", help="Copy the working directory to every node first (no shared FS)."
 )
@@ -131,6 +139,7 @@ class JobOptions:
     dry_run: bool = field(metadata=_declared(_DRY_RUN))
     as_json: bool = field(metadata=_declared(_AS_JSON))
     no_doctor: bool = field(metadata=_declared(_NO_DOCTOR))
+    push_env: bool = field(metadata=_declared(_PUSH_ENV))
     sync: bool = field(metadata=_declared(_SYNC))
     keep_remote_logs: bool = field(metadata=_declared(_KEEP_REMOTE_LOGS))
     quiet: bool = field(metadata=_declared(_QUIET))
@@ -199,7 +208,7 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
         preflight=not options.no_doctor, sync=options.sync,
         keep_remote_logs=options.keep_remote_logs,
         heartbeat_timeout=None if heartbeat == WatchSettings.heartbeat_timeout else heartbeat,
-        hang_timeout=options.hang_timeout,
+        hang_timeout=options.hang_timeout, push_env=options.push_env,
     )  # fmt: skip
     hosts = HostsRequest(
         hostfile=str(options.hostfile) if options.hostfile is not None else None,
@@ -211,6 +220,8 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     recovery = RecoveryRequest(max_restarts=options.max_restarts, restart_on=options.restart_on,
                                min_nodes=options.min_nodes)  # fmt: skip
     check_recovery(recovery)
-    return JobRequest(spec=kept_env(spec, keep), hosts=hosts, watch=watch,
-                      fanout=options.fanout, main_port=options.main_port, runs_dir=runs_dir,
-                      env_keep=keep, recovery=recovery, **more)  # fmt: skip
+    request = JobRequest(spec=kept_env(spec, keep), hosts=hosts, watch=watch,
+                         fanout=options.fanout, main_port=options.main_port, runs_dir=runs_dir,
+                         env_keep=keep, recovery=recovery, **more)  # fmt: skip
+    check_push_env(request)
+    return request

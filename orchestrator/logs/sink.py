@@ -62,6 +62,7 @@ DEFAULT_FRAME_SAMPLE_S = 30.0
 HEAD_NODE = "_head"  # what the fan-out itself printed (pdsh's or srun's own lines): no node prefix
 STAMP_LEN = len("2026-11-21T23:30:01.123Z")
 SMALL_BATCH_LINES = 256
+VIEW_LINE_MAX = 64 * 1024  # what the live view (and a failure's last lines) takes of a line
 MAX_PENDING_BYTES = 1 << 20
 
 
@@ -156,19 +157,20 @@ class NodeLogWriter:
         )
         return state
 
-    def write_wire(self, kind: int, stream: int, data: bytes, rank: bytes = b"") -> None:
+    def write_wire(self, kind: int, stream: int, data: bytes, rank: bytes = b"") -> bytes | None:
         """One wire record, already unescaped (see logwire.parse_wire); `rank` the label of
-        the rank that wrote it (b"3/1"), b"" for the node's launcher."""
+        the rank that wrote it (b"3/1"), b"" for the node's launcher. Returns the line or
+        frame it completes, its chunks rejoined; None for a chunk."""
         # A stream's state is looked up inline: this runs once per line of the job.
         state = self._streams.get((rank, stream)) or self._new_state(rank, stream)
         if state is None:
-            return
+            return None
         if kind == KIND_LINE and not state.chunks and state.frame is None and not state.pieces:
             self._write(state.tag, data)  # the common case, kept short
-            return
+            return data
         if kind == KIND_CHUNK:
             self._add_chunk(state, data)
-            return
+            return None
         if state.chunks:
             state.chunks.append(data)
             data = b"".join(state.chunks)
@@ -177,6 +179,7 @@ class NodeLogWriter:
             self._on_frame(state, data)
         elif kind in (KIND_LINE, KIND_PARTIAL):
             self._on_line(state, data)
+        return data
 
     def write_plain(self, data: bytes) -> None:
         """Output that did not come through the wire (ssh errors, a crashed agent)."""
@@ -391,10 +394,12 @@ class LogRouter:
             if kind == KIND_CONTROL:
                 self._control(node, writer, body, controls)
                 continue
-            writer.write_wire(kind, stream, body, rank)
-            if view is not None and kind != KIND_CHUNK:
+            # The view sees each line from its start, however many records it took (srun's
+            # are short), up to VIEW_LINE_MAX.
+            whole = writer.write_wire(kind, stream, body, rank)
+            if view is not None and whole is not None:
                 show = view.frame if kind == KIND_FRAME else view.line
-                show(self._names[node], STREAM_NAME.get(stream, ""), body,
+                show(self._names[node], STREAM_NAME.get(stream, ""), whole[:VIEW_LINE_MAX],
                      rank.decode("ascii", "replace"))  # fmt: skip
         self.lines += count
         # A small batch means the nodes are quiet: flushing is cheap then, and

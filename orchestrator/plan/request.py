@@ -58,6 +58,7 @@ class WatchRequest:
     keep_remote_logs: bool = False
     heartbeat_timeout: float | None = None  # None: the default (run/verdict.py)
     hang_timeout: float | None = None  # None: off, unless the recipe sets one
+    push_env: bool = False  # --push-env: copy the head's environment where it differs
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,11 @@ class JobRequest:
         """--hang-timeout, else the recipe's."""
         recipe = self.recipe.hang_timeout if self.recipe is not None else None
         return self.watch.hang_timeout or recipe
+
+    @property
+    def push_env(self) -> bool:
+        """--push-env, or the recipe's `push_env: true`."""
+        return self.watch.push_env or (self.recipe is not None and self.recipe.push_env)
 
     @property
     def max_restarts(self) -> int:
@@ -191,6 +197,17 @@ def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
 
 
 RESTART_ON = ("infra", "any")
+
+
+def check_push_env(request: JobRequest) -> None:
+    """--push-env pushes where the pre-flight finds the environment differs: it needs it."""
+    if request.push_env and not request.watch.preflight:
+        given = "--push-env" if request.watch.push_env else "the recipe's push_env: true"
+        raise UsageError(
+            f"{given} needs the pre-flight, which finds the nodes whose environment differs; "
+            "--no-doctor skips it",
+            "leave out --no-doctor (or --push-env)",
+        )
 
 
 def check_recovery(recovery: RecoveryRequest) -> None:

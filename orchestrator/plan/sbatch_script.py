@@ -98,7 +98,8 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
         argv += ["--nodes", str(request.hosts.nodes)]
     watch = request.watch
     switches = (("--no-doctor", not watch.preflight), ("--sync", watch.sync),
-                ("--keep-remote-logs", watch.keep_remote_logs))  # fmt: skip
+                ("--keep-remote-logs", watch.keep_remote_logs),
+                ("--push-env", watch.push_env))  # fmt: skip
     argv += [flag for flag, given in switches if given]
     values = (("--heartbeat-timeout", watch.heartbeat_timeout),
               ("--hang-timeout", watch.hang_timeout), ("--main-port", request.main_port),

@@ -216,7 +216,8 @@ class Supervisor:
             self.channel.control(logwire.ControlKind.RANK_END, node=self.node, **kept)
 
     def _pump_stream(self, fd: int, stream: str, raw: Path) -> None:
-        pump = channel.OutputPump(self.channel, logwire.WireFramer(stream), raw, self.tail)
+        framer = logwire.WireFramer(stream, max_line=self.channel.line_max)
+        pump = channel.OutputPump(self.channel, framer, raw, self.tail)
         pump.run(lambda: os.read(fd, 65536))
         os.close(fd)
 
@@ -295,9 +296,12 @@ class Supervisor:
             self.port_watch.stop()
         for pump in pumps:
             pump.join(5.0)
+        # A stream still open now (a process of the job kept it) is not waited for: the head
+        # hears how many, so a log that ends short says why.
+        unfinished = sum(pump.is_alive() for pump in pumps)
         if self.rank_channels is not None:
-            self.rank_channels.close(5.0)
-        return self._finish(code, error=self.error)
+            unfinished += self.rank_channels.close(5.0)
+        return self._finish(code, error=self.error, unfinished=unfinished)
 
     def _watch(self, child: subprocess.Popen[bytes]) -> int:
         while True:
@@ -321,7 +325,7 @@ class Supervisor:
     def _sweep(self) -> dict[str, int]:
         return sweep.stop_job(self.job_id, self.node, self.spec.grace)
 
-    def _finish(self, code: int, error: str | None = None) -> int:
+    def _finish(self, code: int, error: str | None = None, unfinished: int = 0) -> int:
         # Nothing of the job may outlive its command on this node.
         stopped = self._sweep()
         for at, rank_seen, rank_seen_code in self.ranks.unreported():
@@ -345,6 +349,8 @@ class Supervisor:
             fields["stopped"] = self.stop_reason
         if stopped["killed"]:
             fields["killed_leftovers"] = stopped["killed"]
+        if unfinished:
+            fields["unfinished_streams"] = unfinished
         self.channel.control(logwire.ControlKind.EXIT, **fields)
         if code != 0 and not self.stop_reason:
             self._linger(self.spec.linger_s)

@@ -26,6 +26,10 @@ HEARTBEAT_S = 2.0
 # network is): tear the job down rather than leave it holding the node.
 STALL_S = 30.0
 TAIL_BYTES = 64 * 1024
+# srun carries a task's output in messages of at most 1024 bytes, whole lines while they fit:
+# a longer line is cut there, and another node's lines land between its pieces. Under srun
+# (a labelled channel) every line the agent writes, its label included, stays within it.
+SRUN_LINE_MAX = 1024
 
 
 class Channel:
@@ -35,6 +39,8 @@ class Channel:
 
     def __init__(self, label: bytes = b"") -> None:
         self.label = label
+        # The longest wire line a framer may hand this channel (newline included).
+        self.line_max = line_max(label)
         # Items are whole reads of a rank's output (up to 64 KiB of wire lines):
         # 256 of them bound the agent's memory to ~16 MiB before ranks block.
         self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=256)
@@ -53,7 +59,10 @@ class Channel:
                 continue
 
     def control(self, kind: str, **fields: object) -> None:
-        self.send(logwire.encode_control(kind, **fields))
+        line = logwire.encode_control(kind, **fields)
+        if self.line_max is not None and len(line) > self.line_max:
+            line = logwire.shorten_control(kind, fields, self.line_max)
+        self.send(line)
 
     def heartbeat(self, **fields: object) -> None:
         """A heartbeat, when the last one is HEARTBEAT_S old; call it as often as you like.
@@ -83,7 +92,7 @@ class Channel:
                 return
             self.busy_since = time.monotonic()
             if self.label:
-                line = self.label + line[:-1].replace(b"\n", b"\n" + self.label) + line[-1:]
+                line = labelled(self.label, line)
             try:
                 view = memoryview(line)
                 while view:
@@ -93,6 +102,18 @@ class Channel:
                 return
             finally:
                 self.busy_since = None
+
+
+def line_max(label: bytes) -> int | None:
+    """The longest wire line (newline included) a channel with `label` carries whole: under
+    srun (a labelled channel) what fits one of its messages with the label; None under pdsh,
+    whose bound CHUNK_BYTES keeps."""
+    return SRUN_LINE_MAX - len(label) if label else None
+
+
+def labelled(label: bytes, lines: bytes) -> bytes:
+    """Wire lines (each ending in a newline) with `label` before each."""
+    return label + lines[:-1].replace(b"\n", b"\n" + label) + lines[-1:]
 
 
 class Tail:

@@ -6,8 +6,10 @@ with the node agent, so it imports nothing from orch or third parties.
 Why a wire format at all: pdsh forwards a node's output line by line, so tqdm's
 `\\r` frames pile up into one giant line; a NUL byte ends pdsh's line (the rest
 is lost); a line longer than pdsh's buffer (128 KiB) is cut and the rest
-dropped. The node therefore re-frames each output stream into short, safe wire
-lines:
+dropped. srun, the other fan-out, sends a node's output in messages of 1024
+bytes, whole lines while they fit: a longer line is cut, and other nodes'
+lines land between its pieces (a framer given `max_line` keeps under it). The
+node therefore re-frames each output stream into short, safe wire lines:
 
     %o1<kind><stream>[:<rank>/<local rank>] <payload>\\n
 
@@ -48,6 +50,7 @@ _BAD_ESCAPE = re.compile(rb"\\(?!x[0-9a-fA-F]{2})")
 _SURROGATE_RUN = re.compile("[\udc80-\udcff]+")
 _BLANK = b" \t\x0b\x0c"
 _RANK_LABEL = re.compile(r"\d+/\d+")
+_MIN_ROOM = 64
 
 
 def escape_payload(data: bytes) -> bytes:
@@ -107,7 +110,10 @@ class WireFramer:
     `feed`, so the head sees progress as soon as it is printed.
     """
 
-    def __init__(self, stream: str, rank: str = "") -> None:
+    def __init__(self, stream: str, rank: str = "", max_line: int | None = None) -> None:
+        """`max_line`: the longest wire line (its newline included) the channel carries whole
+        (srun's messages); a longer record goes in C records first. None: pdsh's own bound,
+        which CHUNK_BYTES keeps."""
         if stream not in _STREAM_CODE:
             raise ValueError(f"stream must be 'out' or 'err', not {stream!r}")
         if rank and _RANK_LABEL.fullmatch(rank) is None:
@@ -118,6 +124,10 @@ class WireFramer:
         self._frame = MAGIC + b"F" + code + b" "
         self._chunk = MAGIC + b"C" + code + b" "
         self._partial = MAGIC + b"P" + code + b" "
+        # The room for a record's escaped payload: a fraction of a short line at the least.
+        self._room = None if max_line is None else max_line - len(self._line) - 1
+        if self._room is not None and self._room < _MIN_ROOM:
+            raise ValueError(f"a wire line of {max_line} bytes leaves no room for its text")
         self._buf = b""  # the current segment, not yet sent
         self._chunked = False  # part of the current segment already went out as C records
         self._after_cr = False  # the current segment follows a \r on the same line
@@ -140,7 +150,7 @@ class WireFramer:
         out: list[bytes] = []
         self._send_pending(out)
         if self._buf or self._chunked:
-            out.append(self._partial + escape_payload(self._buf) + b"\n")
+            self._put(self._partial, self._buf, out)
         self._buf = b""
         self._chunked = False
         self._after_cr = False
@@ -158,11 +168,14 @@ class WireFramer:
                 self._end_line(self._buf + parts[0], out)
                 parts = parts[1:]
             head = self._line
+            room = self._room
             for segment in parts:
                 if len(segment) > CHUNK_BYTES:
                     self._end_line(segment, out)
-                else:
+                elif room is None:
                     out.append(head + escape_payload(segment) + b"\n")
+                else:
+                    self._put(head, segment, out)
             self._buf = rest
         else:
             self._buf += rest
@@ -171,7 +184,7 @@ class WireFramer:
     def _end_line(self, segment: bytes, out: list[bytes]) -> None:
         self._buf = segment
         self._spill_chunks(out)
-        out.append(self._line + escape_payload(self._buf) + b"\n")
+        self._put(self._line, self._buf, out)
         self._buf = b""
         self._chunked = False
 
@@ -184,7 +197,7 @@ class WireFramer:
         self._send_pending(out)
         start = 0
         while len(buf) - start > CHUNK_BYTES:
-            out.append(self._chunk + escape_payload(buf[start : start + CHUNK_BYTES]) + b"\n")
+            self._put(self._chunk, buf[start : start + CHUNK_BYTES], out)
             start += CHUNK_BYTES
         self._buf = buf[start:]
         self._chunked = True
@@ -220,7 +233,7 @@ class WireFramer:
         self._spill_chunks(out)
         segment, self._buf = self._buf, b""
         if self._chunked:
-            out.append(self._frame + escape_payload(segment) + b"\n")
+            self._put(self._frame, segment, out)
             self._chunked = False
             self._sent_frame = None
             self._bar_open = True
@@ -245,8 +258,39 @@ class WireFramer:
             return
         self._pending = None
         if frame != self._sent_frame:
-            out.append(self._frame + escape_payload(frame) + b"\n")
+            self._put(self._frame, frame, out)
             self._sent_frame = frame
+
+    def _put(self, head: bytes, segment: bytes, out: list[bytes]) -> None:
+        """One record of `segment` under `head`; one that would pass `max_line` goes in C
+        records first, its last piece under `head` (the head rejoins them)."""
+        payload = escape_payload(segment)
+        room = self._room
+        if room is None or len(payload) <= room:
+            out.append(head + payload + b"\n")
+            return
+        pieces = _cut(segment, room)
+        for piece in pieces[:-1]:
+            out.append(self._chunk + piece + b"\n")
+        out.append(head + pieces[-1] + b"\n")
+
+
+def _cut(segment: bytes, room: int) -> list[bytes]:
+    """`segment` in escaped pieces of at most `room` bytes each. Each piece is escaped on its
+    own, so no escape is cut in two; escaping at most quadruples a byte, so a piece of
+    room // 4 bytes always fits."""
+    pieces: list[bytes] = []
+    start = 0
+    while start < len(segment):
+        size = min(room, len(segment) - start)
+        while True:
+            payload = escape_payload(segment[start : start + size])
+            if len(payload) <= room:
+                break
+            size = max(room // 4, min(size - 1, size * room // len(payload)))
+        pieces.append(payload)
+        start += size
+    return pieces
 
 
 class _Word(str, Enum):
@@ -270,6 +314,23 @@ def encode_control(kind: str, **fields: object) -> bytes:
     """One wire line carrying an agent control message (a ControlKind, and its fields)."""
     doc = {"kind": kind, **fields}
     return MAGIC + b"K- " + json.dumps(doc, separators=(",", ":")).encode("ascii") + b"\n"
+
+
+def shorten_control(kind: str, fields: dict[str, object], max_line: int) -> bytes:
+    """The control line of `kind` and `fields` within `max_line` bytes where its text allows:
+    its longest text fields cut short, ending in `...` (a line cut by the channel would be
+    lost whole, with another node's line caught in it)."""
+    fields = dict(fields)
+    line = encode_control(kind, **fields)
+    while len(line) > max_line:
+        texts = [(len(v), k) for k, v in fields.items() if isinstance(v, str) and len(v) > 8]
+        if not texts:
+            break
+        size, name = max(texts)
+        keep = max(4, size - (len(line) - max_line) - 3)
+        fields[name] = str(fields[name])[:keep] + "..."
+        line = encode_control(kind, **fields)
+    return line
 
 
 class WireKind(_Word):

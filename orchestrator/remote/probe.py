@@ -364,7 +364,8 @@ def _usable(what, top, below, uid):
     fact = {"what": what, "path": path}
     try:
         owned.private_directories(top, [below], uid)
-        trial = os.path.join(path, f".orch-doctor-{os.getpid()}")
+        # pid and random: nodes in their own pid namespaces may share one /tmp
+        trial = os.path.join(path, f".orch-doctor-{os.getpid()}-{os.urandom(6).hex()}")
         os.close(os.open(trial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         os.unlink(trial)
     except owned.UnsafeDirectory as err:

@@ -93,7 +93,7 @@ class RankChannels:
             if first:
                 self.head.control(logwire.ControlKind.RANK, rank=rank, local_rank=local_rank,
                                   node=self.node)  # fmt: skip
-            framer = logwire.WireFramer(stream, f"{rank}/{local_rank}")
+            framer = logwire.WireFramer(stream, f"{rank}/{local_rank}", self.head.line_max)
             raw = self.directory / f"rank{rank}.{_RAW_NAME[stream]}"
             pending = [first_bytes] if first_bytes else []
 
@@ -102,8 +102,9 @@ class RankChannels:
 
             channel.OutputPump(self.head, framer, raw, None).run(read)
 
-    def close(self, timeout: float) -> None:
-        """Stop accepting; wait (at most `timeout` s) for the ranks' streams to end."""
+    def close(self, timeout: float) -> int:
+        """Stop accepting; wait (at most `timeout` s) for the ranks' streams to end. Returns
+        how many have not: what they still carry goes when the agent does."""
         with contextlib.suppress(OSError):
             self.server.close()
         with contextlib.suppress(OSError):
@@ -113,6 +114,7 @@ class RankChannels:
             pumps = list(self.pumps)
         for pump in pumps:
             pump.join(max(0.0, deadline - time.monotonic()))
+        return sum(pump.is_alive() for pump in pumps)
 
 
 def _same_user(conn: socket.socket) -> bool:

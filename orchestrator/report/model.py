@@ -10,7 +10,7 @@ from functools import cached_property
 
 from orchestrator.run.moments import Moment
 from orchestrator.run.rank_ends import Role
-from orchestrator.run.records import AttemptRecord, RankRecord
+from orchestrator.run.records import AttemptRecord, EnvironmentRecord, RankRecord
 from orchestrator.stacks.fold import rank_ranges
 
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
@@ -176,6 +176,7 @@ class ReportModel:
     profile: Profile | None = None
     parity: Parity | None = None
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt; the page is the last one's
+    environment: EnvironmentRecord | None = None  # the environment each node ran, by fingerprint
 
     @cached_property
     def _moment_times(self) -> Mapping[tuple[str, str | None, int | None], float]:

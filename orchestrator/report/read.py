@@ -60,6 +60,7 @@ def build_report(run_dir: Path) -> ReportModel:
         moments=moments, series=series, slowest=slowest_rank(series),
         profile=read_profile(run, _latest(kept, "profile")),
         parity=read_parity(run.path / PREFLIGHT_FILE), attempts=record.attempts,
+        environment=record.environment,
     )  # fmt: skip
 
 

@@ -1,16 +1,15 @@
 """`orch env push`: make every node's environment at the head's path the head's.
 
-Per node, in parallel, over one SSH connection: (1) remote/envpush.py `look`, run with the
-base interpreter the environment points to, says what the node has (its interpreter,
-platform, free disk, the manifest of the environment's files there, whether a job runs
-from it, whether it sees the head's own directory); (2) the checks here refuse a node whose
-base interpreter, version, ABI or platform differ, whose disk is too small, or where a job
-runs from the environment (unless forced); (3) `receive` gets only the files that differ,
-as one tar stream, builds the new environment beside the old one and swaps it in with one
-rename. A shared filesystem (the node sees a marker written here) is left alone.
-
-Not done yet: the head sends every node its own copy (head bytes grow with the number of
-nodes; relaying between nodes is the next step).
+(1) remote/envpush.py's `look`, on every node in parallel and run with the base
+interpreter the environment points to, says what the node has: its interpreter, platform,
+free disk, the manifest of the environment's files there, whether a job runs from it,
+whether it sees the head's own directory. (2) The checks here refuse a node whose base
+interpreter, version, ABI or platform differ, whose disk is too small, whose environment
+is a mount point, or where a job runs from the environment (unless forced); a node that
+sees the head's directory (a shared filesystem) is left alone, one that has it all
+already is done. (3) run/env_relay.py sends the rest once, passed from node to node: each
+keeps only what differs on it, builds the new environment beside the old one and swaps
+it in with one rename.
 """
 
 from __future__ import annotations
@@ -22,37 +21,39 @@ import json
 import os
 import secrets
 import shlex
-import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator.errors import UsageError
-from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
+from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import boot_blob, boot_code
-from orchestrator.remote.envpush import manifest, unpack, with_mtimes
+from orchestrator.remote.envpush import MARKER_PREFIX, manifest, unpack, with_mtimes
+from orchestrator.remote.envpush import delta as node_delta
 from orchestrator.remote.owned import (
     UnsafeDirectory,
     private_directories,
     user_directory,
     write_private_file,
 )
-from orchestrator.ssh import NodeSession, SSHError, failure_result, load_ssh_config, open_session
+from orchestrator.run.env_relay import Bytes, Received, relay
+from orchestrator.run.transport import NodeTransport
 
-PUSH_SOURCE = boot_code(boot_blob(("environment",), "envpush"))
-MARKER_PREFIX = ".orch-push-marker-"
+PUSH_SOURCE = boot_code(boot_blob(("environment", "owned", "procs"), "envpush"))
 DISK_MARGIN_BYTES = 256 << 20  # left free on a node after the push
-SEND_TIMEOUT_S = 3600.0  # a node's whole transfer, swap and fingerprint
-_CHUNK = 1 << 20
+# A node's look hashes every file no earlier push recorded: 6 GB on a slow disk.
+LOOK_TIMEOUT_S = 900.0
+MANIFEST_KEPT_S = 30 * 86400  # the head's manifest of an environment not pushed since
 # Run the node's step with the base interpreter; say so when it is not there.
 _LAUNCH = (
-    'PY=$1; shift; if [ -x "$PY" ]; then exec "$PY" -c "$@"; fi; '
+    'PY=$1; shift; case $PY in */*) ;; *) PY=$(command -v "$PY" || echo "$PY") ;; esac; '
+    'if [ -x "$PY" ]; then exec "$PY" -c "$@"; fi; '
     'echo "orch-no-interpreter $PY" >&2; exit 3'
 )
-Bytes = Callable[[str, int], None]  # (node, bytes just sent)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class NodePush:
     removed_files: int = 0
     fingerprint: str | None = None
     dry_run: bool = False
+    upstream: str | None = None  # "head" or the node the stream came from
+    relayed_bytes: int = 0  # passed on to the next node
 
 
 def environment_source(python: str) -> EnvSource:
@@ -88,6 +91,8 @@ def environment_source(python: str) -> EnvSource:
             "--python /opt/envs/train/bin/python",
         )
     config = root / "pyvenv.cfg"
+    if config.is_file() or (root / "conda-meta").is_dir():
+        _check_made_here(root)
     if config.is_file():
         parser = configparser.ConfigParser()
         parser.read_string("[venv]\n" + config.read_text(errors="replace"))
@@ -101,6 +106,40 @@ def environment_source(python: str) -> EnvSource:
         f"conda-meta in {root}): a system interpreter is not pushed",
         "make an environment and push it: `python3 -m venv /opt/envs/train`, install the "
         "job's packages, then --python /opt/envs/train/bin/python",
+    )
+
+
+def scripts_made_elsewhere(root: Path) -> dict[str, str]:
+    """bin/ scripts whose #! line names an interpreter outside `root` (script -> its
+    interpreter): the environment was made at another path (moved, copied, or reached
+    through a link), and pushed to `root` its scripts would name one the nodes lack."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(root / "bin"), key=lambda e: e.name):
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            with open(entry.path, "rb") as handle:
+                first = handle.readline(512)
+            words = first[2:].split() if first.startswith(b"#!") else []
+            named = words[0].decode(errors="replace") if words else ""
+            if "python" in os.path.basename(named) and not named.startswith(f"{root}/bin/"):
+                found[entry.name] = named
+    return found
+
+
+def _check_made_here(root: Path) -> None:
+    elsewhere = scripts_made_elsewhere(root)
+    if not elsewhere:
+        return
+    named = next(iter(elsewhere.values()))
+    made_at = str(Path(named).parent.parent)
+    shown = ", ".join(f"bin/{s}" for s in list(elsewhere)[:3])
+    raise UsageError(
+        f"{root} was made at another path: {len(elsewhere)} of its scripts ({shown}) run "
+        f"{named}, which would not exist on the nodes once {root} is pushed there",
+        f"push the environment from the path it was made at (--python {made_at}/bin/python), "
+        f"or make it again at {root} (python3 -m venv {root}, then install the job's "
+        "packages)",
     )
 
 
@@ -119,14 +158,10 @@ class Delta:
 
 
 def delta(head: Mapping[str, list[Any]], node: Mapping[str, list[Any]]) -> Delta:
-    """What makes the node's manifest the head's: files and links that differ or are
-    missing, what the node has that the head has not, directories it lacks."""
-    send = {rel: e for rel, e in head.items() if e[0] != "d" and node.get(rel) != e}
-    dirs = {
-        rel: e[3] for rel, e in head.items() if e[0] == "d" and (node.get(rel) or [""])[0] != "d"
-    }
-    remove = tuple(sorted(rel for rel in node if rel not in head))
-    return Delta(send, remove, dirs, sum(e[1] for e in send.values()))
+    """What makes the node's manifest the head's (the node's own computation, which it
+    repeats from the stream's manifest when it builds)."""
+    found = node_delta(head, node)
+    return Delta(found["send"], tuple(found["remove"]), found["dirs"], found["bytes"])
 
 
 def refusal(
@@ -147,19 +182,23 @@ def refusal(
         )
     theirs = (interp.get("abi"), plat.get("libc"), plat.get("machine"))
     ours = (head.abi, head.libc, head.machine)
+    if source.kind == "conda":  # the node's python3 ran the look; the env brings its own
+        theirs, ours = theirs[1:], ours[1:]
     if theirs != ours:
         return (
             f"{node}: platform {', '.join(map(str, theirs))} is not the head's "
             f"{', '.join(ours)}: binary wheels do not cross it",
             f"push from a head of the same platform, or build the environment on {node}",
         )
-    if seen.get("running") and not force:
-        pids = ", ".join(map(str, seen["running"][:5]))
+    if seen.get("mount_point"):
         return (
-            f"{node}: processes run from {source.root} (pids {pids}): a push would "
-            "change the environment under them",
-            "wait for the job to end (or `orch kill` it), or push with --force",
+            f"{node}: {seen.get('real_root') or source.root} is a mount point: the new "
+            "environment cannot be swapped in with one rename",
+            f"make the environment a directory inside it (e.g. {source.root}/env, the same "
+            "path on the head), and push that",
         )
+    if seen.get("running") and not force:
+        return _running_refusal(node, source.root, seen["running"])
     free = int(seen.get("free_bytes") or 0)
     if need_bytes + DISK_MARGIN_BYTES > free:
         return (
@@ -170,73 +209,90 @@ def refusal(
     return None
 
 
-# ----- one node -------------------------------------------------------------------------------
-def _look(session: NodeSession, source: EnvSource, marker: str, timeout: float) -> dict[str, Any]:
-    request = json.dumps({"root": source.root, "marker": marker})
-    result = session.run(_command(source.runner, "look", request), timeout)
-    said = result.stderr.decode(errors="replace")
-    if result.exit_code == 3 and "orch-no-interpreter" in said:
-        raise _Refused(
-            f"{session.node}: the base interpreter {source.runner} that the "
-            f"environment points to is not on {session.node}",
-            f"install the same Python at {source.runner} on {session.node}: orch "
-            "installs nothing outside the environment's directory",
-        )
-    try:
-        return json.loads(result.stdout)
-    except ValueError:
-        tail = " | ".join(said.strip().splitlines()[-3:]) or f"exit {result.exit_code}"
-        raise _Refused(
-            f"{session.node}: looking at {source.root} failed: {tail}", "check the node"
-        ) from None
+def _running_refusal(node: str, root: str, running: Sequence[Any]) -> tuple[str, str]:
+    """Processes run from the environment: which orch jobs, else which pids."""
+    pairs = [(r, None) if isinstance(r, int) else (r[0], r[1]) for r in running]
+    jobs = sorted({job for _, job in pairs if job})
+    pids = ", ".join(str(pid) for pid, _ in pairs[:5])
+    what = f"orch job {', '.join(jobs)} (pids {pids})" if jobs else f"processes (pids {pids})"
+    kill = f"`orch kill {jobs[0]}`" if jobs else "stop them"
+    return (
+        f"{node}: {what} run from {root}: a push would change the environment under them",
+        f"wait for the job to end (or {kill}), or push with --force",
+    )
 
 
+# ----- one node: what it has, what it needs ---------------------------------------------------
 class _Refused(Exception):
     def __init__(self, problem: str, fix: str) -> None:
         super().__init__(problem)
         self.problem, self.fix = problem, fix
 
 
-class _Sender:
-    """A file-like object tarfile writes to: each chunk goes to the node's stdin."""
+@dataclass(frozen=True)
+class _Planned:
+    """A node after its look: left alone (shared), done already, or what it needs."""
 
-    def __init__(self, node: str, send: Callable[[bytes], None], on_bytes: Bytes | None) -> None:
-        self.node, self._send, self._on_bytes, self.sent = node, send, on_bytes, 0
-
-    def write(self, data: bytes) -> int:
-        self._send(bytes(data))
-        self.sent += len(data)
-        if self._on_bytes is not None:
-            self._on_bytes(self.node, len(data))
-        return len(data)
+    node: str
+    shared: bool
+    change: Delta | None
 
 
-def _send(
-    session: NodeSession, source: EnvSource, change: Delta, timeout: float, on_bytes: Bytes | None
-) -> tuple[dict[str, Any], int]:
-    process = session.start(_command(source.runner, "receive"), timeout)
-    request = {
-        "root": source.root,
-        "send": change.send,
-        "remove": list(change.remove),
-        "dirs": change.dirs,
-    }
-    sender = _Sender(session.node, process.send, on_bytes)
+def _seen(result: NodeResult[Any], source: EnvSource) -> dict[str, Any]:
+    """The node's look, parsed; _Refused with the node's words when there is none."""
+    node, said = result.node, result.value.stderr.decode(errors="replace")
+    if result.value.exit_code == 3 and "orch-no-interpreter" in said:
+        raise _Refused(
+            f"{node}: the base interpreter {source.runner} that the environment points to "
+            f"is not on {node}",
+            f"install the same Python at {source.runner} on {node}: orch installs nothing "
+            "outside the environment's directory",
+        )
     try:
-        sender.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
-        with tarfile.open(fileobj=sender, mode="w|", bufsize=_CHUNK) as tar:  # type: ignore[call-overload]
-            for rel in sorted(change.send):
-                tar.add(os.path.join(source.root, rel), arcname=rel, recursive=False)
-        result = process.wait(timeout)
-    finally:
-        process.close()
+        return json.loads(result.value.stdout)
+    except ValueError:
+        tail = " | ".join(said.strip().splitlines()[-3:]) or f"exit {result.value.exit_code}"
+        raise _Refused(f"{node}: looking at {source.root} failed: {tail}",
+                       "check the node") from None  # fmt: skip
+
+
+def _plan(result: NodeResult[Any], push: _Push) -> NodeResult[_Planned]:
+    if result.value is None:
+        return result  # type: ignore[return-value]
+    node = result.node
     try:
-        return json.loads(
-            result.stdout.decode(errors="replace").strip().splitlines()[-1]
-        ), sender.sent
-    except (ValueError, IndexError):
-        tail = result.stderr.decode(errors="replace").strip().splitlines()[-3:]
-        return {"ok": False, "error": " | ".join(tail) or f"exit {result.exit_code}"}, sender.sent
+        seen = _seen(result, push.source)
+        if seen.get("shared"):
+            return succeeded(node, _Planned(node, True, None))
+        change = delta(push.head_files, unpack(seen["manifest"]) if seen.get("manifest") else {})
+        refused = refusal(node, push.source, push.head_env, seen, change.send_bytes, push.force)
+        if refused is not None:
+            raise _Refused(*refused)
+    except _Refused as err:
+        return failed(node, err.problem, err.fix, "refused")
+    return succeeded(node, _Planned(node, False, change))
+
+
+def _needs_nothing(change: Delta) -> bool:
+    return not (change.send or change.remove or change.dirs)
+
+
+def _received(result: NodeResult[Received], change: Delta) -> NodeResult[NodePush]:
+    if result.value is None:
+        return result  # type: ignore[return-value]
+    node, answer = result.node, result.value.answer
+    if not result.value.ok:
+        return failed(
+            node,
+            f"{node}: the push failed, the previous environment is kept: {answer.get('error')}",
+            "check the node and push again",
+        )
+    return succeeded(node, NodePush(
+        node, sent_files=int(answer.get("received", 0)),
+        sent_bytes=int(answer.get("received_bytes", 0)), removed_files=len(change.remove),
+        fingerprint=answer.get("fingerprint"), upstream=result.value.upstream,
+        relayed_bytes=int(answer.get("relayed_bytes") or 0),
+    ))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -246,56 +302,7 @@ class _Push:
     source: EnvSource
     head_env: Environment
     head_files: Mapping[str, list[Any]]
-    marker: str
-    dry_run: bool
     force: bool
-    timeout: float
-    config: Any
-    on_bytes: Bytes | None
-
-
-def _push_one(node: str, push: _Push) -> NodeResult[NodePush]:
-    try:
-        with open_session(node, timeout=push.timeout, config=push.config) as session:
-            return succeeded(node, _push_over(session, push))
-    except _Refused as err:
-        return failed(node, err.problem, err.fix, "refused")
-    except SSHError as err:
-        return failure_result(err.failure)
-
-
-def _push_over(session: NodeSession, push: _Push) -> NodePush:
-    node, source = session.node, push.source
-    seen = _look(session, source, push.marker, push.timeout)
-    if seen.get("shared"):
-        return NodePush(node, shared=True, dry_run=push.dry_run)
-    change = delta(push.head_files, unpack(seen["manifest"]) if seen.get("manifest") else {})
-    refused = refusal(node, source, push.head_env, seen, change.send_bytes, push.force)
-    if refused is not None:
-        raise _Refused(*refused)
-    if push.dry_run:
-        return NodePush(
-            node,
-            sent_files=len(change.send),
-            sent_bytes=change.send_bytes,
-            removed_files=len(change.remove),
-            dry_run=True,
-        )
-    if not (change.send or change.remove or change.dirs):  # already the head's
-        return NodePush(node, fingerprint=push.head_env.fingerprint)
-    answer, sent = _send(session, source, change, max(push.timeout, SEND_TIMEOUT_S), push.on_bytes)
-    if not answer.get("ok"):
-        raise _Refused(
-            f"{node}: the push failed, the previous environment is kept: {answer.get('error')}",
-            "check the node and push again",
-        )
-    return NodePush(
-        node,
-        sent_files=int(answer.get("received", 0)),
-        sent_bytes=sent,
-        removed_files=len(change.remove),
-        fingerprint=answer.get("fingerprint"),
-    )
 
 
 @dataclass(frozen=True)
@@ -304,12 +311,7 @@ class PushReport:
     fingerprint: str
     payload_bytes: int  # the environment's size
     nodes: GroupResult[NodePush]
-
-    @property
-    def head_sent_bytes(self) -> int:
-        return sum(
-            r.value.sent_bytes for r in self.nodes if r.value is not None and not r.value.dry_run
-        )
+    head_sent_bytes: int  # everything the head wrote to the nodes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -336,6 +338,8 @@ def _node_dict(result: NodeResult[NodePush]) -> dict[str, Any]:
         "sent_bytes": push.sent_bytes,
         "removed_files": push.removed_files,
         "fingerprint": push.fingerprint,
+        "from": push.upstream,
+        "relayed_bytes": push.relayed_bytes,
     }
 
 
@@ -355,7 +359,18 @@ def head_manifest(root: str) -> dict[str, list[Any]]:
     found = manifest(root, previous)
     with contextlib.suppress(OSError):
         write_private_file(str(cache), json.dumps(with_mtimes(root, found)).encode())
+        _forget_stale(cache.parent, keep=cache)
     return found
+
+
+def _forget_stale(directory: Path, keep: Path) -> None:
+    """Manifests of environments not pushed for MANIFEST_KEPT_S: each is a few MB, and an
+    environment gone or renamed would keep its own forever."""
+    cutoff = time.time() - MANIFEST_KEPT_S
+    for entry in directory.iterdir():
+        with contextlib.suppress(OSError):
+            if entry != keep and entry.lstat().st_mtime < cutoff:
+                entry.unlink()
 
 
 def push_environment(
@@ -363,25 +378,68 @@ def push_environment(
     source: EnvSource,
     head_env: Environment,
     *,
+    transport: NodeTransport | None = None,
     dry_run: bool = False,
     force: bool = False,
     timeout: float = 30.0,
     on_bytes: Bytes | None = None,
     on_node: Callable[[NodeResult[NodePush]], None] | None = None,
+    on_send: Callable[[int], None] | None = None,
 ) -> PushReport:
-    """Push the head's environment to every node; one result per node."""
+    """Push the head's environment to every node; one result per node, in order.
+    `on_send` hears how many bytes the stream will carry, before it starts."""
+    transport = transport or NodeTransport()
     head_files = head_manifest(source.root)
-    payload = sum(e[1] for e in head_files.values())
+    push = _Push(source, head_env, head_files, force)
     marker = f"{MARKER_PREFIX}{secrets.token_hex(8)}"
     marker_path = Path(source.root) / marker
     marker_path.write_text("orch env push: shared filesystem check\n")
-    push = _Push(
-        source, head_env, head_files, marker, dry_run, force, timeout, load_ssh_config(), on_bytes
-    )
+    request = json.dumps({"root": source.root, "marker": marker})
     try:
-        results = for_each_node(
-            nodes, lambda node: _push_one(node, push), max_parallel=16, on_result=on_node
-        )
+        looked = transport.run(nodes, _command(source.runner, "look", request),
+                               timeout=LOOK_TIMEOUT_S, connect_timeout=timeout)  # fmt: skip
     finally:
         marker_path.unlink(missing_ok=True)
-    return PushReport(source, head_env.fingerprint, payload, results)
+    planned = {r.node: _plan(r, push) for r in looked}
+    done: dict[str, NodeResult[NodePush]] = {}
+    for node, result in planned.items():
+        if result.value is None or result.value.change is None or dry_run or _needs_nothing(
+            result.value.change
+        ):
+            done[node] = _settled(result, head_env, dry_run)
+            if on_node is not None:
+                on_node(done[node])
+    sending = [n for n in nodes if n not in done]
+    head_sent = 0
+    if sending:
+        needs = {n: tuple(planned[n].value.change.send) for n in sending}  # type: ignore[union-attr]
+        if on_send is not None:
+            on_send(sum(head_files[rel][1] for rel in {r for n in sending for r in needs[n]}))
+        relayed, head_sent = relay(
+            sending, needs, source.root, head_files, _command(source.runner, "receive"),
+            transport=transport, timeout=timeout, on_bytes=on_bytes,
+        )  # fmt: skip
+        for node in sending:
+            done[node] = _received(relayed[node], planned[node].value.change)  # type: ignore[union-attr, arg-type]
+            if on_node is not None:
+                on_node(done[node])
+    payload = sum(e[1] for e in head_files.values())
+    results = GroupResult(tuple(done[n] for n in nodes))
+    return PushReport(source, head_env.fingerprint, payload, results, head_sent)
+
+
+def _settled(
+    result: NodeResult[_Planned], head_env: Environment, dry_run: bool
+) -> NodeResult[NodePush]:
+    """A node that is sent nothing: refused, shared, already the head's, or a dry run."""
+    if result.value is None:
+        return result  # type: ignore[return-value]
+    node, change = result.node, result.value.change
+    if change is None:
+        return succeeded(node, NodePush(node, shared=True, dry_run=dry_run))
+    if dry_run:
+        return succeeded(node, NodePush(
+            node, sent_files=len(change.send), sent_bytes=change.send_bytes,
+            removed_files=len(change.remove), dry_run=True,
+        ))  # fmt: skip
+    return succeeded(node, NodePush(node, fingerprint=head_env.fingerprint))

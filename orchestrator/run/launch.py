@@ -62,6 +62,7 @@ from orchestrator.run.rank_ends import (
 )
 from orchestrator.run.records import (
     AttemptRecord,
+    EnvironmentRecord,
     FirstFailure,
     JobRecord,
     RunDir,
@@ -163,9 +164,11 @@ def write_private_files(plan: LaunchPlan) -> None:
             handle.write(planned.content)
 
 
-def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None) -> JobRecord:
+def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
+                environment: EnvironmentRecord | None = None) -> JobRecord:  # fmt: skip
     """Write the plan's files and a first job.json (state "starting"). `earlier`: the record
-    of the job's attempts so far, when this is a restart (its start and attempts stay)."""
+    of the job's attempts so far, when this is a restart (its start and attempts stay);
+    `environment`: the nodes' environments as the pre-flight found them (None: skipped)."""
     run.create()
     for planned in plan.files:
         if planned.run_dir:
@@ -190,6 +193,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None)
         slurm_job_id=plan.job.slurm_job or None,
         slurm_batch=plan.slurm_batch,
         transport=plan.transport,
+        environment=environment,
     )
     record = replace(record, attempt_started=record.started_at)
     if earlier is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.checks.environment import PushFix
 from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError, RestartNotStarted
 from orchestrator.logs.sink import LogView
@@ -27,7 +28,7 @@ from orchestrator.pernode import GroupResult, succeeded
 from orchestrator.plan.agent_command import node_files_command
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
-from orchestrator.plan.request import JobRequest
+from orchestrator.plan.request import HostsRequest, JobRequest
 from orchestrator.run.attempts import (
     attempt_failure,
     attempt_record,
@@ -39,8 +40,16 @@ from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, p
 from orchestrator.run.moments import note_attempt, save_preflight
 from orchestrator.run.pdsh import find_pdsh
 from orchestrator.run.ports import plan_with_main_port
+from orchestrator.run.push_env import (
+    PushDone,
+    environment_record,
+    nodes_to_push,
+    push_fix,
+    push_to,
+)
 from orchestrator.run.records import (
     AttemptRecord,
+    EnvironmentRecord,
     FirstFailure,
     JobRecord,
     RunDir,
@@ -138,6 +147,8 @@ def prepare_job(request: JobRequest, environ: Mapping[str, str], *, dry_run: boo
 
     build = builder(hosts, 0)
     plan = plan_with_main_port(build, spec.main_port, job_id, dry_run=True, preflight=False)
+    if request.push_env:
+        check_pushable(plan)
     return PreparedJob(request=request, root=root, plan=plan, build=build, pool=pool,
                        builder=builder)  # fmt: skip
 
@@ -151,6 +162,24 @@ def _given_hosts(request: JobRequest, environ: Mapping[str, str]) -> Hostfile | 
     return recipe_hosts(request.recipe, None)
 
 
+def check_pushable(plan: LaunchPlan) -> None:
+    """--push-env can push the job's environment: its interpreter is a venv's or a conda
+    env's on the head (a UsageError says why not)."""
+    from orchestrator.run.envpush import environment_source
+
+    environment_source(plan.python)
+
+
+def push_hosts(request: JobRequest) -> HostsRequest:
+    """Where `orch env push` finds the job's nodes, as the job found them: --hostfile, else
+    the recipe's hostfile, else the allocation (--slurm)."""
+    hosts = request.hosts
+    recipe = request.recipe.hostfile if request.recipe is not None else None
+    if hosts.hostfile is None and recipe is not None and not hosts.slurm:
+        return replace(hosts, hostfile=recipe)
+    return hosts
+
+
 def pipeline_options(request: JobRequest) -> PipelineOptions:
     watch = request.watch
     heartbeat = watch.heartbeat_timeout
@@ -159,7 +188,8 @@ def pipeline_options(request: JobRequest) -> PipelineOptions:
         hang_timeout=request.hang_timeout,
     )
     return PipelineOptions(sync=watch.sync, preflight=watch.preflight,
-                           keep_remote_logs=watch.keep_remote_logs, settings=settings)  # fmt: skip
+                           keep_remote_logs=watch.keep_remote_logs, settings=settings,
+                           push_env=request.push_env, hosts=push_hosts(request))  # fmt: skip
 
 
 def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> LaunchResult:
@@ -284,6 +314,10 @@ class PipelineReporter(Protocol):
 
     def preflight_failed(self, report: DoctorReport) -> None: ...
 
+    def pushing_environment(self, python: str, nodes: Sequence[str]) -> None: ...
+
+    def environment_pushed(self, done: PushDone) -> None: ...
+
     def started(self, plan: LaunchPlan, run: RunDir) -> None: ...
 
     def attempt_ended(self, run_dir: Path) -> None: ...
@@ -298,6 +332,8 @@ class PipelineOptions:
     preflight: bool = True
     keep_remote_logs: bool = False
     settings: WatchSettings = field(default_factory=WatchSettings)
+    push_env: bool = False  # push the head's environment where the pre-flight finds it differs
+    hosts: HostsRequest = field(default_factory=HostsRequest)  # the job's, for `orch env push`
 
 
 def execute_plan(
@@ -317,16 +353,17 @@ def execute_plan(
         _sync(plan, reporter)
     plan = _settings_and_port(plan, with_port)
     preflight: tuple[float, float, DoctorReport] | None = None
+    environment: EnvironmentRecord | None = None
     try:
         if options.preflight:
             started = time.time()
-            report = _preflight(plan, reporter)
+            report, environment = _preflight(plan, options, reporter)
             preflight = (started, time.time(), report)
     except BaseException:
         _remove_node_private(plan)
         raise
     run = run_dir(root, plan.job_id)
-    record = prepare_run(plan, run, earlier)
+    record = prepare_run(plan, run, earlier, environment)
     if preflight is not None:  # for the job's page: it ran before its directory existed
         save_preflight(run.path, preflight[0], preflight[1], preflight[2].to_dict())
     runner = JobRunner(
@@ -436,21 +473,48 @@ def _write_node_private(plan: LaunchPlan) -> None:
         )
 
 
-def _preflight(plan: LaunchPlan, reporter: PipelineReporter) -> DoctorReport:
+def _preflight(plan: LaunchPlan, options: PipelineOptions,
+               reporter: PipelineReporter) -> tuple[DoctorReport, EnvironmentRecord]:  # fmt: skip
+    """The pre-flight; with --push-env, first the head's environment pushed to the nodes
+    where it found it differs, then the pre-flight again. Its report and what the job's
+    record keeps of the nodes' environments; OrchError when the job cannot start."""
+    fix = _push_fix(plan, options)
+    report = _checked(plan, fix)
+    pushed: PushDone | None = None
+    differ = nodes_to_push(report) if options.push_env else ()
+    if differ:
+        reporter.pushing_environment(plan.python, differ)
+        pushed = push_to(differ, plan.python, fix.command if fix is not None else None,
+                         plan_transport(plan))  # fmt: skip
+        reporter.environment_pushed(pushed)
+        report = _checked(plan, fix)
+    if report.ok:
+        return report, environment_record(report, pushed)
+    reporter.preflight_failed(report)
+    raise OrchError(
+        f"pre-flight failed on {len({f.node for f in report.errors})} node(s); nothing was started",
+        "fix the findings above (see `orch doctor --hostfile F`), or pass --no-doctor",
+    )
+
+
+def _push_fix(plan: LaunchPlan, options: PipelineOptions) -> PushFix | None:
+    """How the findings say the head's environment reaches this job's nodes."""
+    hosts = options.hosts
+    in_allocation = hosts.hostfile is None and (hosts.slurm or bool(plan.job.slurm_job))
+    hostfile = None if in_allocation else hosts.hostfile
+    return push_fix(plan.python, hostfile=hostfile, slurm=in_allocation, include=hosts.include,
+                    exclude=hosts.exclude, option=not options.push_env)  # fmt: skip
+
+
+def _checked(plan: LaunchPlan, fix: PushFix | None) -> DoctorReport:
     from orchestrator.run.preflight import run_preflight
 
-    report = run_preflight(
+    return run_preflight(
         plan.hostfile,
         python=plan.python,
         workdir=plan.workdir,
         script=plan.job.script,
         main_port=plan.main_port,
         transport=plan_transport(plan),
-    )
-    if report.ok:
-        return report
-    reporter.preflight_failed(report)
-    raise OrchError(
-        f"pre-flight failed on {len({f.node for f in report.errors})} node(s); nothing was started",
-        "fix the findings above (see `orch doctor --hostfile F`), or pass --no-doctor",
+        push=fix,
     )

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.checks.collective import nccl_transport
-from orchestrator.checks.environment import script_distributions, script_imports
+from orchestrator.checks.environment import PushFix, script_distributions, script_imports
 from orchestrator.checks.model import (
     CollectiveResult,
     DoctorReport,
@@ -274,12 +274,14 @@ def run_preflight(
     extra_findings: Sequence[Finding] = (),
     on_node: NodeDone | None = None,
     transport: NodeTransport | None = None,
+    push: PushFix | None = None,
 ) -> DoctorReport:
     """Every check doctor makes, over every node of the hostfile.
 
     python and workdir default to the head's (as a launch uses them); the main
     address defaults to node 0's name as the hostfile gives it, which is what
-    the other nodes will connect to.
+    the other nodes will connect to. `push`: how the head's environment could be copied to
+    the nodes, for the fixes.
     """
     started = time.monotonic()
     python = python or sys.executable
@@ -323,5 +325,6 @@ def run_preflight(
         extra=extra_findings,
         head_environment=head_env.result(),
         script_packages=imports.result(),
+        push=push,
     )
     return replace(report, seconds=time.monotonic() - started)

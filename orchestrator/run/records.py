@@ -86,6 +86,33 @@ def rank_records(ends: Collection[RankEnd], order: RankOrder | None) -> tuple[Ra
 
 
 @dataclass(frozen=True)
+class EnvironmentRecord:
+    """The Python environment every node ran the job with, by fingerprint (the probe's hash of
+    the interpreter, its ABI, the platform and every distribution): as the pre-flight found
+    it, after a push as the push left it. `reference`: the head's (None: the head has not the
+    job's interpreter); a node's None: it gave no facts or has no such interpreter;
+    `pushed`: the nodes the head's environment was pushed to first (--push-env), and the
+    bytes the head sent."""
+
+    reference: str | None
+    nodes: Mapping[str, str | None]
+    pushed: tuple[str, ...] = ()
+    pushed_bytes: int = 0
+
+    def to_json(self) -> dict:
+        return {"reference": self.reference, "nodes": dict(self.nodes),
+                "pushed": list(self.pushed), "pushed_bytes": self.pushed_bytes}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping | None) -> EnvironmentRecord | None:
+        if not data:
+            return None
+        return cls(reference=data.get("reference"), nodes=dict(data.get("nodes") or {}),
+                   pushed=tuple(data.get("pushed") or ()),
+                   pushed_bytes=int(data.get("pushed_bytes") or 0))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class AttemptRecord:
     """One attempt of a job, as job.json keeps it under `attempts` (the first is 1; its
     ranks saw ORCH_RESTART_COUNT = number - 1). `cause`: its class and message naming the
@@ -101,12 +128,21 @@ class AttemptRecord:
     excluded: tuple[str, ...] = ()
     logs: str = "logs"
     stacks: str | None = None  # the stacks taken at its teardown, in the record
+    # its nodes' environments (None: its pre-flight was skipped)
+    environment: EnvironmentRecord | None = None
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["environment"] = None if self.environment is None else self.environment.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping) -> AttemptRecord:
         lists = {name: tuple(data.get(name, ())) for name in ("nodes", "excluded")}
         cause = data.get("cause")
-        return cls(**{**data, **lists, "cause": dict(cause) if cause else None})
+        environment = EnvironmentRecord.from_json(data.get("environment"))
+        return cls(**{**data, **lists, "cause": dict(cause) if cause else None,
+                      "environment": environment})  # fmt: skip
 
 
 def _failure_from_json(data: Mapping) -> FirstFailure:
@@ -145,6 +181,8 @@ class JobRecord:
     attempt: int = 1  # the attempt running, or the last one
     attempt_started: str | None = None  # when it started (started_at: the job's first)
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt that ended, first to last
+    # the environments the nodes run (the latest attempt's); None: no pre-flight looked
+    environment: EnvironmentRecord | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -153,7 +191,8 @@ class JobRecord:
         data["node_exit_codes"] = dict(self.node_exit_codes)
         data["node_logs"] = dict(self.node_logs)
         data["ranks"] = [asdict(rank) for rank in self.ranks]
-        data["attempts"] = [asdict(attempt) for attempt in self.attempts]
+        data["attempts"] = [attempt.to_json() for attempt in self.attempts]
+        data["environment"] = None if self.environment is None else self.environment.to_json()
         return data
 
     @classmethod
@@ -188,6 +227,7 @@ class JobRecord:
             attempt=int(data.get("attempt", 1)),
             attempt_started=data.get("attempt_started"),
             attempts=tuple(AttemptRecord.from_json(a) for a in data.get("attempts", ())),
+            environment=EnvironmentRecord.from_json(data.get("environment")),
         )
 
 

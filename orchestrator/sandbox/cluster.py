@@ -190,9 +190,10 @@ class Sandbox:
         """Give one node its own ~/.bashrc (see `faults.shell_startup`)."""
         return faults.shell_startup(self._require_state(), name, script)
 
-    def private_directory(self, name: str, path: Path) -> Path:
-        """Give one node its own empty directory at `path` (see `faults.private_directory`)."""
-        return faults.private_directory(self._require_state(), name, path)
+    def private_directory(self, name: str, path: Path, size_bytes: int | None = None) -> Path:
+        """Give one node its own empty directory at `path`, of `size_bytes` if given (see
+        `faults.private_directory`)."""
+        return faults.private_directory(self._require_state(), name, path, size_bytes)
 
     def _require_state(self) -> SandboxState:
         state = self.load()

@@ -33,7 +33,7 @@ from orchestrator.sandbox.state import SandboxState
 
 PARTITION = "sandbox"
 CLUSTER = "orchsandbox"
-_READY_TIMEOUT_S = 30.0
+_READY_TIMEOUT_S = 120.0  # on a loaded 2-core machine, slurmctld and the slurmds take a while
 # Long enough for orch inside a cancelled batch job to tear its job down before Slurm's
 # SIGKILL (Slurm's own default).
 KILL_WAIT_S = 30

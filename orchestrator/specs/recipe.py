@@ -187,6 +187,7 @@ class Recipe(_Strict):
     # None: orch picks a port free on node 0 for each job
     main_port: int | None = Field(None, ge=PORT_RANGE[0], le=PORT_RANGE[1])
     hang_timeout: float | None = Field(None, ge=1)  # None: no hang detection (--hang-timeout)
+    push_env: bool = False  # copy the head's environment to nodes where it differs (--push-env)
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)

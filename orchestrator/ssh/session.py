@@ -18,6 +18,7 @@ from orchestrator.ssh.errors import ssh_error
 
 _POLL_S = 0.02
 STDERR_TAIL_LINES = 3
+SEND_STALL_S = 120.0  # a command whose stdin takes nothing for this long is stuck
 STDERR_LINE_CHARS = 240
 
 
@@ -267,8 +268,13 @@ class RemoteProcess:
             self._clock.look(self._err)
 
     def send(self, data: bytes) -> None:
-        """Write to the command's stdin."""
-        self._channel.sendall(data)
+        """Write to the command's stdin; OSError when the channel is gone, or when the
+        command takes nothing for SEND_STALL_S (a slow reader only slows the writer)."""
+        try:
+            self._channel.settimeout(SEND_STALL_S)  # read_line leaves a short one
+            self._channel.sendall(data)
+        except (paramiko.SSHException, EOFError) as err:
+            raise OSError(f"{self.node}: the channel closed: {err}") from err
 
     def wait(self, timeout: float) -> CommandResult:
         """Wait for the command to exit; its stdout holds what read_line did not return."""

@@ -11,6 +11,7 @@ import pytest
 from _doctor_facts import ADDRS, NAMES, PY, facts
 
 from orchestrator.checks.collective import check_collective, nccl_transport
+from orchestrator.checks.environment import PushFix
 from orchestrator.checks.model import CollectiveResult, NodeError, NodeProbe
 from orchestrator.checks.network import (
     check_hostnames,
@@ -81,6 +82,17 @@ def test_parity_skips_interpreter_facts_of_a_node_without_the_interpreter() -> N
     found = check_interpreter(cluster(n2=missing), PY)
     assert [(f.node, f.check) for f in found] == [("n2", "python")]
     assert f"interpreter {PY} does not exist on n2" in found[0].problem
+    assert "push" not in found[0].fix
+
+
+def test_a_missing_environment_names_the_push_of_the_heads() -> None:
+    missing = {"python_found": False, "packages": {}}
+    push = PushFix(f"orch env push --hostfile hf --python {PY}", option=True)
+    [found] = check_interpreter(cluster(n2=missing), PY, push)
+    assert found.fix.endswith(
+        f"; or copy the head's environment: `orch env push --hostfile hf --python {PY}`, or "
+        "launch again with --push-env"
+    )
 
 
 def test_driver_differences_are_warnings() -> None:

@@ -10,6 +10,8 @@ from dataclasses import replace
 from _doctor_facts import facts
 
 from orchestrator.checks.environment import (
+    PushFix,
+    env_push_command,
     environment_findings,
     environment_parity,
     script_distributions,
@@ -65,10 +67,7 @@ def test_differences_are_grouped_by_package_and_name_every_node() -> None:
         ("node2", "parity", "error"), ("node3", "parity", "error"), ("node4", "parity", "error")
     ]  # fmt: skip
     assert "transformers 4.46.0 (4.46.1 on the head)" in found[0].problem
-    assert found[0].fix == (
-        f"on node2: `{PY} -m pip install transformers==4.46.1`; or copy the head's: "
-        f"`orch env push --python {PY}` with this --hostfile"
-    )
+    assert found[0].fix == f"on node2: `{PY} -m pip install transformers==4.46.1`"
     assert "transformers missing (4.46.1 on the head)" in found[1].problem
 
 
@@ -80,7 +79,39 @@ def test_a_package_only_one_node_has_is_removed_there() -> None:
     assert diff.describe(parity.reference) == "0.1 on n2; missing elsewhere"
     [finding] = environment_findings(parity, PY)
     assert finding.severity == "warning"  # neither a launcher's nor the script's
-    assert finding.fix.startswith(f"on n2: `{PY} -m pip uninstall -y left-over`; or copy")
+    assert finding.fix == f"on n2: `{PY} -m pip uninstall -y left-over`"
+
+
+def test_the_fix_names_the_push_of_the_jobs_own_hostfile_and_python() -> None:
+    parity = environment_parity([node("n1"), node("n2", env(without("transformers")))], env())
+    command = env_push_command(PY, hostfile="hosts/my cluster.txt")
+    assert command == f"orch env push --hostfile 'hosts/my cluster.txt' --python {PY}"
+    [finding] = environment_findings(parity, PY, PushFix(command, option=True))
+    assert finding.fix == (
+        f"on n2: `{PY} -m pip install transformers==4.46.1`; or copy the head's environment: "
+        f"`orch env push --hostfile 'hosts/my cluster.txt' --python {PY}`, or launch again "
+        "with --push-env"
+    )
+    [pushing] = environment_findings(parity, PY, PushFix(command, option=False))
+    assert pushing.fix.endswith(f"--python {PY}`")  # the job pushes already: no --push-env
+    [no_file] = environment_findings(parity, PY, PushFix(None, option=True))
+    assert no_file.fix.endswith("; or launch again with --push-env")
+    odd = env(python_version="3.11.9")
+    [interpreter] = environment_findings(environment_parity([node("n2", odd)], env()), PY,
+                                         PushFix(command))  # fmt: skip
+    assert "make /opt/venv/bin/python the same interpreter" in interpreter.fix
+    assert interpreter.fix.endswith(f"copy the head's environment: `{command}`")
+
+
+def test_the_push_command_follows_where_the_nodes_come_from() -> None:
+    assert env_push_command(PY, slurm=True) == f"orch env push --slurm --python {PY}"
+    assert env_push_command(PY, hostfile="hf", include="n[1-2]", exclude="n2") == (
+        f"orch env push --hostfile hf --python {PY} --include 'n[1-2]' --exclude n2"
+    )
+    # with node 0 as the reference (the head has no such interpreter) nothing is pushed
+    parity = environment_parity([node("n1"), node("n2", env(without("tqdm")))], None)
+    [finding] = environment_findings(parity, PY, PushFix("orch env push", option=True))
+    assert "push" not in finding.fix
 
 
 def test_when_every_node_differs_from_the_head_the_head_is_named() -> None:

@@ -9,7 +9,8 @@ all_reduce, which then fails on them with gloo's lost-peer error; `--kill-rank R
 another process SIGKILL rank R, and `--segfault-rank R` makes rank R read address 0, each
 while the others wait in an all_reduce. `--peers-exit-at-once`: a rank whose all_reduce
 fails prints the traceback and exits at once (os._exit(1)), milliseconds after the rank it
-lost, instead of unwinding the interpreter.
+lost, instead of unwinding the interpreter. `--long-line N`: after each step, every rank also
+prints a line of N bytes (longer than one of srun's messages, for N over 1024).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> int:
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--segfault-rank", type=int, default=-1)
     parser.add_argument("--peers-exit-at-once", action="store_true")
+    parser.add_argument("--long-line", type=int, default=0)
     args, _unknown = parser.parse_known_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=900))
@@ -58,6 +60,9 @@ def main() -> int:
         value = torch.ones(1) * (rank + 1)
         dist.all_reduce(value)
         print(f"rank {rank} step {step} sum {int(value.item())}", flush=True)
+        if args.long_line:
+            said = f"rank {rank} step {step} long "
+            print(said + "x" * (args.long_line - len(said)), flush=True)
         sys.stderr.write(f"\rrank {rank} progress {step + 1}/{args.steps}")
         sys.stderr.flush()
         if args.step_sleep:

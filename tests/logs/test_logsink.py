@@ -11,11 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.logs.sink import (
+    VIEW_LINE_MAX,
     LogRouter,
     NodeLogWriter,
     log_file_name,
     strip_terminal_codes,
 )
+from orchestrator.remote.channel import labelled, line_max
 from orchestrator.remote.logwire import WireFramer, encode_control
 
 
@@ -232,3 +234,66 @@ def test_head_lines_that_look_like_node_prefixes_stay_in_the_head_log(tmp_path: 
     assert b"WARNING: Skipping PDSH_SSH_ARGS_APPEND" in head
     assert b"sys srun: error: n2: task 1: Exited with exit code 3" in head
     assert b"hello" in (tmp_path / "n1.log").read_bytes()
+
+
+# ----- under srun -------------------------------------------------------------------------
+SRUN_MESSAGE = 1024  # slurmstepd's MAX_MSG_LEN
+
+
+def srun_messages(output: bytes) -> list[bytes]:
+    """A task's output as slurmstepd hands it to srun (buffered, srun's default): as many
+    whole lines as fit in a message of 1024 bytes; a longer line cut every 1024 bytes."""
+    messages: list[bytes] = []
+    pending = b""
+    for line in output.splitlines(keepends=True):
+        if len(pending) + len(line) > SRUN_MESSAGE and pending:
+            messages.append(pending)
+            pending = b""
+        while len(line) > SRUN_MESSAGE:
+            messages.append(line[:SRUN_MESSAGE])
+            line = line[SRUN_MESSAGE:]
+        pending += line
+    return [*messages, pending] if pending else messages
+
+
+def srun_task_output(node: str, rank: str, data: bytes) -> bytes:
+    """What a node's agent writes under srun: its rank's output framed for the channel its
+    node's label leaves, each line labelled (remote/channel.py)."""
+    label = node.encode() + b": "
+    framer = WireFramer("out", rank, line_max(label))
+    wire = [encode_control("started", pid=1), *framer.feed(data), *framer.flush(),
+            encode_control("exit", code=0)]  # fmt: skip
+    return b"".join(labelled(label, w) for w in wire)
+
+
+def test_under_srun_a_long_line_of_one_node_swallows_no_line_of_another(tmp_path: Path) -> None:
+    """srun writes each message whole, but the nodes' messages in any order: a line longer
+    than a message, cut, would take in whatever another node said between its pieces."""
+    every_byte = bytes(b for b in range(256) if b not in b"\r\n\x1b")  # ESC: the file drops
+    long_line = b"rank 0 config " + every_byte * 40
+    first = srun_messages(srun_task_output("n1", "0/0", long_line + b"\nrank 0 step 1\n"))
+    second = srun_messages(srun_task_output("n2", "2/0", b"rank 2 step 1 sum 21\n"))
+    assert len(first) > 5
+    view = RecordingView()
+    for at in range(len(first) + 1):
+        runs = tmp_path / str(at)
+        router = LogRouter(runs, view=view, nodes=["n1", "n2"])
+        router.feed(b"".join([*first[:at], *second, *first[at:]]))
+        router.close()
+        assert [(tag, text) for tag, text in read_log(runs / "n1.log") if tag != b"orch"] == [
+            (b"r0/0 out", long_line), (b"r0/0 out", b"rank 0 step 1")
+        ]  # fmt: skip
+        assert (b"r2/0 out", b"rank 2 step 1 sum 21") in read_log(runs / "n2.log")
+        assert not (runs / "_head.log").exists()
+    # The live view sees the long line whole too, not its last piece.
+    assert ("n1", "out", long_line) in view.seen
+
+
+def test_the_view_takes_a_huge_line_from_its_start_and_the_file_all_of_it(tmp_path: Path) -> None:
+    view = RecordingView()
+    router = LogRouter(tmp_path, view=view)
+    line = b"ValueError: " + b"v" * (4 * VIEW_LINE_MAX)
+    router.feed(pdsh_output("n1", [("out", line + b"\n")]))
+    router.close()
+    assert [data for node, stream, data in view.seen if stream == "out"] == [line[:VIEW_LINE_MAX]]
+    assert (b"out", line) in read_log(tmp_path / "n1.log")

@@ -19,6 +19,7 @@ from orchestrator.remote.logwire import (
     encode_control,
     escape_payload,
     parse_wire,
+    shorten_control,
     unescape_payload,
 )
 
@@ -26,8 +27,9 @@ from orchestrator.remote.logwire import (
 PDSH_LINE_LIMIT = 128 * 1024 - 256
 
 
-def frame_all(stream: str, chunks: list[bytes]) -> list[bytes]:
-    framer = WireFramer(stream)
+def frame_all(stream: str, chunks: list[bytes], rank: str = "",
+              max_line: int | None = None) -> list[bytes]:  # fmt: skip
+    framer = WireFramer(stream, rank, max_line)
     wire: list[bytes] = []
     for chunk in chunks:
         wire += framer.feed(chunk)
@@ -102,6 +104,54 @@ def test_one_mib_line_of_invalid_utf8_fits_pdsh() -> None:
     wire = frame_all("out", [line + b"\n"])
     assert max(len(w) for w in wire) < PDSH_LINE_LIMIT
     assert join_records(wire) == [("line", line)]
+
+
+# What one of srun's messages leaves for a wire line after a long node name's label.
+SRUN_ROOM = 1024 - len(b"gpu-node-with-a-long-name-017: ")
+PIECES = [b"a", "é".encode(), b"\xff", b"\\", b"\x00", b"\n", b"\r", b"x" * 700, b"\xfe" * 300]
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.sampled_from(PIECES), max_size=40),
+    st.lists(st.integers(min_value=0, max_value=40_000), max_size=6),
+    st.sampled_from(["", "0/0", "65535/65535"]),
+)
+def test_a_line_limit_changes_how_records_are_cut_not_what_they_say(
+    parts: list[bytes], cuts: list[int], rank: str
+) -> None:
+    data = b"".join(parts)
+    limited = frame_all("err", chunked(data, cuts), rank, SRUN_ROOM)
+    assert all(len(w) <= SRUN_ROOM and w.count(b"\n") == 1 for w in limited)
+    assert join_records(limited) == join_records(frame_all("err", chunked(data, cuts), rank))
+
+
+def test_a_long_line_under_a_limit_goes_in_pieces_that_fit() -> None:
+    line = b"loss " + b"\xff" * 5000 + "é".encode() * 2000
+    wire = frame_all("out", [line + b"\nend"], "3/1", SRUN_ROOM)
+    assert len(wire) > 10 and max(len(w) for w in wire) <= SRUN_ROOM
+    assert join_records(wire) == [("line", line), ("partial", b"end")]
+
+
+def test_a_limit_that_leaves_no_room_for_text_is_refused() -> None:
+    with pytest.raises(ValueError, match="no room"):
+        WireFramer("out", "3/1", 40)
+
+
+def test_a_control_too_long_for_its_channel_has_its_longest_text_cut() -> None:
+    error = "working directory /" + "d" * 3000 + " does not exist on n1"
+    fields = {"code": 127, "node": "n1", "error": error, "stopped": "SIGTERM"}
+    line = shorten_control("exit", fields, 1000)
+    assert len(line) <= 1000
+    record = decode_wire(line)
+    assert record is not None and record.text == "exit"
+    assert {k: v for k, v in record.fields.items() if k != "error"} == {
+        "code": 127, "node": "n1", "stopped": "SIGTERM"
+    }  # fmt: skip
+    assert record.fields["error"].startswith("working directory /ddd")
+    assert record.fields["error"].endswith("...")
+    short = {"code": 0, "node": "n1"}
+    assert shorten_control("exit", short, 1000) == encode_control("exit", **short)
 
 
 def test_frames_of_one_read_are_collapsed_and_final_frame_is_a_line() -> None:

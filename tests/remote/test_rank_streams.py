@@ -62,3 +62,19 @@ def test_another_users_connection_writes_nothing_into_the_jobs_output() -> None:
         for entry in directory.iterdir():
             entry.unlink()
         directory.rmdir()
+
+
+def test_a_rank_stream_still_open_when_the_agent_ends_is_counted(tmp_path: Path) -> None:
+    head = RecordingHead()
+    path = str(tmp_path / "ranks.sock")
+    channels = RankChannels(head, tmp_path, "n1", path, lambda *_: None)  # type: ignore[arg-type]
+    header = {"rank": 0, "local_rank": 0, "pid": os.getpid(), "stream": "out"}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as kept:  # a process keeps it open
+        kept.connect(path)
+        kept.sendall(json.dumps(header).encode() + b"\nstill writing\n")
+        deadline = time.monotonic() + 30
+        while b"still writing" not in b"".join(head.lines):
+            assert time.monotonic() < deadline, head.lines
+            time.sleep(0.01)
+        assert channels.close(0.2) == 1
+    assert channels.close(5.0) == 0  # once it ends, nothing is left open

@@ -170,3 +170,19 @@ def test_a_job_of_several_attempts_lists_them_and_why_each_ended(run):
     assert "<td>n3</td></tr>" in page
     run.save(replace(run.load(), attempts=(last,)))
     assert 'id="attempts"' not in render_html(build_report(run.path))  # one attempt: no table
+
+
+def test_the_page_says_which_environment_each_node_ran(run):
+    from orchestrator.run.records import EnvironmentRecord
+
+    record = run.load()
+    env = EnvironmentRecord(reference="a" * 16, nodes={"n1": "a" * 16, "n2": "b" * 16},
+                            pushed=("n1",), pushed_bytes=3 << 20)  # fmt: skip
+    run.save(replace(record, environment=env))
+    html = render_html(build_report(run.path))
+    assert re.search(r'data-node="n1">.*<code>aaaaaaaaaaaa</code> \(pushed\)</td>', html)
+    differs = r'data-node="n2">.*class="fingerprint st-error"><code>bbbbbbbbbbbb</code>'
+    assert re.search(differs, html)
+    assert "the head's environment was pushed to n1 first (3.0 MiB sent)" in html
+    run.save(replace(record, environment=None))  # no pre-flight looked: no column, no line
+    assert 'id="environment"' not in render_html(build_report(run.path))

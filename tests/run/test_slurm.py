@@ -240,6 +240,9 @@ def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given()
                          "--hang-timeout", "30.0", "--main-port", "29600", "--fanout", "pdsh",
                          "--max-restarts", "2", "--restart-on", "any", "--min-nodes", "1",
                          "--", "a", "b")  # fmt: skip
+    pushing = _sbatch_request(watch=WatchRequest(push_env=True))
+    assert submit_argv(pushing, python="/py", recipe="/r.yaml", job_id="j1",
+                       runs_dir="/runs")[12:] == ("--push-env",)  # fmt: skip
     batch = request_batch(_sbatch_request(sbatch=SbatchRequest(partition="p")), job_id="j1",
                           cwd="/w", output="/o", command=argv)  # fmt: skip
     assert (batch.name, batch.nodes, batch.ntasks_per_node, batch.workdir) == (

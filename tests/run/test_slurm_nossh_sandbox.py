@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,8 @@ from launch_support import (
     slurm_env,
     wait_for,
 )
+
+from orchestrator.sandbox.cluster import Sandbox
 
 pytestmark = pytest.mark.sandbox
 STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
@@ -205,3 +208,33 @@ def test_what_needs_ssh_is_refused_before_anything_runs(no_ssh_sandbox, tmp_path
         "--launcher", "torchrun", "--sync", ALLREDUCE))  # fmt: skip
     assert sync.returncode != 0 and "--sync copies the working directory over SSH" in sync.stderr
     assert job_ids(tmp_path) == []
+
+
+def test_env_push_goes_through_slurm_steps(no_ssh_sandbox, tmp_path):
+    """`orch env push` inside the allocation, with no SSH at all: the nodes' looks and
+    transfers are srun steps, and the stream still goes once, node to node."""
+    box = Sandbox(Path(no_ssh_sandbox.directory))
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    root = envs / "train"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(root)], check=True,
+                   timeout=120)  # fmt: skip
+    site = next(root.glob("lib/python*/site-packages"))
+    (site / "stepped.py").write_text("WHERE = 'pushed'\n")
+    (site / "weights.bin").write_bytes(os.urandom(4 << 20))
+    for node in no_ssh_sandbox.nodes:
+        box.private_directory(node.name, envs)
+    python = root / "bin" / "python"
+    script = (f"{shlex.join([*ORCH, 'env', 'push', '--python', str(python), '--json'])} "
+              f"&& srun -N2 -n2 {python} -c "
+              "'import stepped, socket; print(stepped.WHERE)'")  # fmt: skip
+    result = _in_allocation(no_ssh_sandbox, tmp_path, ["sh", "-c", script],
+                            home=tmp_path / "home")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
+    first, second = (n.name for n in no_ssh_sandbox.nodes)
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert nodes[first]["from"] == "head" and nodes[second]["from"] == first
+    assert (4 << 20) < report["head_sent_bytes"] < (6 << 20)  # once, not once per node
+    assert "every node operation goes through Slurm" in result.stderr
+    assert result.stdout.split().count("pushed") == 2  # both nodes run the pushed env

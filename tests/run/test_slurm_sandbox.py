@@ -86,7 +86,10 @@ def test_launch_inside_salloc_runs_every_rank_through_one_srun_step(
 ):
     _box, state = slurm_sandbox
     names = _names(state)
-    result = _in_allocation(state, tmp_path, _launch(launcher, "--steps", "2"))
+    # Lines longer than one of srun's messages (1024 bytes), which srun would cut, at the very
+    # moment the other nodes print theirs.
+    args = _launch(launcher, "--steps", "2", "--long-line", "3000")
+    result = _in_allocation(state, tmp_path, args)
     assert result.returncode == 0, result.stderr
     assert f"{launcher} on 3 nodes x 2 ranks" in result.stderr
     [job_id] = job_ids(tmp_path)
@@ -97,13 +100,31 @@ def test_launch_inside_salloc_runs_every_rank_through_one_srun_step(
     slurm_job = record["slurm_job_id"]
     assert slurm_job and record["slurm_step"].startswith(f"{slurm_job}.")
     assert not record["slurm_batch"]
-    # Each node's log holds its own two ranks' lines, labelled with the global rank.
+    # Each node's log holds its own two ranks' lines, labelled with the global rank, up to
+    # their last.
     total = sum(range(1, 7))
     for k, node in enumerate(names):
         log = log_text(tmp_path, job_id, node)
         for rank in (2 * k, 2 * k + 1):
-            assert f" r{rank}/{rank % 2} out rank {rank} step 1 sum {total}\n" in log
-    assert _queue(state) == ""  # salloc's allocation is over, nothing queued
+            long = f"rank {rank} step 1 long "
+            for said in (f"rank {rank} step 1 sum {total}", long + "x" * (3000 - len(long)),
+                         f"rank {rank} done"):  # fmt: skip
+                line = f" r{rank}/{rank % 2} out {said}\n"
+                assert line in log, _where_lost(tmp_path / job_id, node, rank, result.stderr)
+    # salloc's allocation is over, nothing queued (once Slurm's cleanup has run: "COMPLETING"
+    # lasts a moment on a busy machine, as for any step)
+    assert wait_for(lambda: _queue(state) == "", 60), _queue(state)
+
+
+def _where_lost(run: Path, node: str, rank: int, stderr: str) -> str:
+    """What tells where a rank's line was lost: the node's log as the head wrote it, the
+    rank's output as its node kept it (pulled back), the lines of no node, orch's own."""
+    shown = []
+    for path in (run / "logs" / f"{node}.log", run / "nodes" / node / f"rank{rank}.stdout.raw",
+                 run / "logs" / "_head.log"):  # fmt: skip
+        text = path.read_text(errors="replace")[-6000:] if path.exists() else "(no such file)"
+        shown.append(f"--- {path.relative_to(run)}:\n{text}")
+    return "\n".join([*shown, f"--- orch's stderr:\n{stderr[-3000:]}"])
 
 
 def test_a_rank_exiting_7_ends_the_job_with_7_and_a_clean_allocation(slurm_sandbox, tmp_path):
@@ -119,7 +140,7 @@ def test_a_rank_exiting_7_ends_the_job_with_7_and_a_clean_allocation(slurm_sandb
     assert "first failure: " in result.stderr and "rank 3" in result.stderr
     for node in _names(state):
         assert job_processes(node, job_id) == []
-    assert _queue(state) == ""
+    assert wait_for(lambda: _queue(state) == "", 60), _queue(state)  # past COMPLETING
 
 
 def test_under_srun_the_rank_that_exits_first_is_named_with_its_own_code(slurm_sandbox,
@@ -241,7 +262,7 @@ def test_kill_of_a_batch_job_leaves_nothing_running(slurm_sandbox, tmp_path):
     assert killed.returncode == 0, killed.stderr
     assert "cancelled" in killed.stderr
     assert time.monotonic() - started < 60
-    assert _queue(state) == ""
+    assert wait_for(lambda: _queue(state) == "", 60), _queue(state)  # past COMPLETING
     for node in names:
         assert job_processes(node, job_id) == []
     assert _status(state, tmp_path, job_id)["state"] == "killed"

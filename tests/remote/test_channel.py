@@ -1,0 +1,39 @@
+"""The agent's channel to the head: under srun, what it writes fits srun's messages."""
+
+from __future__ import annotations
+
+from orchestrator.remote.channel import SRUN_LINE_MAX, Channel, labelled, line_max
+from orchestrator.remote.logwire import decode_wire, encode_control
+
+
+def sent_by(channel: Channel) -> list[bytes]:
+    sent: list[bytes] = []
+    channel.send = sent.append  # type: ignore[method-assign]  # what would go to fd 1
+    return sent
+
+
+def test_under_srun_a_long_control_message_fits_one_message_with_its_label() -> None:
+    label = b"gpu-node-017: "
+    channel = Channel(label)
+    sent = sent_by(channel)
+    channel.control("exit", code=127, node="gpu-node-017", error="no dir /" + "d" * 3000)
+    channel.close()
+    [line] = sent
+    assert len(labelled(label, line)) <= SRUN_LINE_MAX
+    record = decode_wire(line)
+    assert record is not None and record.fields["code"] == 127
+    assert record.fields["error"].startswith("no dir /ddd")
+
+
+def test_under_pdsh_a_control_message_goes_as_it_is() -> None:
+    channel = Channel()
+    sent = sent_by(channel)
+    channel.control("exit", code=1, error="e" * 3000)
+    channel.close()
+    assert sent == [encode_control("exit", code=1, error="e" * 3000)]
+    assert line_max(b"") is None
+
+
+def test_labelled_puts_the_label_before_every_line() -> None:
+    assert labelled(b"n2: ", b"one\ntwo\n") == b"n2: one\nn2: two\n"
+
