@@ -8,11 +8,10 @@ blocked for STALL_S, or fails, means the head is gone: the agent then tears its 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,13 +36,14 @@ class Channel:
     `label` (under srun, which does not name the node as pdsh does), every line starts
     with it."""
 
-    def __init__(self, label: bytes = b"") -> None:
+    def __init__(self, label: bytes = b"", fd: int = 1) -> None:
         self.label = label
+        self.fd = fd
         # The longest wire line a framer may hand this channel (newline included).
         self.line_max = line_max(label)
         # Items are whole reads of a rank's output (up to 64 KiB of wire lines):
         # 256 of them bound the agent's memory to ~16 MiB before ranks block.
-        self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=256)
+        self.outbox = Outbox(256)
         self.broken = threading.Event()
         self.busy_since: float | None = None
         self._last_beat = 0.0
@@ -52,11 +52,8 @@ class Channel:
 
     def send(self, line: bytes) -> None:
         while not self.broken.is_set():
-            try:
-                self.lines.put(line, timeout=1.0)
+            if self.outbox.put(line, timeout=1.0):
                 return
-            except queue.Full:
-                continue
 
     def control(self, kind: str, **fields: object) -> None:
         line = logwire.encode_control(kind, **fields)
@@ -69,7 +66,11 @@ class Channel:
         It carries the node's wall clock: the head measures each node's offset from its own
         by it, so that ends on different nodes are ordered in one time."""
         if time.monotonic() - self._last_beat >= HEARTBEAT_S:
-            self.control(logwire.ControlKind.HEARTBEAT, t=round(time.time(), 4), **fields)
+            line = logwire.encode_control(logwire.ControlKind.HEARTBEAT, t=round(time.time(), 4),
+                                          **fields)  # fmt: skip
+            # Ahead of the queued output: under a flood, up to 16 MiB waits there, and the
+            # head would take that wait for the node's silence.
+            self.outbox.beat(line)
             self._last_beat = time.monotonic()
 
     def stalled(self) -> bool:
@@ -81,13 +82,12 @@ class Channel:
         return self.broken.is_set() or self.stalled()
 
     def close(self, timeout: float = 5.0) -> None:
-        with contextlib.suppress(queue.Full):
-            self.lines.put(None, timeout=timeout)
+        self.outbox.put(None, timeout=timeout)
         self.thread.join(timeout)
 
     def _pump(self) -> None:
         while True:
-            line = self.lines.get()
+            line = self.outbox.get()
             if line is None:
                 return
             self.busy_since = time.monotonic()
@@ -96,12 +96,50 @@ class Channel:
             try:
                 view = memoryview(line)
                 while view:
-                    view = view[os.write(1, view) :]
+                    view = view[os.write(self.fd, view) :]
             except OSError:
                 self.broken.set()
                 return
             finally:
                 self.busy_since = None
+
+
+class Outbox:
+    """What waits to be written to the head: the job's output in order, at most `size`
+    items of it, and the newest heartbeat, which goes before all of it. A heartbeat is a
+    whole wire line on its own, so it may go between any two items."""
+
+    def __init__(self, size: int) -> None:
+        self._items: deque[bytes | None] = deque()
+        self._beat: bytes | None = None
+        self._size = size
+        self._changed = threading.Condition()
+
+    def put(self, item: bytes | None, timeout: float) -> bool:
+        """Queue `item` (None: the end); False if there was no room for `timeout` s."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self._items) < self._size, timeout):
+                return False
+            self._items.append(item)
+            self._changed.notify_all()
+            return True
+
+    def beat(self, line: bytes) -> None:
+        """The heartbeat to write next; one not yet written is replaced, not queued."""
+        with self._changed:
+            self._beat = line
+            self._changed.notify_all()
+
+    def get(self) -> bytes | None:
+        """The next thing to write, the heartbeat first; None at the end."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._beat is not None or self._items)
+            if self._beat is not None:
+                line, self._beat = self._beat, None
+                return line
+            item = self._items.popleft()
+            self._changed.notify_all()
+            return item
 
 
 def line_max(label: bytes) -> int | None:

@@ -245,6 +245,10 @@ class _Tracker:
         self.exited: list[tuple[str, dict]] = []
         self.slurm_step: str | None = None  # the srun fan-out's step, as its agents report it
         self.clocks = ClockOffsets()  # each node's clock against the head's
+        # How late each node's last heartbeat arrived, beyond its clock's offset: what waits
+        # on the way (the node's ssh, pdsh, the head's pipe) under a flood of output.
+        self.behind: dict[str, float] = {}
+        self.arrived: float | None = None  # wall time the output being read arrived
         self.rank_ends: dict[int, RankEnd] = {}  # as the keepers reported them, head's clock
 
     def _rank(self, label: str, node: str) -> tuple[int, deque[bytes]]:
@@ -310,7 +314,9 @@ class _Tracker:
             self.slurm_step = str(fields["slurm_step"])
         node_time = fields.get("t")
         if kind == ControlKind.HEARTBEAT and isinstance(node_time, (int, float)):
-            self.clocks.note(node, float(node_time), time.time())
+            arrived = time.time() if self.arrived is None else self.arrived
+            self.clocks.note(node, float(node_time), arrived)
+            self.behind[node] = arrived - self.clocks.to_head(node, float(node_time))
             if self.progress is not None:
                 self.progress.heartbeat(node)
         if kind == ControlKind.RANK_END and node in self.hosts:
@@ -328,7 +334,11 @@ class _Tracker:
     def events(self, at: float) -> list[Event]:
         """What was seen since the last call, as the verdict's events."""
         # A node's exit message comes before pdsh's note that its ssh ended: keep that order.
-        events: list[Event] = [NodeHeard(node, at) for node in self.heard if node in self.hosts]
+        events: list[Event] = [
+            NodeHeard(node, at, self.behind.get(node, 0.0))
+            for node in self.heard
+            if node in self.hosts
+        ]
         if self.ranks_wrote:
             events.append(RankOutput(at))
         wall = time.time()
@@ -469,7 +479,7 @@ class JobRunner:
             # What a chunk says, it said when it arrived, however long it waited here.
             arrived = now if item is None else item[0]
             if item is not None and item[1]:
-                self.progress.now = time.time() - (now - arrived)  # when it arrived
+                self.progress.now = self.tracker.arrived = time.time() - (now - arrived)
                 router.feed_lines(redactor.lines(item[1]))
             events += self.tracker.events(arrived)
             if item is None:

@@ -35,6 +35,9 @@ SSH_LOST = 255  # ssh's own exit code when the connection fails
 # node answered, the command did not run there.
 REMOTE_COMMAND_FAILED = "the remote command failed with exit code"
 HANG_EXIT_CODE = 124  # a job that hung, as `timeout` reports a command that ran too long
+# The longest a node's late heartbeats put off its silence: an agent whose writes to the head
+# stay blocked this long tears its job down by itself (remote/channel.py STALL_S).
+MAX_BEHIND_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,12 @@ class WatchSettings:
 # ----- events --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NodeHeard:
-    """Any sign of life from a node: an output line, a progress frame, a heartbeat."""
+    """Any sign of life from a node: an output line, a progress frame, a heartbeat.
+    `behind`: how late the node's last heartbeat arrived (its clock's offset aside)."""
 
     node: str
     at: float
+    behind: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -139,8 +144,15 @@ class Tick:
 
 
 Event = (
-    NodeHeard | RankOutput | NodeExited | SshEnded | OutputEnded | HeadExited | Interrupted
-    | TeardownDone | Tick
+    NodeHeard
+    | RankOutput
+    | NodeExited
+    | SshEnded
+    | OutputEnded
+    | HeadExited
+    | Interrupted
+    | TeardownDone
+    | Tick
 )
 
 
@@ -216,6 +228,7 @@ class JobVerdict:
         self.head_launcher = head_launcher  # the pdsh launcher: the head runs accelerate
         self.exits: dict[str, Mapping[str, object]] = {}
         self.last_seen: dict[str, float] = {}
+        self.behind: dict[str, float] = {}  # NodeHeard.behind, at most MAX_BEHIND_S
         self.first_heard_at: float | None = None  # when the first node showed life
         self.last_output_at: float | None = None  # when a rank last wrote something
         self.ssh_exits: dict[str, int] = {}
@@ -239,6 +252,7 @@ class JobVerdict:
         if isinstance(event, NodeHeard):
             if event.node in self.hosts:
                 self.last_seen[event.node] = event.at
+                self.behind[event.node] = min(event.behind, MAX_BEHIND_S)
                 if self.first_heard_at is None:
                     self.first_heard_at = event.at
         elif isinstance(event, RankOutput):
@@ -321,7 +335,10 @@ class JobVerdict:
         timeout = self.settings.heartbeat_timeout
         for node in self.hosts:
             last = self.last_seen.get(node)
-            if node not in self.exits and last is not None and now - last > timeout:
+            # A node whose heartbeats came late has output on its way that arrives as late:
+            # its silence counts from then.
+            late = self.behind.get(node, 0.0)
+            if node not in self.exits and last is not None and now - last > timeout + late:
                 reason = f"stopped answering (no heartbeat for {now - last:.0f} s)"
                 return Failure(node, reason, 1, kind=FailureKind.SILENT)
         first = self.first_heard_at

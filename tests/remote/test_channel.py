@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from orchestrator.remote.channel import SRUN_LINE_MAX, Channel, labelled, line_max
 from orchestrator.remote.logwire import decode_wire, encode_control
 
@@ -37,3 +39,29 @@ def test_under_pdsh_a_control_message_goes_as_it_is() -> None:
 def test_labelled_puts_the_label_before_every_line() -> None:
     assert labelled(b"n2: ", b"one\ntwo\n") == b"n2: one\nn2: two\n"
 
+
+def test_a_heartbeat_goes_before_the_output_waiting_behind_a_full_pipe() -> None:
+    # The head reads slowly: the pipe is full, the pump is stuck writing, output queues up.
+    read_end, write_end = os.pipe()
+    channel = Channel(fd=write_end)
+    item = b"%o1L1 " + b"x" * 65000 + b"\n"
+    for _ in range(8):
+        channel.send(item)
+    channel.heartbeat(ranks=1)
+    channel.close(timeout=0.2)  # the end, behind everything else
+    received = b""
+    with os.fdopen(read_end, "rb") as pipe:
+        while b"heartbeat" not in received:
+            received += pipe.read1(65536)
+        before_it = received.count(b"%o1L1 ")
+        while received.count(b"\n") < 9:
+            received += pipe.read1(65536)
+    channel.thread.join(5.0)
+    os.close(write_end)
+    assert not channel.thread.is_alive()
+    # At most the item being written and what the pipe already held went first.
+    assert before_it <= 3, before_it
+    assert received.count(b"%o1L1 ") == 8
+    records = [decode_wire(line) for line in received.splitlines(keepends=True)]
+    controls = [r for r in records if r is not None and r.kind == "control"]
+    assert [r.text for r in controls] == ["heartbeat"] and controls[0].fields["ranks"] == 1

@@ -106,9 +106,7 @@ def test_a_failure_with_the_output_ended_needs_no_settle_wait():
     assert failure.node == "n1"
 
 
-@pytest.mark.parametrize(
-    ("silent_for", "torn_down"), [(14.9, False), (15.1, True)]
-)
+@pytest.mark.parametrize(("silent_for", "torn_down"), [(14.9, False), (15.1, True)])
 def test_a_silent_node_is_torn_down_after_the_heartbeat_timeout(silent_for, torn_down):
     verdict = _verdict()
     # n2 was last heard at 0; n1 and n3 keep talking.
@@ -120,6 +118,33 @@ def test_a_silent_node_is_torn_down_after_the_heartbeat_timeout(silent_for, torn
     if torn_down:
         assert failures[0].node == "n2" and failures[0].kind == FailureKind.SILENT
         assert failures[0].reason == "stopped answering (no heartbeat for 15 s)"
+
+
+def _others_until(at: float) -> list[NodeHeard]:
+    """n1 and n3 heard every second up to `at`."""
+    times = [float(t) for t in range(1, int(at) + 1)] + [at]
+    return [NodeHeard(node, t) for t in times for node in ("n1", "n3")]
+
+
+@pytest.mark.parametrize(("silent_for", "torn_down"), [(19.9, False), (20.1, True)])
+def test_a_node_whose_heartbeats_come_late_has_that_much_longer(silent_for, torn_down):
+    # n2's last heartbeat arrived 5 s after it was sent: its output waits on the way (a flood
+    # through a busy head), and as much of its silence is that wait.
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(0), NodeHeard("n2", 0.5, behind=5.0), *_others_until(20))
+    at = 0.5 + silent_for
+    failures = _teardowns(_feed(verdict, *_others_until(at), Tick(at)))
+    assert bool(failures) is torn_down
+    if torn_down:
+        assert (failures[0].node, failures[0].kind) == ("n2", FailureKind.SILENT)
+
+
+def test_late_heartbeats_put_a_silence_off_by_30_s_at_most():
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(0), NodeHeard("n2", 1, behind=600.0))
+    assert _teardowns(_feed(verdict, *_others_until(45.9), Tick(45.9))) == []
+    [failure] = _teardowns(_feed(verdict, *_others_until(46.1), Tick(46.1)))
+    assert failure.node == "n2"
 
 
 def test_after_a_frozen_node_reading_ends_once_every_other_node_has_stopped():
@@ -256,9 +281,7 @@ def _hang_verdict(timeout: float | None) -> JobVerdict:
     return JobVerdict(HOSTS, settings, head_launcher=False)
 
 
-@pytest.mark.parametrize(
-    ("quiet_for", "hung"), [(29.0, False), (30.5, True)]
-)
+@pytest.mark.parametrize(("quiet_for", "hung"), [(29.0, False), (30.5, True)])
 def test_a_job_whose_ranks_stop_writing_while_every_node_answers_hung(quiet_for, hung):
     verdict = _hang_verdict(30)
     _feed(verdict, *_all_heard(0), RankOutput(5))
