@@ -63,6 +63,7 @@ SKIPPED_DIRS = ("__pycache__",)
 STALL_S = 120.0  # a link between two nodes that moves nothing for this long is given up
 CONNECT_S = 30.0  # to reach the next node's port
 TOKEN_S = 5.0  # for a connection to the port to present the push's token
+MAX_CALLERS = 64  # connections read at once for the token; the oldest makes room for a new one
 _CHUNK = 1 << 20
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -420,31 +421,66 @@ def open_port():
 
 
 def accept_upstream(server, token, deadline, head_gone):
-    """The connection that presents the push's token (any other is closed and the port kept
-    open: someone else's connection cannot take the previous node's place)."""
+    """The connection that presents the push's token. Connections are read side by side,
+    each for TOKEN_S at most, and at most MAX_CALLERS at once: another user's connections,
+    silent or saying something else, are closed and never keep the previous node out."""
     want = token.encode()
-    while time.monotonic() < deadline:
-        if head_gone.is_set():
-            raise EOFError("the head went away")
-        ready, _, _ = select.select([server], [], [], 0.5)
-        if not ready:
-            continue
+    callers = {}  # connection -> (what it said so far, when it must have said the token)
+    try:
+        while time.monotonic() < deadline:
+            if head_gone.is_set():
+                raise EOFError("the head went away")
+            ready, _, _ = select.select([server, *callers], [], [], 0.5)
+            now = time.monotonic()
+            for sock in ready:
+                if sock is server:
+                    _new_caller(server, callers, now + TOKEN_S)
+                    continue
+                found = _read_token(sock, callers, want)
+                if found is not None:
+                    return found
+            for sock, (_, until) in list(callers.items()):
+                if now > until:
+                    del callers[sock]
+                    sock.close()
+        raise TimeoutError("the previous node never connected")
+    finally:
+        for sock in callers:
+            sock.close()
+
+
+def _new_caller(server, callers, until):
+    with contextlib.suppress(OSError):
         conn, _ = server.accept()
-        conn.settimeout(TOKEN_S)
-        try:
-            got = b""
-            while len(got) < len(want):
-                chunk = conn.recv(len(want) - len(got))
-                if not chunk:
-                    break
-                got += chunk
-        except OSError:
-            got = b""
-        if hmac.compare_digest(got, want):
-            conn.settimeout(STALL_S)
-            return conn
-        conn.close()
-    raise TimeoutError("the previous node never connected")
+        if len(callers) >= MAX_CALLERS:  # the oldest makes room
+            oldest = min(callers, key=lambda sock: callers[sock][1])
+            del callers[oldest]
+            oldest.close()
+        conn.setblocking(False)
+        callers[conn] = (b"", until)
+
+
+def _read_token(sock, callers, want):
+    """`sock` once it has said the whole token; None while it has not (closed if it never
+    will: it ended, or said something else)."""
+    got, until = callers[sock]
+    try:
+        chunk = sock.recv(len(want) - len(got))
+    except BlockingIOError:
+        return None
+    except OSError:
+        chunk = b""
+    got += chunk
+    if chunk and len(got) < len(want):
+        callers[sock] = (got, until)
+        return None
+    del callers[sock]
+    if chunk and hmac.compare_digest(got, want):
+        sock.setblocking(True)
+        sock.settimeout(STALL_S)
+        return sock
+    sock.close()
+    return None
 
 
 def connect_downstream(forward, token):
