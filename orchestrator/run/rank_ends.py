@@ -208,11 +208,33 @@ def last_python_frame(lines: Sequence[str]) -> str | None:
     return None
 
 
+def _exiting(lines: Sequence[str]) -> bool:
+    """Whether faulthandler's report of an abort shows no Python frame: the interpreter
+    was past the script, exiting."""
+    texts = [_RANK_PREFIX.sub("", line).strip() for line in lines]
+    starts = [i for i, text in enumerate(texts) if _FATAL.search(text)]
+    if not starts:
+        return False
+    after = texts[starts[-1] :]
+    return "<no Python frame>" in after and not any(_FRAME.match(t) for t in after)
+
+
 def end_hint(end: RankEnd, lines: Sequence[str]) -> str | None:
     """What an end that is not the script's own error means, from its signal and its last
     lines; None when there is nothing to add."""
     sig = end.signal
     if sig == signal.SIGABRT and any(_TERMINATE in line for line in lines):
+        if _exiting(lines):
+            # A gloo or NCCL thread dropped its last collective's tensors while Python
+            # exited, and could not take the GIL back: torch's race, after destroy too.
+            return (
+                "aborted as Python exited: a torch thread (gloo or NCCL) still held a "
+                "collective's work; call torch.distributed.destroy_process_group() at the "
+                "end of the script, and if it does, end with os._exit(code) after it"
+            )
+        frame = last_python_frame(lines)
+        if frame is not None:
+            return f"a C++ thread ended the rank (std::terminate) while it ran {frame}"
         return (
             "torch's process group was still alive at interpreter exit: call "
             "torch.distributed.destroy_process_group() at the end of the script"

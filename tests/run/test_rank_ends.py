@@ -114,6 +114,18 @@ def test_hints_for_ends_that_are_not_the_scripts_logic():
     hint = end_hint(abort, ["done", "terminate called without an active exception"])
     assert hint is not None and "destroy_process_group()" in hint
     assert end_hint(abort, ["done"]) is None
+    # The same abort while Python exits (faulthandler finds no frame): the script may have
+    # destroyed its group already; a torch thread still held a collective's work.
+    exiting = ["trained", "terminate called without an active exception",
+               "Fatal Python error: Aborted", "", "Thread 0x00007fb0821c7b80 (most recent "
+               "call first):", "  <no Python frame>", ""]  # fmt: skip
+    hint = end_hint(abort, exiting)
+    assert hint is not None and hint.startswith("aborted as Python exited")
+    assert "os._exit(code)" in hint
+    running = [*exiting[:4], '  File "/work/train.py", line 30 in <module>']
+    assert end_hint(abort, running) == (
+        "a C++ thread ended the rank (std::terminate) while it ran /work/train.py:30 in <module>"
+    )
     oom = end(2, 1.0, -signal.SIGKILL, oom_kill=True, maxrss_kb=1024)
     assert end_hint(oom, []) is not None and "out of memory" in str(end_hint(oom, []))
     assert end_hint(end(2, 1.0, -signal.SIGKILL), []) is None
