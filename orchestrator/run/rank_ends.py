@@ -194,14 +194,17 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 
 
+def _fatal_report(lines: Sequence[str]) -> list[str] | None:
+    """faulthandler's last report in `lines`, from its `Fatal Python error: ...` on."""
+    texts = [_RANK_PREFIX.sub("", line) for line in lines]
+    starts = [i for i, text in enumerate(texts) if _FATAL.search(text)]
+    return texts[starts[-1] :] if starts else None
+
+
 def last_python_frame(lines: Sequence[str]) -> str | None:
     """Where faulthandler says the rank's current thread stood when a fatal signal hit:
     the first frame after `Fatal Python error: ...` (most recent call first)."""
-    texts = [_RANK_PREFIX.sub("", line) for line in lines]
-    starts = [i for i, text in enumerate(texts) if _FATAL.search(text)]
-    if not starts:
-        return None
-    for text in texts[starts[-1] :]:
+    for text in _fatal_report(lines) or ():
         found = _FRAME.match(text)
         if found:
             return f"{found.group(1)}:{found.group(2)} in {found.group(3)}"
@@ -211,12 +214,10 @@ def last_python_frame(lines: Sequence[str]) -> str | None:
 def _exiting(lines: Sequence[str]) -> bool:
     """Whether faulthandler's report of an abort shows no Python frame: the interpreter
     was past the script, exiting."""
-    texts = [_RANK_PREFIX.sub("", line).strip() for line in lines]
-    starts = [i for i, text in enumerate(texts) if _FATAL.search(text)]
-    if not starts:
-        return False
-    after = texts[starts[-1] :]
-    return "<no Python frame>" in after and not any(_FRAME.match(t) for t in after)
+    report = _fatal_report(lines) or ()
+    return any(t.strip() == "<no Python frame>" for t in report) and not any(
+        _FRAME.match(t) for t in report
+    )
 
 
 def end_hint(end: RankEnd, lines: Sequence[str]) -> str | None:
