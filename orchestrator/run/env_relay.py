@@ -249,6 +249,11 @@ def _passed_on_whole(upstream_answer: Mapping[str, Any], stream_bytes: int) -> b
     )
 
 
+def stream_files(needs: Mapping[str, Sequence[str]], nodes: Sequence[str]) -> tuple[str, ...]:
+    """What one stream to `nodes` carries: every file some of them needs, each once."""
+    return tuple(sorted({rel for node in nodes for rel in needs[node]}))
+
+
 def relay(
     nodes: Sequence[str],
     needs: Mapping[str, Sequence[str]],
@@ -267,7 +272,7 @@ def relay(
     for _ in range(ROUNDS):
         if not pending:
             break
-        rels = tuple(sorted({rel for node in pending for rel in needs[node]}))
+        rels = stream_files(needs, pending)
         found, again, sent = relay_round(
             pending, Stream(root, manifest, rels), command, transport=transport,
             timeout=timeout, on_bytes=on_bytes,

@@ -40,7 +40,7 @@ from orchestrator.remote.owned import (
     user_directory,
     write_private_file,
 )
-from orchestrator.run.env_relay import Bytes, Received, relay
+from orchestrator.run.env_relay import Bytes, Received, relay, stream_files
 from orchestrator.run.transport import NodeTransport
 
 PUSH_SOURCE = boot_code(boot_blob(("environment", "owned", "procs"), "envpush"))
@@ -414,7 +414,7 @@ def push_environment(
     if sending:
         needs = {n: tuple(planned[n].value.change.send) for n in sending}  # type: ignore[union-attr]
         if on_send is not None:
-            on_send(sum(head_files[rel][1] for rel in {r for n in sending for r in needs[n]}))
+            on_send(sum(head_files[rel][1] for rel in stream_files(needs, sending)))
         relayed, head_sent = relay(
             sending, needs, source.root, head_files, _command(source.runner, "receive"),
             transport=transport, timeout=timeout, on_bytes=on_bytes,
