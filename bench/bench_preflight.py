@@ -62,7 +62,7 @@ METHODS = ("deepspeed-check", "serial-ssh", "orch-preflight", "orch-doctor")
 PREFLIGHT = """
 import json, sys
 from orchestrator.specs.inventory import read_hostfile
-from orchestrator.run.preflight import run_preflight
+from orchestrator.prepare.preflight import run_preflight
 hostfile, python, workdir, port, timeout = sys.argv[1:6]
 report = run_preflight(read_hostfile(hostfile), python=python, workdir=workdir, script=None,
                        main_port=int(port), timeout=float(timeout))

@@ -39,8 +39,8 @@ from _chromium import QUIET
 from _report_job import failed_job
 
 from orchestrator.logs.progress import PROGRESS_FILE, SAMPLE_CAP
+from orchestrator.records.job import RunDir
 from orchestrator.report import write_report
-from orchestrator.run.records import RunDir
 
 PER_NODE = 8
 STRAGGLER_JOB = ROOT / "tests" / "jobs" / "straggler.py"

@@ -52,7 +52,7 @@ from orchestrator.specs.inventory import fold_nodeset
 
 STEP_PROGRAM = """
 import os, sys
-from orchestrator.run.srun_nodes import run_on_nodes_via_srun
+from orchestrator.nodes.srun import run_on_nodes_via_srun
 nodes = sys.argv[2].split(",")
 command = "true" if sys.argv[1] == "step" else (lambda node: "true")
 results = run_on_nodes_via_srun(nodes, command, slurm_job=os.environ["SLURM_JOB_ID"],

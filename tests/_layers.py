@@ -17,24 +17,26 @@ from pathlib import Path
 LAYERS: tuple[tuple[str, int], ...] = (
     ("errors", 0),
     ("pernode", 0),
-    ("specs", 0),
-    ("remote", 0),
-    ("ssh", 1),
-    ("probe", 2),
-    ("checks", 3),
-    ("stacks", 3),
-    ("plan", 4),
-    ("run", 5),
-    ("logs", 5),
-    ("sandbox", 5),
-    ("report", 6),  # a job's page, from its run directory: after run/, whose records it reads
-    ("cli", 7),
-    ("__main__", 7),
+    ("specs", 1),
+    ("remote", 2),
+    ("ssh", 3),
+    ("probe", 4),
+    ("checks", 5),
+    ("stacks", 6),
+    ("plan", 7),
+    ("outcome", 8),  # pure: job states, the verdict, rank ends, root cause, restart policy
+    ("nodes", 9),  # how orch reaches nodes: the transport (ssh or srun steps), pdsh, Slurm
+    ("records", 10),  # the run directory and every file in it
+    ("logs", 11),
+    ("report", 12),  # a job's page, from its run directory's records
+    ("envpush", 13),
+    ("prepare", 14),  # request to hosts, pre-flight, sync, ports
+    ("run", 15),
+    ("sandbox", 16),
+    ("cli", 17),
+    ("__main__", 17),
 )
-PURE = (
-    "errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "run/verdict",
-    "run/restart_policy", "report",
-)  # fmt: skip
+PURE = ("errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "outcome", "report")
 IMPURE_MODULES = ("subprocess", "socket", "paramiko")
 JOB_STACK = ("torch", "accelerate", "yaml")  # what a node's job interpreter has anyway
 SHIPPED_PREFIX = "orch_"  # remote/<name>.py as a node loads it, beside a program
@@ -164,6 +166,7 @@ def violations(root: Path) -> list[str]:
     """Every broken rule, each naming the file, the line and the offending import."""
     imports = package_imports(root)
     found = [message for item in imports for message in _import_rules(root, item)]
+    found += list(dict.fromkeys(_impure_reach(root, imports)))
     return found + [f"import cycle: {' -> '.join(cycle)}" for cycle in import_cycles(root, imports)]
 
 
@@ -249,3 +252,41 @@ def import_cycles(root: Path, imports: list[Import]) -> list[list[str]]:
         if not state.get(node):
             visit(node)
     return cycles
+
+
+def _impure_reach(root: Path, imports: list[Import]) -> list[str]:
+    """A pure module imports no orch module that, at any depth, imports subprocess, socket
+    or paramiko: what it imports runs when it does. Imports under TYPE_CHECKING never run."""
+    direct: dict[str, str] = {}
+    graph: dict[str, set[str]] = {}
+    for item in imports:
+        if item.type_checking:
+            continue
+        own = _own_module(root, item.target)
+        if own is None and _top(item.target) in IMPURE_MODULES:
+            direct.setdefault(item.module, _top(item.target))
+        elif own and own != item.module:
+            graph.setdefault(item.module, set()).add(own)
+
+    def chain(module: str, seen: frozenset[str]) -> list[str] | None:
+        if module in direct:
+            return [module, direct[module]]
+        for nxt in sorted(graph.get(module, ())):
+            if nxt not in seen:
+                found = chain(nxt, seen | {nxt})
+                if found is not None:
+                    return [module, *found]
+        return None
+
+    found: list[str] = []
+    for item in imports:
+        own = _own_module(root, item.target)
+        pure = any(_inside(item.module, p) for p in PURE)
+        if not pure or item.type_checking or not own or any(_inside(own, p) for p in PURE):
+            continue
+        reach = chain(own, frozenset({own}))
+        if reach is not None:
+            where = f"{_where(root, item)}:{item.line} imports {item.target}"
+            found.append(f"{where} ({_pure_name(root, item.module)} is pure; "
+                         f"that reaches {' -> '.join(reach)})")  # fmt: skip
+    return found

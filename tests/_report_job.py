@@ -9,9 +9,9 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.run.moments import Moment, MomentKind, append_moments, save_preflight
-from orchestrator.run.records import FirstFailure, JobRecord, RankRecord, RunDir
-from orchestrator.run.verdict import FailureKind, JobState
+from orchestrator.outcome.verdict import FailureKind, JobState
+from orchestrator.records.job import FirstFailure, JobRecord, RankRecord, RunDir
+from orchestrator.records.moments import Moment, MomentKind, append_moments, save_preflight
 from orchestrator.stacks.model import Frame, NodeReport, RankStacks, ThreadStack
 from orchestrator.stacks.report import analyse, result_json
 

@@ -18,7 +18,7 @@ def test_orch_keeps_every_layer_rule():
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "orchestrator"
-    for name in ("", "specs", "remote", "ssh", "checks", "plan", "run", "report", "cli"):
+    for name in ("", "specs", "remote", "ssh", "checks", "plan", "outcome", "run", "report", "cli"):
         (root / name).mkdir(parents=True, exist_ok=True)
         (root / name / "__init__.py").write_text("")
     for name, text in files.items():
@@ -45,7 +45,7 @@ CLEAN = {
     "plan/launch_plan.py": "from orchestrator.remote import agent\nfrom . import pdsh_argv\n",
     "plan/pdsh_argv.py": "import shlex\n",
     "run/launch.py": "import subprocess\n\nfrom orchestrator.plan import launch_plan\n",
-    "run/verdict.py": "import signal\n",
+    "outcome/verdict.py": "import signal\n",
     "cli/app.py": "import typer\n",
     "cli/main.py": "from orchestrator.cli import app, job_cmds\n",
     "cli/job_cmds.py": (
@@ -104,8 +104,8 @@ def test_a_tree_that_keeps_the_rules_passes(tmp_path):
             "orchestrator/checks/node.py:1 imports subprocess (checks/ is pure)",
         ),
         (
-            {"run/verdict.py": "import socket\n"},
-            "orchestrator/run/verdict.py:1 imports socket (run/verdict.py is pure)",
+            {"outcome/verdict.py": "import socket\n"},
+            "orchestrator/outcome/verdict.py:1 imports socket (outcome/ is pure)",
         ),
         (
             {"checks/node.py": "def f():\n    from orchestrator.plan import launch_plan\n"},
@@ -117,9 +117,25 @@ def test_a_tree_that_keeps_the_rules_passes(tmp_path):
             "orchestrator/report/page.py:1 imports subprocess (report/ is pure)",
         ),
         (
-            {"run/launch.py": "def f():\n    from orchestrator.report import page\n"},
-            "orchestrator/run/launch.py:2 imports orchestrator.report "
-            "(run comes before report in the data flow)",
+            {"report/page.py": "def f():\n    from orchestrator.run import launch\n"},
+            "orchestrator/report/page.py:2 imports orchestrator.run.launch "
+            "(report comes before run in the data flow)",
+        ),
+        (
+            {"remote/agent.py": "import socket\n"},
+            "orchestrator/plan/launch_plan.py:1 imports orchestrator.remote.agent "
+            "(plan/ is pure; that reaches remote/agent -> socket)",
+        ),
+        (
+            {"outcome/verdict.py": "from orchestrator.run import launch\n",
+             "report/page.py": "from orchestrator.outcome.verdict import JobState\n"},
+            "orchestrator/outcome/verdict.py:1 imports orchestrator.run.launch "
+            "(outcome comes before run in the data flow)",
+        ),
+        (
+            {"report/page.py": "from orchestrator.run import launch\n"},
+            "orchestrator/report/page.py:1 imports orchestrator.run.launch "
+            "(report/ is pure; that reaches run/launch -> subprocess)",
         ),
         (
             {"cli/app.py": "from orchestrator.cli import job_cmds\n"},

@@ -1,5 +1,5 @@
 """The doctor's report: every family of checks run over the probes, grouped per node.
-Pure: `orchestrator.run.preflight` gathers the facts and calls `build_report`."""
+Pure: `orchestrator.prepare.preflight` gathers the facts and calls `build_report`."""
 
 from __future__ import annotations
 

@@ -224,10 +224,10 @@ def doctor(
 ) -> None:
     """Check every node: SSH, environment parity, files, network, GPUs, disk."""
     from orchestrator.errors import UsageError
-    from orchestrator.run.ports import free_port_on
-    from orchestrator.run.preflight import run_preflight
-    from orchestrator.run.push_env import push_fix
-    from orchestrator.run.transport import SSH, choose_transport
+    from orchestrator.nodes.transport import SSH, choose_transport
+    from orchestrator.prepare.ports import free_port_on
+    from orchestrator.prepare.preflight import run_preflight
+    from orchestrator.prepare.push_env import push_fix
 
     if timeout <= 0:
         raise UsageError("--timeout must be positive", "for example --timeout 10")

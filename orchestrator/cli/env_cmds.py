@@ -45,10 +45,10 @@ def push(
     """Make every node's environment at the --python's path the head's: only what differs
     is sent, once, passed from node to node; each node switches to it in one rename. Nodes
     as doctor takes them (--hostfile, or inside a Slurm allocation)."""
+    from orchestrator.envpush.push import environment_source, push_environment
     from orchestrator.errors import OrchError
-    from orchestrator.run.envpush import environment_source, push_environment
-    from orchestrator.run.preflight import head_environment
-    from orchestrator.run.transport import choose_transport
+    from orchestrator.nodes.transport import choose_transport
+    from orchestrator.prepare.preflight import head_environment
 
     source = environment_source(python)
     head_env = head_environment(source.python)

@@ -19,6 +19,7 @@ from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
 from orchestrator.logs.sink import LogView
 from orchestrator.logs.view import LiveView, make_view
+from orchestrator.outcome.verdict import JobState
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -28,13 +29,9 @@ from orchestrator.plan.request import (
     launch_spec,
     recipe_spec,
 )
-from orchestrator.report import write_report
-from orchestrator.run.batch import submit_batch_job
-from orchestrator.run.launch import LaunchResult
-from orchestrator.run.ownership import check_job, check_runs_root
-from orchestrator.run.pipeline import prepare_job, run_job
-from orchestrator.run.push_env import PushDone
-from orchestrator.run.records import (
+from orchestrator.prepare.push_env import PushDone
+from orchestrator.prepare.sync import SyncedFiles
+from orchestrator.records.job import (
     AttemptRecord,
     EnvironmentRecord,
     FirstFailure,
@@ -43,11 +40,14 @@ from orchestrator.run.records import (
     find_job,
     list_jobs,
     runs_root,
-    shown_state,
 )
-from orchestrator.run.sync import SyncedFiles
+from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.report import write_report
+from orchestrator.run.batch import submit_batch_job
+from orchestrator.run.launch import LaunchResult
+from orchestrator.run.pipeline import prepare_job, run_job
+from orchestrator.run.status import shown_state
 from orchestrator.run.teardown import kill_job
-from orchestrator.run.verdict import JobState
 from orchestrator.specs.constants import RESTART_COUNT_VAR
 from orchestrator.specs.recipe import load_recipe
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame

@@ -15,6 +15,7 @@ import typer
 from typer.models import OptionInfo
 
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
+from orchestrator.outcome.verdict import HANG_EXIT_CODE, WatchSettings
 from orchestrator.plan.request import (
     HostsRequest,
     JobRequest,
@@ -25,7 +26,6 @@ from orchestrator.plan.request import (
     check_recovery,
     kept_env,
 )
-from orchestrator.run.verdict import HANG_EXIT_CODE, WatchSettings
 from orchestrator.specs.secret_args import secret_args
 
 _DECLARED = "option"  # the field's typer declaration, in its metadata

@@ -22,10 +22,7 @@ from orchestrator.logs.sink import (
     rank_filter,
     read_log_lines,
 )
-from orchestrator.remote.agent_spec import node_dir_shown
-from orchestrator.run.attempts import attempt_run_dir
-from orchestrator.run.ownership import check_job, check_runs_root
-from orchestrator.run.records import (
+from orchestrator.records.job import (
     RUNNING_STATES,
     JobRecord,
     RunDir,
@@ -33,6 +30,9 @@ from orchestrator.run.records import (
     head_alive,
     runs_root,
 )
+from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.remote.agent_spec import node_dir_shown
+from orchestrator.run.attempts import attempt_run_dir
 
 _FOLLOW_POLL_S = 0.5
 _NODE = typer.Option([], "--node", "-n", help="Only this node (repeat, or comma-separate).")

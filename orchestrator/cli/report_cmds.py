@@ -9,9 +9,9 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.records.job import find_job, runs_root
+from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.report import write_report
-from orchestrator.run.ownership import check_job, check_runs_root
-from orchestrator.run.records import find_job, runs_root
 
 
 @app.command()

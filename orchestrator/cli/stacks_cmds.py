@@ -12,17 +12,17 @@ import typer
 from orchestrator.cli.app import app
 from orchestrator.cli.folding import nodes_text
 from orchestrator.errors import OrchError
-from orchestrator.run.ownership import check_job, check_runs_root
-from orchestrator.run.records import (
+from orchestrator.nodes.transport import NodeTransport
+from orchestrator.records.job import (
     FINAL_STATES,
     JobRecord,
     find_job,
     now_iso,
     runs_root,
-    shown_state,
 )
+from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.run.stacks import DEFAULT_RATE, gather_stacks, save_stacks
-from orchestrator.run.transport import transport_of
+from orchestrator.run.status import shown_state
 from orchestrator.stacks.fold import StackBlock, rank_ranges
 from orchestrator.stacks.model import RankStacks
 from orchestrator.stacks.profile import STRAGGLER_MARGIN
@@ -161,10 +161,11 @@ def stacks(
     check_job(run)
     record = run.load()
     _check_running(record)
+    transport = NodeTransport.reaching(record.transport, record.slurm_job_id)
     reports = gather_stacks(
         record.hosts, record.id, record.python, timeout,
         profile_seconds=float(profile) if profile else None, rate=DEFAULT_RATE,
-        method=method.value, transport=transport_of(record),
+        method=method.value, transport=transport,
     )  # fmt: skip
     result = analyse(record.id, now_iso(), float(profile) if profile else None, reports)
     document = result_json(result)

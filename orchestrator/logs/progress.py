@@ -11,7 +11,7 @@ its length times, each a rewrite of at most `cap` short lines). When the job end
 rank's last line or frame gives one more sample, so the chart ends where the rank did.
 
 It also notes when each rank and node was first and last heard from, and each node's last
-heartbeat: the timeline's moments (run/moments.py), written when the job ends.
+heartbeat: the timeline's moments (records/moments.py), written when the job ends.
 
 This sits on the log path: every line of the job passes `line`, so it does one dict
 lookup and one comparison per line; the text is searched only when a sample is due.
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from orchestrator.records.moments import Moment, MomentKind, json_lines, open_private
 from orchestrator.remote.logwire import global_rank
-from orchestrator.run.moments import Moment, MomentKind, json_lines, open_private
 
 PROGRESS_FILE = "progress.jsonl"
 SAMPLE_INTERVAL_S = 1.0

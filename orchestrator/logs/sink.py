@@ -1,6 +1,6 @@
 """Head side of the log path: pdsh's merged output in, one readable log file per node out.
 
-pdsh prints every node's output as `node: payload` (run/pdsh.py's split_node_line reads
+pdsh prints every node's output as `node: payload` (nodes/pdsh.py's split_node_line reads
 it). Each payload is a wire line (logwire's parse_wire reads it) or plain output from
 outside the job (an ssh error, a shell message). `LogRouter` splits pdsh's stream by
 node, `NodeLogWriter` writes `runs/<id>/logs/<node>.log`:
@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.nodes.pdsh import is_pdsh_own, split_node_line
 from orchestrator.remote.logwire import (
     KIND_CHUNK,
     KIND_CONTROL,
@@ -46,7 +47,6 @@ from orchestrator.remote.logwire import (
     decode_control,
     parse_wire,
 )
-from orchestrator.run.pdsh import is_pdsh_own, split_node_line
 
 _STREAM_TAG = {ord("o"): b"out", ord("e"): b"err"}
 _ANSI = re.compile(

@@ -34,8 +34,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.logs.sink import HEAD_NODE, strip_terminal_codes
+from orchestrator.nodes.pdsh import is_pdsh_own
 from orchestrator.remote.logwire import ControlKind, global_rank
-from orchestrator.run.pdsh import is_pdsh_own
 
 MAX_SHOWN_CHARS = 2000  # a 1 MiB line goes to the log file, not to the screen
 _HEAD = "head"

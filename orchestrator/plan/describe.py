@@ -12,8 +12,7 @@ from orchestrator.plan.launch_plan import HEAD_LAUNCHER_NAME, NODE, PRIVATE, Lau
 from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME, SHIM_DIR
 from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
-from orchestrator.remote.agent import RANK_PROGRAM
-from orchestrator.remote.agent_spec import node_dir_shown
+from orchestrator.remote.agent_spec import RANK_PROGRAM, node_dir_shown
 from orchestrator.specs.constants import (
     NODE_DIR_VAR,
     NODE_RANK_VAR,

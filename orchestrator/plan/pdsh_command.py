@@ -1,5 +1,5 @@
 """pdsh's command line and environment, as values: what the plan records and the executor
-runs (run/pdsh.py). Pure."""
+runs (nodes/pdsh.py). Pure."""
 
 from __future__ import annotations
 
@@ -89,13 +89,13 @@ SHIM_CONFIG_NAME = "pdsh-shim.json"
 
 
 def shim_script(config_path: str, orch_python: str) -> str:
-    """The `pdsh` orch puts first on DeepSpeed's PATH: run/pdsh.py's shim_main rewrites the
+    """The `pdsh` orch puts first on DeepSpeed's PATH: nodes/pdsh.py's shim_main rewrites the
     runner's call so each node's launcher runs under the agent, then execs the real pdsh."""
     return (
         f"#!{orch_python}\n"
         "# Written by orch for one job: wraps DeepSpeed's per-node command in the orch agent.\n"
         "import sys\n"
-        "from orchestrator.run.pdsh import shim_main\n"
+        "from orchestrator.nodes.pdsh import shim_main\n"
         f"sys.exit(shim_main({config_path!r}, sys.argv[1:]))\n"
     )
 

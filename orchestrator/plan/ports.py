@@ -1,7 +1,7 @@
 """Which ports a job's main port is picked from, in which order. Pure.
 
 Each job starts at its own place in CHOSEN_PORT_RANGE (from its id), so two jobs started
-at once try different ports first; node 0 then says which is free (run/ports.py).
+at once try different ports first; node 0 then says which is free (prepare/ports.py).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ JOB_ID_VAR = procs.JOB_ID_VAR
 NODE_VAR = procs.NODE_VAR
 NODE_RANK_VAR = "ORCH_NODE_RANK"
 NODE_DIR_VAR = "ORCH_NODE_DIR"
-RANK_PROGRAM = "orch-rank"  # what the launchers start in place of the script (--no_python)
+RANK_PROGRAM = agent_spec.RANK_PROGRAM
 MAIN_PORT_WAIT_S = 120.0  # how long a worker waits for node 0's main port
 _EXIT_SCAN_S = 0.2
 

@@ -26,6 +26,8 @@ try:  # on a node, loaded beside this program
 except ImportError:
     from orchestrator.remote import owned
 
+RANK_PROGRAM = "orch-rank"  # what the launchers start in place of the script (--no_python)
+
 RUNS_DIR = "runs"  # in the user's own directory: one directory per job, one per node in it
 UID_SHOWN = "<uid>"  # the uid in a node directory as messages name it
 PRIVATE_FILE = "private.json"  # the job's env and the rank's argv, written by the head

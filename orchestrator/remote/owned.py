@@ -1,5 +1,5 @@
 """Whether a path is the user's own to trust: not a link, of the kind expected, owned by the
-user, writable by nobody else. One answer for the head (its job records, run/ownership.py;
+user, writable by nobody else. One answer for the head (its job records, records/ownership.py;
 the job's private directory) and the nodes (the user's directory /tmp/orch-<uid> with the
 job's node directories and the port reservations, shipped beside them as orch_owned), and
 the one way orch makes such a directory: under umask 077, then checked.

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from orchestrator.run.moments import Moment
-from orchestrator.run.rank_ends import Role
-from orchestrator.run.records import AttemptRecord, EnvironmentRecord, RankRecord
+from orchestrator.outcome.rank_ends import Role
+from orchestrator.records.job import AttemptRecord, EnvironmentRecord, RankRecord
+from orchestrator.records.moments import Moment
 from orchestrator.stacks.fold import rank_ranges
 
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is

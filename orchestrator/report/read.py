@@ -14,6 +14,10 @@ from typing import Any
 
 from orchestrator.checks.model import CHECK_GROUPS
 from orchestrator.logs.progress import read_samples
+from orchestrator.outcome.rank_ends import Role
+from orchestrator.outcome.verdict import JobState
+from orchestrator.records.job import FirstFailure, JobRecord, RankRecord, RunDir
+from orchestrator.records.moments import PREFLIGHT_FILE, MomentKind, read_moments
 from orchestrator.report.model import (
     TAIL_LINES,
     Cause,
@@ -25,10 +29,6 @@ from orchestrator.report.model import (
     Stacks,
 )
 from orchestrator.report.progress import rank_series, slowest_rank
-from orchestrator.run.moments import PREFLIGHT_FILE, MomentKind, read_moments
-from orchestrator.run.rank_ends import Role
-from orchestrator.run.records import FirstFailure, JobRecord, RankRecord, RunDir
-from orchestrator.run.verdict import JobState
 from orchestrator.stacks.fold import rank_ranges
 from orchestrator.stacks.model import Frame
 
@@ -176,7 +176,7 @@ def duration(start: float | None, end: float | None) -> str | None:
     return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
 
 
-# ----- the pre-flight's report (doctor's --json document, run/moments.py) --------------------
+# ----- the pre-flight's report (doctor's --json document, records/moments.py) --------------------
 def read_parity(path: Path) -> Parity | None:
     """The pre-flight's table; None when the job ran without one (--no-doctor)."""
     try:

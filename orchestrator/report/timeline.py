@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.outcome.rank_ends import Role
+from orchestrator.records.job import RankRecord
+from orchestrator.records.moments import MomentKind
 from orchestrator.report.model import OPEN_NODES_UP_TO, NodeRow, ReportModel, how, since
-from orchestrator.run.moments import MomentKind
-from orchestrator.run.rank_ends import Role
-from orchestrator.run.records import RankRecord
 
 LABEL_W = 170  # the names' column
 PLOT_W = 880

@@ -1,5 +1,5 @@
 """A job's attempts, on the head: the facts of a failed attempt as the restart policy reads
-them (run/restart_policy.py decides), the short re-check of the nodes after it, and each
+them (outcome/restart_policy.py decides), the short re-check of the nodes after it, and each
 attempt's record and files kept apart in the job's directory: the latest attempt's logs,
 raw node logs and stacks where they always are (logs/, nodes/, stacks/), every earlier
 one's under attempts/<number>/."""
@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.run.rank_ends import Role
-from orchestrator.run.records import AttemptRecord, FirstFailure, JobRecord, RankRecord, RunDir
-from orchestrator.run.restart_policy import AttemptFailure, Cause, RestartDecision
+from orchestrator.outcome.rank_ends import Role
+from orchestrator.outcome.restart_policy import AttemptFailure, Cause, RestartDecision
+from orchestrator.outcome.verdict import JobState
+from orchestrator.records.job import AttemptRecord, FirstFailure, JobRecord, RankRecord, RunDir
 from orchestrator.run.stacks import STACKS_DIR
-from orchestrator.run.verdict import JobState
 
 ATTEMPTS_DIR = "attempts"
 # What one attempt leaves in the job's directory, beside what the job keeps once.

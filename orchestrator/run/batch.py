@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.nodes.slurm import submit_batch
+from orchestrator.outcome.verdict import JobState
 from orchestrator.plan.request import JobRequest, check_sbatch_hosts
 from orchestrator.plan.sbatch_script import (
     OUTPUT_NAME,
@@ -17,9 +19,7 @@ from orchestrator.plan.sbatch_script import (
     request_batch,
     submit_argv,
 )
-from orchestrator.run.records import JobRecord, new_job_id, now_iso, run_dir, runs_root
-from orchestrator.run.slurm import submit_batch
-from orchestrator.run.verdict import JobState
+from orchestrator.records.job import JobRecord, new_job_id, now_iso, run_dir, runs_root
 from orchestrator.specs.slurm import chosen_fanout
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 from orchestrator.logs.redact import redact_file
+from orchestrator.nodes.srun import StepError
+from orchestrator.nodes.transport import NodeAccess, NodeTransport
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
 from orchestrator.remote.owned import user_directory
-from orchestrator.run.srun_nodes import StepError
-from orchestrator.run.transport import NodeAccess, NodeTransport
 from orchestrator.ssh import SSHError
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")

@@ -35,23 +35,16 @@ from pathlib import Path
 from orchestrator.errors import OrchError
 from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
 from orchestrator.logs.redact import Redactor, secret_values
-from orchestrator.logs.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
 from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
-from orchestrator.pernode import GroupResult
-from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
-from orchestrator.remote import owned
-from orchestrator.remote.agent_spec import node_dir_shown
-from orchestrator.remote.logwire import ControlKind, global_rank
-from orchestrator.run import slurm
-from orchestrator.run.collect import LogCollector, fetch_command
-from orchestrator.run.moments import Moment, MomentKind, append_moments
-from orchestrator.run.pdsh import (
+from orchestrator.nodes import slurm
+from orchestrator.nodes.pdsh import (
     StreamingProcess,
     is_pdsh_own,
     ssh_exit_of,
     start_streaming,
 )
-from orchestrator.run.rank_ends import (
+from orchestrator.nodes.transport import plan_transport
+from orchestrator.outcome.rank_ends import (
     ClockOffsets,
     RankEnd,
     RankOrder,
@@ -60,27 +53,8 @@ from orchestrator.run.rank_ends import (
     order_ends,
     rank_end_from_fields,
 )
-from orchestrator.run.records import (
-    AttemptRecord,
-    EnvironmentRecord,
-    FirstFailure,
-    JobRecord,
-    RunDir,
-    finished,
-    now_iso,
-    process_start_time,
-    rank_records,
-)
-from orchestrator.run.stacks import gather_stacks, save_stacks
-from orchestrator.run.teardown import (
-    KILL_MARKER,
-    NO_ANSWER,
-    UNREACHABLE,
-    StopReport,
-    teardown_job,
-)
-from orchestrator.run.transport import plan_transport
-from orchestrator.run.verdict import (
+from orchestrator.outcome.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
+from orchestrator.outcome.verdict import (
     Event,
     Failure,
     FailureKind,
@@ -99,6 +73,32 @@ from orchestrator.run.verdict import (
     WatchSettings,
     hang_culprit,
     in_slurm_words,
+)
+from orchestrator.pernode import GroupResult
+from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
+from orchestrator.records.job import (
+    AttemptRecord,
+    EnvironmentRecord,
+    FirstFailure,
+    JobRecord,
+    RunDir,
+    finished,
+    now_iso,
+    process_start_time,
+    rank_records,
+)
+from orchestrator.records.moments import Moment, MomentKind, append_moments
+from orchestrator.remote import owned
+from orchestrator.remote.agent_spec import node_dir_shown
+from orchestrator.remote.logwire import ControlKind, global_rank
+from orchestrator.run.collect import LogCollector, fetch_command
+from orchestrator.run.stacks import gather_stacks, save_stacks
+from orchestrator.run.teardown import (
+    KILL_MARKER,
+    NO_ANSWER,
+    UNREACHABLE,
+    StopReport,
+    teardown_job,
 )
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
@@ -358,7 +358,7 @@ def _not_answering(failure: Failure) -> tuple[str, ...]:
 
 class JobRunner:
     """Runs one prepared plan to its end: turns what it reads into events for the job's
-    verdict (run/verdict.py) and acts on its decisions. `interrupt()` may be called from a
+    verdict (outcome/verdict.py) and acts on its decisions. `interrupt()` may be called from a
     signal handler."""
 
     def __init__(
@@ -402,7 +402,7 @@ class JobRunner:
 
     def _moment(self, kind: MomentKind, failure: Failure | None = None,
                 detail: str | None = None) -> None:  # fmt: skip
-        """A moment for the report's timeline (run/moments.py), on the head's clock."""
+        """A moment for the report's timeline (records/moments.py), on the head's clock."""
         node = (failure.node or None) if failure is not None else None
         rank = failure.rank if failure is not None else None
         append_moments(self.run_dir.path, [Moment(time.time(), kind, node, rank, detail)])

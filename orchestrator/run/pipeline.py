@@ -24,30 +24,33 @@ from orchestrator.checks.environment import PushFix
 from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError, RestartNotStarted
 from orchestrator.logs.sink import LogView
+from orchestrator.nodes.pdsh import find_pdsh
+from orchestrator.nodes.transport import SLURM, choose_transport, plan_transport
+from orchestrator.outcome.restart_policy import (
+    Cause,
+    RestartDecision,
+    RestartPolicy,
+    decide,
+    next_nodes,
+    pause_before,
+    short_of_nodes,
+)
+from orchestrator.outcome.verdict import JobState, WatchSettings
 from orchestrator.pernode import GroupResult, succeeded
 from orchestrator.plan.agent_command import node_files_command
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import HostsRequest, JobRequest
-from orchestrator.run.attempts import (
-    attempt_failure,
-    attempt_record,
-    keep_apart,
-    unreachable_nodes,
-    with_attempt,
-)
-from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
-from orchestrator.run.moments import note_attempt, save_preflight
-from orchestrator.run.pdsh import find_pdsh
-from orchestrator.run.ports import plan_with_main_port
-from orchestrator.run.push_env import (
+from orchestrator.prepare.ports import plan_with_main_port
+from orchestrator.prepare.push_env import (
     PushDone,
     environment_record,
     nodes_to_push,
     push_fix,
     push_to,
 )
-from orchestrator.run.records import (
+from orchestrator.prepare.sync import SyncedFiles
+from orchestrator.records.job import (
     AttemptRecord,
     EnvironmentRecord,
     FirstFailure,
@@ -57,18 +60,15 @@ from orchestrator.run.records import (
     run_dir,
     runs_root,
 )
-from orchestrator.run.restart_policy import (
-    Cause,
-    RestartDecision,
-    RestartPolicy,
-    decide,
-    next_nodes,
-    pause_before,
-    short_of_nodes,
+from orchestrator.records.moments import note_attempt, save_preflight
+from orchestrator.run.attempts import (
+    attempt_failure,
+    attempt_record,
+    keep_apart,
+    unreachable_nodes,
+    with_attempt,
 )
-from orchestrator.run.sync import SyncedFiles
-from orchestrator.run.transport import SLURM, choose_transport, plan_transport
-from orchestrator.run.verdict import JobState, WatchSettings
+from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
 from orchestrator.specs.inventory import Hostfile, filter_hosts, job_nodes, read_hostfile
 from orchestrator.specs.recipe import recipe_hosts
 from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
@@ -165,7 +165,7 @@ def _given_hosts(request: JobRequest, environ: Mapping[str, str]) -> Hostfile | 
 def check_pushable(plan: LaunchPlan) -> None:
     """--push-env can push the job's environment: its interpreter is a venv's or a conda
     env's on the head (a UsageError says why not)."""
-    from orchestrator.run.envpush import environment_source
+    from orchestrator.envpush.push import environment_source
 
     environment_source(plan.python)
 
@@ -383,7 +383,7 @@ def execute_plan(
 
 
 def _sync(plan: LaunchPlan, reporter: PipelineReporter) -> None:
-    from orchestrator.run.sync import sync_workdir
+    from orchestrator.prepare.sync import sync_workdir
 
     if plan.transport == SLURM:
         raise OrchError(
@@ -507,7 +507,7 @@ def _push_fix(plan: LaunchPlan, options: PipelineOptions) -> PushFix | None:
 
 
 def _checked(plan: LaunchPlan, fix: PushFix | None) -> DoctorReport:
-    from orchestrator.run.preflight import run_preflight
+    from orchestrator.prepare.preflight import run_preflight
 
     return run_preflight(
         plan.hostfile,

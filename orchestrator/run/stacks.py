@@ -13,10 +13,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.nodes.transport import NodeTransport
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import stacks_command
 from orchestrator.remote.stacks import STARTUP_SLACK_S
-from orchestrator.run.transport import NodeTransport
 from orchestrator.ssh import CommandResult
 from orchestrator.stacks.model import (
     BAD_OUTPUT,

@@ -15,14 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.nodes.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
+from orchestrator.nodes.slurm import cancel, job_state
+from orchestrator.nodes.transport import SLURM, NodeTransport
+from orchestrator.outcome.verdict import JobState
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
-from orchestrator.run.ownership import check_job, check_runs_root
-from orchestrator.run.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
-from orchestrator.run.records import FINAL_STATES, JobRecord, RunDir, finished, head_alive
-from orchestrator.run.slurm import ACTIVE_STATES, cancel, job_state
-from orchestrator.run.transport import SLURM, NodeTransport, transport_of
-from orchestrator.run.verdict import JobState
+from orchestrator.records.job import FINAL_STATES, JobRecord, RunDir, finished, head_alive
+from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.specs.slurm import ACTIVE_STATES
 
 # `orch kill` leaves this file in the run directory, so the head reports "killed".
 KILL_MARKER = "kill-requested"
@@ -177,8 +178,9 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
             os.kill(record.head_pid, signal.SIGTERM)
     ok = True
     if record.hosts:
+        transport = NodeTransport.reaching(record.transport, record.slurm_job_id)
         outcome = teardown_job(record.hosts, record.id, record.python, grace=grace,
-                               timeout=grace + 15, transport=transport_of(record))  # fmt: skip
+                               timeout=grace + 15, transport=transport)  # fmt: skip
         ok = outcome.ok
         for stopped in outcome:
             say(f"{stopped.node}: {stopped.value or stopped.why}")

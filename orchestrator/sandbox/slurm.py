@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import SandboxError
-from orchestrator.run.slurm import node_states
+from orchestrator.nodes.slurm import node_states
 from orchestrator.sandbox.ports import pick_slurm_ports
 from orchestrator.sandbox.processes import namespace_init
 from orchestrator.sandbox.state import SandboxState

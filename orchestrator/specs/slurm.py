@@ -18,6 +18,9 @@ NO_ALLOCATION_HINT = (
     "or let Slurm make one for a recipe: `orch submit RECIPE --sbatch`"
 )
 
+# squeue's words for a job that is not over yet.
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED")
+
 
 @dataclass(frozen=True)
 class Allocation:

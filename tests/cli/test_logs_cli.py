@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.logs.sink import NodeLogWriter
-from orchestrator.run.records import JobRecord, RunDir, process_start_time
+from orchestrator.records.job import JobRecord, RunDir, process_start_time
 
 ORCH = Path(sys.executable).parent / "orch"
 JOB = "20261121-230000-abc123"

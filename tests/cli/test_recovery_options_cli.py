@@ -10,7 +10,7 @@ import pytest
 from _report_job import JOB, failed_job
 
 from orchestrator.plan.request import JobRequest, LaunchSpec, RecoveryRequest
-from orchestrator.run.records import AttemptRecord
+from orchestrator.records.job import AttemptRecord
 from orchestrator.specs.recipe import Recipe, RecoveryOptions
 
 

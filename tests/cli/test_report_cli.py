@@ -6,8 +6,8 @@ import pytest
 from _report_job import JOB, failed_job
 
 from orchestrator.cli import job_cmds
+from orchestrator.outcome.verdict import JobState
 from orchestrator.run.launch import LaunchResult
-from orchestrator.run.verdict import JobState
 
 
 def test_orch_report_writes_the_page_and_prints_its_path(tmp_path, orch_here):

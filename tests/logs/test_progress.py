@@ -15,7 +15,7 @@ from orchestrator.logs.progress import (
     line_sample,
     read_samples,
 )
-from orchestrator.run.moments import MomentKind
+from orchestrator.records.moments import MomentKind
 
 
 @pytest.mark.parametrize(

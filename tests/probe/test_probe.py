@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.prepare.preflight import probe_nodes
 from orchestrator.probe.commands import listen_request, probe_command
 from orchestrator.probe.facts import ProbeError, parse_facts
-from orchestrator.run.preflight import probe_nodes
 
 SAMPLE = {
     "probe_version": 1,

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from orchestrator.nodes.pdsh import run_pdsh
 from orchestrator.plan.agent_command import agent_command, kill_command
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, Placement
@@ -18,7 +19,6 @@ from orchestrator.remote import agent, procs
 from orchestrator.remote.agent_spec import AgentSpec, decode, node_dir
 from orchestrator.remote.logwire import decode_wire
 from orchestrator.remote.rank_watch import failure_from_text, first_failed_rank
-from orchestrator.run.pdsh import run_pdsh
 from orchestrator.specs import constants
 from orchestrator.specs.inventory import make_hostfile
 

@@ -10,11 +10,11 @@ import pytest
 from _report_job import CAUSE_NODE, CAUSE_RANK, EXCEPTION, HOSTILE, failed_job
 
 from orchestrator.errors import OrchError
+from orchestrator.records.job import AttemptRecord
 from orchestrator.report import build_report, render_html, write_report
 from orchestrator.report.model import FOLD_RANKS_ABOVE
 from orchestrator.report.read import duration, shape, tail_lines
 from orchestrator.report.timeline import timeline
-from orchestrator.run.records import AttemptRecord
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_a_job_of_several_attempts_lists_them_and_why_each_ended(run):
 
 
 def test_the_page_says_which_environment_each_node_ran(run):
-    from orchestrator.run.records import EnvironmentRecord
+    from orchestrator.records.job import EnvironmentRecord
 
     record = run.load()
     env = EnvironmentRecord(reference="a" * 16, nodes={"n1": "a" * 16, "n2": "b" * 16},

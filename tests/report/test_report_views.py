@@ -11,12 +11,12 @@ import pytest
 from _report_job import CAUSE_NODE, JOB, ODD_TORCH, STRAGGLER, T0, failed_job
 
 from orchestrator.logs.progress import Sample
+from orchestrator.records.moments import Moment, MomentKind, append_moments, note_attempt
 from orchestrator.report import build_report, render_html
 from orchestrator.report.charts import heat_fill, progress_chart
 from orchestrator.report.model import Slowest
 from orchestrator.report.progress import rank_series, slowest_rank, step_time
 from orchestrator.report.timeline import timeline
-from orchestrator.run.moments import Moment, MomentKind, append_moments, note_attempt
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import UsageError
+from orchestrator.outcome.verdict import JobState
+from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
 from orchestrator.run.attempts import attempt_run_dir, keep_apart, with_attempt
-from orchestrator.run.records import AttemptRecord, JobRecord, RunDir
-from orchestrator.run.verdict import JobState
 
 
 def _record(**changes: object) -> JobRecord:

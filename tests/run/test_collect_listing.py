@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.nodes.transport import NodeTransport
 from orchestrator.remote import node_files, owned
 from orchestrator.run import collect
-from orchestrator.run.transport import NodeTransport
 
 ME = os.getuid()
 

@@ -13,7 +13,7 @@ import os
 import pytest
 from launch_support import RACE, job_ids, job_json, launch_args, run_orch
 
-from orchestrator.run.rank_ends import TIE_S
+from orchestrator.outcome.rank_ends import TIE_S
 
 pytestmark = pytest.mark.sandbox
 

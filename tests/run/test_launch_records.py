@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.run.records import (
+from orchestrator.outcome.verdict import FailureKind, JobState
+from orchestrator.records.job import (
     FirstFailure,
     JobRecord,
     RunDir,
@@ -18,9 +19,8 @@ from orchestrator.run.records import (
     list_jobs,
     process_start_time,
     run_dir,
-    shown_state,
 )
-from orchestrator.run.verdict import FailureKind, JobState
+from orchestrator.run.status import shown_state
 
 
 def _record(job_id: str, **kw) -> JobRecord:

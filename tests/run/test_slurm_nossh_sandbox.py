@@ -101,7 +101,7 @@ def test_doctor_inside_the_allocation_checks_every_node_through_srun(no_ssh_sand
 
 _STEPS = textwrap.dedent("""
     import os, sys
-    from orchestrator.run.srun_nodes import run_on_nodes_via_srun
+    from orchestrator.nodes.srun import run_on_nodes_via_srun
     from orchestrator.specs.inventory import expand_nodeset
     job = os.environ["SLURM_JOB_ID"]
     names = list(expand_nodeset(os.environ["SLURM_JOB_NODELIST"]))

@@ -23,7 +23,7 @@ from orchestrator.plan.launch_plan import (
 )
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME, SHIM_NAME, shim_script
 from orchestrator.remote import program_source
-from orchestrator.remote.agent import RANK_PROGRAM
+from orchestrator.remote.agent_spec import RANK_PROGRAM
 from orchestrator.specs.constants import HOSTFILE_NAME, PDSH_CONFIG_NAME
 from orchestrator.specs.jobenv import is_secret
 

@@ -19,7 +19,7 @@ from orchestrator.plan.launch_plan import (
     node_side,
 )
 from orchestrator.remote import program_source
-from orchestrator.remote.agent import RANK_PROGRAM
+from orchestrator.remote.agent_spec import RANK_PROGRAM
 from orchestrator.specs.constants import NODE_DIR_VAR, NODE_RANK_VAR, standard_config_name
 
 

@@ -5,7 +5,7 @@ recipes run on it as they are (its `colossalai run` is torchrun underneath). Pur
 from __future__ import annotations
 
 from orchestrator.plan.launch_plan import HeadContext, JobShape, Launch, node_side
-from orchestrator.remote.agent import RANK_PROGRAM
+from orchestrator.remote.agent_spec import RANK_PROGRAM
 
 
 def launch(job: JobShape, head: HeadContext) -> Launch:

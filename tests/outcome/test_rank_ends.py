@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from orchestrator.run.rank_ends import (
+from orchestrator.outcome.rank_ends import (
     ClockOffsets,
     RankEnd,
     Role,

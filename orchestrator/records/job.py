@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.run import slurm
-from orchestrator.run.rank_ends import RankEnd, RankOrder, Role, signal_name
-from orchestrator.run.verdict import FailureKind, JobState
+from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
+from orchestrator.outcome.verdict import FailureKind, JobState
+from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
 JOB_FILE = "job.json"
@@ -52,7 +52,7 @@ class FirstFailure:
 @dataclass(frozen=True)
 class RankRecord:
     """One rank's end, as job.json keeps it: times on the head's clock (seconds since the
-    epoch), and its role in the job's end (run/rank_ends.py's Role)."""
+    epoch), and its role in the job's end (outcome/rank_ends.py's Role)."""
 
     node: str
     rank: int
@@ -264,20 +264,10 @@ def head_alive(record: JobRecord) -> bool:
     )
 
 
-def shown_state(record: JobRecord) -> str:
-    """The state to show: a running job whose head process is gone is "head-died". A batch
-    job's head runs on its allocation's first node: Slurm says whether it still runs."""
-    if record.slurm_batch and record.slurm_job_id and record.state not in FINAL_STATES:
-        return batch_state(record, slurm.job_state(record.slurm_job_id))
-    if record.state in RUNNING_STATES and not head_alive(record):
-        return JobState.HEAD_DIED
-    return record.state
-
-
 def batch_state(record: JobRecord, slurm_state: str | None) -> str:
     """A batch job's state; `slurm-<state>` (Slurm's own word) when it ended before orch
     started in it."""
-    if slurm_state in slurm.ACTIVE_STATES:
+    if slurm_state in SLURM_ACTIVE_STATES:
         if slurm_state == "PENDING":
             return JobState.QUEUED
         # Slurm runs it, and orch inside has not written its own record yet.
@@ -308,7 +298,7 @@ class RunDir:
         """The job's directory, the user's alone: it holds the command, the environment's
         names, every rank's output and the raw node logs (0700, whatever the umask)."""
         # A runs directory made here is the user's alone too: one others could write would
-        # be refused by status, logs, stacks and kill (run/ownership.py).
+        # be refused by status, logs, stacks and kill (records/ownership.py).
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path.mkdir(mode=0o700, exist_ok=True)
         self.path.chmod(0o700)

@@ -3,7 +3,7 @@ environment is not the head's, then looks again.
 
 Which nodes need it (`nodes_to_push`) and what the job's record keeps of every node's
 environment (`environment_record`) are pure functions of the pre-flight's report; `push_to`
-runs `orch env push`'s own push (run/envpush.py) on those nodes and says, per node, what it
+runs `orch env push`'s own push (envpush/push.py) on those nodes and says, per node, what it
 did or why it could not; `push_fix` is the fix the findings name without `--push-env`.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from orchestrator.checks.environment import PushFix, env_push_command
 from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.run.records import EnvironmentRecord
-from orchestrator.run.transport import NodeTransport
+from orchestrator.nodes.transport import NodeTransport
+from orchestrator.records.job import EnvironmentRecord
 
 
 def push_fix(python: str, *, hostfile: str | None = None, slurm: bool = False,
@@ -26,7 +26,7 @@ def push_fix(python: str, *, hostfile: str | None = None, slurm: bool = False,
     """The fix that copies the head's environment of `python` to these nodes: the `orch env
     push` command (None where the nodes come from no file nor allocation) and, with
     `option`, `--push-env`. None when `python` is in no environment orch can push."""
-    from orchestrator.run.envpush import environment_source
+    from orchestrator.envpush.push import environment_source
 
     try:
         environment_source(python)
@@ -87,8 +87,8 @@ def push_to(nodes: Sequence[str], python: str, fix: str | None,
             transport: NodeTransport | None = None) -> PushDone:  # fmt: skip
     """Push the head's environment of `python` to `nodes`; OrchError naming every node it
     could not reach or refused, with its fix (`fix`: the command to push by hand)."""
-    from orchestrator.run.envpush import environment_source, push_environment
-    from orchestrator.run.preflight import head_environment
+    from orchestrator.envpush.push import environment_source, push_environment
+    from orchestrator.prepare.preflight import head_environment
 
     source = environment_source(python)  # a UsageError when it is no environment
     head_env = head_environment(source.python)

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from orchestrator.errors import OrchError
+from orchestrator.records.job import RunDir
 from orchestrator.remote.owned import NotOwn, not_own
-from orchestrator.run.records import RunDir
 
 ELSEWHERE = (
     "orch trusts only records of your own: use a runs directory that is yours "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.run.preflight import script_packages
+from orchestrator.prepare.preflight import script_packages
 
 
 def test_the_scripts_imports_are_named_by_their_distributions(tmp_path: Path) -> None:

@@ -1,10 +1,10 @@
-"""A job's moments (run/moments.py): kept as JSON lines, read back in time order, private."""
+"""A job's moments (records/moments.py): kept as JSON lines, read back in time order, private."""
 
 from __future__ import annotations
 
 import json
 
-from orchestrator.run.moments import (
+from orchestrator.records.moments import (
     MOMENTS_FILE,
     PREFLIGHT_FILE,
     Moment,

@@ -1,4 +1,4 @@
-"""Records trusted only when they are the user's own (run/ownership.py): on values, then on
+"""Records trusted only when they are the user's own (records/ownership.py): on values, then on
 real directories, then through `orch logs` and `orch stacks`."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import OrchError
+from orchestrator.records import ownership
+from orchestrator.records.job import JobRecord, RunDir
 from orchestrator.remote.owned import owner_name
-from orchestrator.run import ownership
-from orchestrator.run.records import JobRecord, RunDir
 from orchestrator.run.teardown import KILL_MARKER, kill_job
 
 JOB = "20261121-230000-abc123"

@@ -6,8 +6,7 @@ import signal
 
 import pytest
 
-from orchestrator.remote.channel import HEARTBEAT_S
-from orchestrator.run.verdict import (
+from orchestrator.outcome.verdict import (
     HANG_EXIT_CODE,
     Decision,
     Failure,
@@ -26,6 +25,7 @@ from orchestrator.run.verdict import (
     WatchSettings,
     hang_culprit,
 )
+from orchestrator.remote.channel import HEARTBEAT_S
 from orchestrator.stacks.fold import FoldedStacks, Outlier
 from orchestrator.stacks.model import Frame
 from orchestrator.stacks.report import StacksResult

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.envpush.push import EnvSource, delta, environment_source, refusal
+from orchestrator.envpush.relay import Stream, write_stream
 from orchestrator.errors import UsageError
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import envpush as node_side
-from orchestrator.run.env_relay import Stream, write_stream
-from orchestrator.run.envpush import EnvSource, delta, environment_source, refusal
 
 HEAD = Environment("f" * 16, "cpython", "3.11.7", "cpython-311-x86_64-linux-gnu", "debian 12",
                    "glibc 2.36", "x86_64", {})  # fmt: skip
@@ -169,7 +169,7 @@ def test_a_second_push_of_the_same_root_waits_its_turn(tmp_path, monkeypatch) ->
 
 
 def test_the_heads_manifest_reads_only_files_changed_since_the_last_push(tmp_path, monkeypatch):
-    from orchestrator.run import envpush
+    from orchestrator.envpush import push as envpush
 
     monkeypatch.setattr(envpush.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
@@ -206,7 +206,7 @@ def test_an_environment_made_at_another_path_is_refused_naming_it(tmp_path: Path
 
 
 def test_manifests_of_environments_not_pushed_for_a_month_are_forgotten(tmp_path, monkeypatch):
-    from orchestrator.run import envpush
+    from orchestrator.envpush import push as envpush
 
     monkeypatch.setattr(envpush.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()

@@ -13,6 +13,13 @@ import pytest
 from orchestrator.checks.model import Finding
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.errors import UsageError
+from orchestrator.outcome.verdict import (
+    Failure,
+    JobVerdict,
+    NodeExited,
+    WatchSettings,
+    in_slurm_words,
+)
 from orchestrator.plan.agent_command import agent_argv
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, Placement
@@ -32,10 +39,9 @@ from orchestrator.plan.sbatch_script import (
     submit_argv,
 )
 from orchestrator.plan.srun_command import build_srun_argv
+from orchestrator.records.job import JobRecord, batch_state
 from orchestrator.remote.agent import slurm_node_and_rank, without_step_variables
 from orchestrator.remote.agent_spec import AgentSpec, decode
-from orchestrator.run.records import JobRecord, batch_state
-from orchestrator.run.verdict import Failure, JobVerdict, NodeExited, WatchSettings, in_slurm_words
 from orchestrator.sandbox.slurm import SlurmNode, render_conf
 from orchestrator.specs.inventory import job_nodes, make_hostfile, read_hostfile
 from orchestrator.specs.slurm import (

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import UsageError
+from orchestrator.nodes.srun import _started, commands_stderr, split_tasks
+from orchestrator.nodes.transport import NodeTransport, choose_transport
 from orchestrator.pernode import failed, succeeded
 from orchestrator.plan.srun_command import STEP_EXIT, STEP_STARTED, node_step_argv
-from orchestrator.run.records import JobRecord
-from orchestrator.run.srun_nodes import _started, commands_stderr, split_tasks
-from orchestrator.run.transport import NodeTransport, choose_transport, transport_of
+from orchestrator.records.job import JobRecord
 
 pytestmark = pytest.mark.fast
 
@@ -92,10 +92,14 @@ def _record(**fields: str) -> JobRecord:
     return JobRecord.from_json({"id": "j", "state": "running", **fields})
 
 
+def _reaching(record: JobRecord) -> NodeTransport:
+    return NodeTransport.reaching(record.transport, record.slurm_job_id)
+
+
 def test_a_jobs_record_says_how_its_nodes_are_reached():
-    assert transport_of(_record(transport="slurm", slurm_job_id="5")) == NodeTransport("5")
-    assert transport_of(_record(slurm_job_id="5")).kind == "ssh"  # records from before
-    assert transport_of(_record(transport="slurm")).kind == "ssh"  # no allocation: no srun
+    assert _reaching(_record(transport="slurm", slurm_job_id="5")) == NodeTransport("5")
+    assert _reaching(_record(slurm_job_id="5")).kind == "ssh"  # records from before
+    assert _reaching(_record(transport="slurm")).kind == "ssh"  # no allocation: no srun
 
 
 def test_srun_and_slurmstepd_lines_about_the_step_are_not_the_commands():

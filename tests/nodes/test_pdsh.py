@@ -9,6 +9,13 @@ import time
 import pytest
 
 from orchestrator.errors import OrchError
+from orchestrator.nodes.pdsh import (
+    is_pdsh_own,
+    run_pdsh,
+    split_node_line,
+    ssh_exit_of,
+    start_streaming,
+)
 from orchestrator.plan.pdsh_command import (
     DEFAULT_WINDOW,
     SSH_ARGS_APPEND,
@@ -16,13 +23,6 @@ from orchestrator.plan.pdsh_command import (
     job_window,
     pdsh_environment,
     split_pdsh_args,
-)
-from orchestrator.run.pdsh import (
-    is_pdsh_own,
-    run_pdsh,
-    split_node_line,
-    ssh_exit_of,
-    start_streaming,
 )
 
 

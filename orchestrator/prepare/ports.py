@@ -8,11 +8,11 @@ import json
 from collections.abc import Callable
 
 from orchestrator.errors import OrchError
+from orchestrator.nodes.transport import NodeTransport, plan_transport
 from orchestrator.plan.agent_command import port_command
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.ports import port_candidates
 from orchestrator.remote.ports import DEFAULT_DIR
-from orchestrator.run.transport import NodeTransport, plan_transport
 from orchestrator.specs.constants import CHOSEN_PORT_RANGE
 
 # On node 0, the user's own directory there (/tmp/orch-<uid>/ports, only the node knows the

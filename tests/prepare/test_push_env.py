@@ -15,16 +15,16 @@ from _doctor_facts import PY, facts
 from orchestrator.checks.model import DoctorReport, NodeError, NodeProbe
 from orchestrator.checks.report import build_report
 from orchestrator.plan.request import JobRequest, WatchRequest, check_push_env, recipe_spec
-from orchestrator.probe.facts import Environment
-from orchestrator.run.attempts import attempt_record
-from orchestrator.run.push_env import (
+from orchestrator.prepare.push_env import (
     PushDone,
     environment_record,
     node_fingerprints,
     nodes_to_push,
     push_fix,
 )
-from orchestrator.run.records import EnvironmentRecord, JobRecord, RunDir, process_start_time
+from orchestrator.probe.facts import Environment
+from orchestrator.records.job import EnvironmentRecord, JobRecord, RunDir, process_start_time
+from orchestrator.run.attempts import attempt_record
 from orchestrator.specs.inventory import parse_hostfile
 from orchestrator.specs.recipe import parse_recipe
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.nodes.transport import NodeTransport, StartedCommand
 from orchestrator.pernode import NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.envpush import STREAM_MANIFEST, pack
-from orchestrator.run.transport import NodeTransport, StartedCommand
 
 Bytes = Callable[[str, int], None]  # (node, bytes just sent)
 ROUNDS = 2  # the chain, then once more from the head for nodes it did not reach whole

@@ -1,8 +1,8 @@
 """Whether a failed attempt is worth another, and on which nodes. Pure: values in, values out.
 
-The facts are the ones the job's verdict already has (run/verdict.py's failure kind, the
-first failing rank and how it ended, run/rank_ends.py; its root-cause traceback,
-logs/rootcause.py) plus the nodes that did not answer a short re-check after the
+The facts are the ones the job's verdict already has (outcome/verdict.py's failure kind, the
+first failing rank and how it ended, outcome/rank_ends.py; its root-cause traceback,
+outcome/rootcause.py) plus the nodes that did not answer a short re-check after the
 teardown. They fall in one of these classes:
 
 - `node-lost`: a node stopped answering, lost its ssh connection, or did not answer the
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from orchestrator.run.verdict import REMOTE_COMMAND_FAILED, FailureKind
+from orchestrator.outcome.verdict import REMOTE_COMMAND_FAILED, FailureKind
 
 # The pause before attempt k + 1 grows with k, up to a bound: a fault that needs a moment
 # to clear (a port in TIME_WAIT, a node's memory being freed) gets it.

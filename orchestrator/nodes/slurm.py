@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from orchestrator.errors import OrchError
 
 _TIMEOUT_S = 15.0
-ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED")
 
 
 @dataclass(frozen=True)

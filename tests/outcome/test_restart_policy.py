@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.run.restart_policy import (
+from orchestrator.outcome.restart_policy import (
     AttemptFailure,
     FailureClass,
     RestartPolicy,
@@ -14,7 +14,7 @@ from orchestrator.run.restart_policy import (
     next_nodes,
     pause_before,
 )
-from orchestrator.run.verdict import HANG_EXIT_CODE, FailureKind
+from orchestrator.outcome.verdict import HANG_EXIT_CODE, FailureKind
 
 INFRA = RestartPolicy(max_restarts=3)
 ANY = RestartPolicy(max_restarts=3, restart_on="any")

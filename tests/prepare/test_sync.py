@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from orchestrator.run.sync import files_to_sync, sync_workdir
+from orchestrator.prepare.sync import files_to_sync, sync_workdir
 
 
 def _tree(root):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.logs.rootcause import (
+from orchestrator.outcome.rootcause import (
     RankTraceback,
     is_cascade,
     last_traceback,

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.errors import UsageError
+from orchestrator.nodes.srun import StepProcess, StepSession, run_on_nodes_via_srun
 from orchestrator.pernode import GroupResult, NodeResult, succeeded
-from orchestrator.plan.launch_plan import LaunchPlan
-from orchestrator.run.records import JobRecord
-from orchestrator.run.srun_nodes import StepProcess, StepSession, run_on_nodes_via_srun
 from orchestrator.ssh import (
     CommandResult,
     NodeSession,
@@ -28,6 +26,9 @@ from orchestrator.ssh import (
     open_session,
     run_on_nodes,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.plan.launch_plan import LaunchPlan
 
 SSH, SLURM = "ssh", "slurm"
 NodeAccess = NodeSession | StepSession  # one node, for several commands and file copies
@@ -81,6 +82,12 @@ class NodeTransport:
 
     slurm_job: str = ""
     accept_new_host_keys: bool = False
+
+    @classmethod
+    def reaching(cls, kind: str, slurm_job: str | None) -> NodeTransport:
+        """The way a plan's or a record's nodes are reached: through Slurm only when it
+        says so and names an allocation (older records say neither)."""
+        return cls(slurm_job=slurm_job or "") if kind == SLURM and slurm_job else cls()
 
     @property
     def kind(self) -> str:
@@ -174,11 +181,4 @@ def _ssh_answers(node: str) -> NodeResult[object]:
 
 def plan_transport(plan: LaunchPlan) -> NodeTransport:
     """The way the plan's nodes are reached."""
-    slurm = plan.transport == SLURM and plan.job.slurm_job
-    return NodeTransport(slurm_job=plan.job.slurm_job) if slurm else NodeTransport()
-
-
-def transport_of(record: JobRecord) -> NodeTransport:
-    """The way the job's nodes were reached, from its record."""
-    job = record.slurm_job_id or ""
-    return NodeTransport(slurm_job=job) if record.transport == SLURM and job else NodeTransport()
+    return NodeTransport.reaching(plan.transport, plan.job.slurm_job)

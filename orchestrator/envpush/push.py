@@ -7,7 +7,7 @@ whether it sees the head's own directory. (2) The checks here refuse a node whos
 interpreter, version, ABI or platform differ, whose disk is too small, whose environment
 is a mount point, or where a job runs from the environment (unless forced); a node that
 sees the head's directory (a shared filesystem) is left alone, one that has it all
-already is done. (3) run/env_relay.py sends the rest once, passed from node to node: each
+already is done. (3) envpush/relay.py sends the rest once, passed from node to node: each
 keeps only what differs on it, builds the new environment beside the old one and swaps
 it in with one rename.
 """
@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from orchestrator.envpush.relay import Bytes, Received, relay, stream_files
 from orchestrator.errors import UsageError
+from orchestrator.nodes.transport import NodeTransport
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import boot_blob, boot_code
@@ -40,8 +42,6 @@ from orchestrator.remote.owned import (
     user_directory,
     write_private_file,
 )
-from orchestrator.run.env_relay import Bytes, Received, relay, stream_files
-from orchestrator.run.transport import NodeTransport
 
 PUSH_SOURCE = boot_code(boot_blob(("environment", "owned", "procs"), "envpush"))
 DISK_MARGIN_BYTES = 256 << 20  # left free on a node after the push

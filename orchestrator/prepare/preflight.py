@@ -32,6 +32,7 @@ from orchestrator.checks.model import (
     NodeProbe,
 )
 from orchestrator.checks.report import build_report
+from orchestrator.nodes.transport import NodeTransport
 from orchestrator.pernode import NodeResult, failed, succeeded
 from orchestrator.probe.commands import (
     ENVIRONMENT_SOURCE,
@@ -47,7 +48,6 @@ from orchestrator.probe.facts import (
     parse_facts,
     parse_listening,
 )
-from orchestrator.run.transport import NodeTransport
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile
 from orchestrator.ssh import CommandResult

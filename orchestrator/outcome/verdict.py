@@ -176,7 +176,7 @@ class FailureKind(_Word):
 
 
 class JobState(_Word):
-    """A job's state, as its record holds it (run/records.py)."""
+    """A job's state, as its record holds it (records/job.py)."""
 
     QUEUED = "queued"  # submitted with --sbatch, not started yet
     STARTING = "starting"
