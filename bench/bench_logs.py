@@ -175,7 +175,7 @@ def _write_private(job_id: str, hosts: list[str], rank_argv: list[str]) -> str:
 def wire_child(ranks: str, hosts: str, workdir: str, job: list[str]) -> int:
     """orch's log path alone: the node agent under pdsh, the head's LogRouter; with
     ranks == "ranks", the node's one rank started through orch-rank (rank = node rank)."""
-    from orchestrator.logs.sink import LogRouter
+    from orchestrator.logs.router import LogRouter
     from orchestrator.plan import agent_command
     from orchestrator.remote.agent_spec import AgentSpec
     from orchestrator.remote.logwire import ControlKind

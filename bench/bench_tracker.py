@@ -40,7 +40,7 @@ def pdsh_output(lines: int) -> bytes:
 
 def replay(data_file: str, workdir: str) -> tuple[float, bool]:
     """In the child: the replay's CPU seconds, and whether progress samples were kept."""
-    from orchestrator.logs.sink import LogRouter
+    from orchestrator.logs.router import LogRouter
     from orchestrator.run import launch
 
     hosts = ("n1", "n2")

@@ -17,7 +17,7 @@ from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
-from orchestrator.logs.sink import LogView
+from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView, make_view
 from orchestrator.outcome.verdict import JobState
 from orchestrator.pernode import GroupResult

@@ -14,14 +14,8 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.logs.sink import (
-    HEAD_NODE,
-    LogFollower,
-    log_file_name,
-    merge_by_time,
-    rank_filter,
-    read_log_lines,
-)
+from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines
+from orchestrator.logs.writer import HEAD_NODE, log_file_name
 from orchestrator.records.job import (
     RUNNING_STATES,
     JobRecord,

@@ -13,7 +13,7 @@ seconds so the output stays readable. A frame shown waits up to `frame_hold` sec
 before it is printed: when the bar's own final line (tqdm's close) follows with the same
 count, only that line is printed, not the same 100% twice.
 
-Both take bytes from the log router (see logsink.LogView) and must be closed.
+Both take bytes from the log router (see logs/router.py's LogView) and must be closed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.logs.sink import HEAD_NODE, strip_terminal_codes
+from orchestrator.logs.writer import HEAD_NODE, strip_terminal_codes
 from orchestrator.nodes.pdsh import is_pdsh_own
 from orchestrator.remote.logwire import ControlKind, global_rank
 

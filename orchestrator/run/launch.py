@@ -35,7 +35,8 @@ from pathlib import Path
 from orchestrator.errors import OrchError
 from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
 from orchestrator.logs.redact import Redactor, secret_values
-from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
+from orchestrator.logs.router import LogRouter, LogView
+from orchestrator.logs.writer import HEAD_NODE
 from orchestrator.nodes import slurm
 from orchestrator.nodes.pdsh import (
     StreamingProcess,

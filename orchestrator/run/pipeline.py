@@ -23,7 +23,7 @@ from typing import Protocol
 from orchestrator.checks.environment import PushFix
 from orchestrator.checks.model import DoctorReport
 from orchestrator.errors import OrchError, RestartNotStarted
-from orchestrator.logs.sink import LogView
+from orchestrator.logs.router import LogView
 from orchestrator.nodes.pdsh import find_pdsh
 from orchestrator.nodes.transport import SLURM, choose_transport, plan_transport
 from orchestrator.outcome.restart_policy import (

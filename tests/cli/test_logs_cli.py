@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import main
-from orchestrator.logs.sink import NodeLogWriter
+from orchestrator.logs.writer import NodeLogWriter
 from orchestrator.records.job import JobRecord, RunDir, process_start_time
 
 ORCH = Path(sys.executable).parent / "orch"

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from _logmodel import expected_log, rank_tag, read_log
 
-from orchestrator.logs.sink import LogRouter
+from orchestrator.logs.router import LogRouter
 from orchestrator.records.job import RunDir
 from orchestrator.remote.agent import node_dir
 from orchestrator.remote.agent_spec import runs_root
