@@ -9,7 +9,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.outcome.verdict import FailureKind, JobState
+from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.records.job import FirstFailure, JobRecord, RankRecord, RunDir
 from orchestrator.records.moments import Moment, MomentKind, append_moments, save_preflight
 from orchestrator.stacks.model import Frame, NodeReport, RankStacks, ThreadStack

@@ -19,7 +19,7 @@ from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView, make_view
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan

@@ -15,7 +15,8 @@ import typer
 from typer.models import OptionInfo
 
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
-from orchestrator.outcome.verdict import HANG_EXIT_CODE, WatchSettings
+from orchestrator.outcome.events import WatchSettings
+from orchestrator.outcome.states import HANG_EXIT_CODE
 from orchestrator.plan.request import (
     HostsRequest,
     JobRequest,

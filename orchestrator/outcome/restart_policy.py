@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from orchestrator.outcome.verdict import REMOTE_COMMAND_FAILED, FailureKind
+from orchestrator.outcome.states import REMOTE_COMMAND_FAILED, FailureKind
 
 # The pause before attempt k + 1 grows with k, up to a bound: a fault that needs a moment
 # to clear (a port in TIME_WAIT, a node's memory being freed) gets it.

@@ -1,9 +1,9 @@
 """The job's verdict, as a pure state machine: events in, decisions out.
 
-The launch loop (run/launch.py) turns what it reads and sees into events — a node was
-heard from, a node's agent reported its exit, pdsh said a node's ssh ended, the fan-out's
-output ended, the head process exited, an interrupt, the teardown finished, the clock —
-and acts on the decisions: tear the job down because of a failure, stop reading. Every
+The launch loop (run/launch.py) turns what it reads and sees into events (outcome/events.py)
+— a node was heard from, a node's agent reported its exit, pdsh said a node's ssh ended,
+the fan-out's output ended, the head process exited, an interrupt, the teardown finished,
+the clock — and acts on the decisions: tear the job down because of a failure, stop reading. Every
 event carries its time (the loop's monotonic clock), so the verdict never reads a clock
 and every timeout is a named setting. Pure: no I/O, no clock, no threads.
 
@@ -26,169 +26,35 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
+from orchestrator.outcome.events import (
+    Event,
+    HeadExited,
+    Interrupted,
+    NodeExited,
+    NodeHeard,
+    OutputEnded,
+    RankOutput,
+    SshEnded,
+    TeardownDone,
+    Tick,
+    WatchSettings,
+)
+from orchestrator.outcome.states import (
+    HANG_EXIT_CODE,
+    REMOTE_COMMAND_FAILED,
+    SSH_LOST,
+    FailureKind,
+    JobState,
+)
 from orchestrator.stacks.report import StacksResult
 
-SSH_LOST = 255  # ssh's own exit code when the connection fails
-# A node's ssh ended with another code before its agent ran (no such interpreter, say): the
-# node answered, the command did not run there.
-REMOTE_COMMAND_FAILED = "the remote command failed with exit code"
-HANG_EXIT_CODE = 124  # a job that hung, as `timeout` reports a command that ran too long
 # The longest a node's late heartbeats put off its silence: an agent whose writes to the head
 # stay blocked this long tears its job down by itself (remote/channel.py STALL_S).
 MAX_BEHIND_S = 30.0
 
 
-@dataclass(frozen=True)
-class WatchSettings:
-    """Every timeout of a launch, in seconds."""
-
-    # A started node silent this long has stopped answering. Its agent sends a heartbeat
-    # every 2 s from its own small process, whatever the ranks do: 10 s is five missed
-    # beats, which only a frozen node, a dead link or a stopped ssh gives.
-    heartbeat_timeout: float = 10.0
-    start_timeout: float = 120.0  # a node never heard from, once another node started
-    settle: float = 1.0  # after the first failure, wait this long for an earlier one
-    drain_after_teardown: float = 3.0  # read what the nodes say as they stop, then end
-    head_wind_down: float = 60.0  # every node exited: the head launcher's time to end
-    teardown_timeout: float = 20.0  # the whole teardown, every node at once
-    stop_grace: float = 3.0  # TERM -> KILL for the head's own fan-out process
-    hang_timeout: float | None = None  # no rank's output this long: a hang (None: off)
-    stacks_timeout: float = 3.0  # taking the stacks before a teardown (per node, doubled
-    # at most by the connect): it never delays the teardown by more than that
-    hang_stacks_timeout: float = 15.0  # the same after a hang: the stacks are the answer
-
-    @property
-    def teardown_budget(self) -> float:
-        """The longest a teardown can take, stacks first (each bounded, connect included)."""
-        return self.teardown_timeout + 2 * max(self.stacks_timeout, self.hang_stacks_timeout)
-
-
-# ----- events --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class NodeHeard:
-    """Any sign of life from a node: an output line, a progress frame, a heartbeat.
-    `behind`: how late the node's last heartbeat arrived (its clock's offset aside)."""
-
-    node: str
-    at: float
-    behind: float = 0.0
-
-
-@dataclass(frozen=True)
-class RankOutput:
-    """A rank wrote something: an output line or a progress frame (not a heartbeat)."""
-
-    at: float
-
-
-@dataclass(frozen=True)
-class NodeExited:
-    """A node's agent reported its exit (`fields`: code, rank, rank_code, failed_at,
-    error...). `wall_time` is when it arrived, by the wall clock the agent's failed_at
-    uses."""
-
-    node: str
-    fields: Mapping[str, object]
-    at: float
-    wall_time: float
-
-
-@dataclass(frozen=True)
-class SshEnded:
-    """pdsh reported that a node's ssh ended with this code."""
-
-    node: str
-    code: int
-    at: float
-
-
-@dataclass(frozen=True)
-class OutputEnded:
-    """The fan-out's output reached its end."""
-
-    at: float
-
-
-@dataclass(frozen=True)
-class HeadExited:
-    """The head's fan-out process (pdsh, or the head launcher) exited with this code."""
-
-    code: int
-    at: float
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """A signal reached the head; `killed`: it came from `orch kill`."""
-
-    signum: int
-    killed: bool
-    at: float
-
-
-@dataclass(frozen=True)
-class TeardownDone:
-    at: float
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed with nothing else to say. `read_up_to`: the head has read the fan-out's
-    output as it arrived up to this moment (None: up to `at`, nothing is waiting); earlier
-    when the head's own backlog holds output it has not read yet."""
-
-    at: float
-    read_up_to: float | None = None
-
-
-Event = (
-    NodeHeard
-    | RankOutput
-    | NodeExited
-    | SshEnded
-    | OutputEnded
-    | HeadExited
-    | Interrupted
-    | TeardownDone
-    | Tick
-)
-
-
 # ----- decisions and the outcome -----------------------------------------------------------
-class _Word(str, Enum):
-    """An enum whose members are their words wherever they are shown or written (job.json,
-    f-strings), as the plain strings were."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class FailureKind(_Word):
-    RANK = "rank"  # a rank (or its node's launcher) exited non-zero
-    SILENT = "silent"  # a node stopped answering, or never started
-    LOST = "lost"  # a node's ssh ended, or Slurm took it out, before it reported its exit
-    HANG = "hang"  # no rank wrote anything for hang_timeout
-    HEAD = "head"  # the head launcher failed, or srun refused the step
-    SIGNAL = "signal"  # SIGINT or SIGTERM on the head
-    KILLED = "killed"  # `orch kill`
-
-
-class JobState(_Word):
-    """A job's state, as its record holds it (records/job.py)."""
-
-    QUEUED = "queued"  # submitted with --sbatch, not started yet
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    KILLED = "killed"
-    INTERRUPTED = "interrupted"
-    HEAD_DIED = "head-died"  # never written: shown for a running record whose head is gone
-
-
 @dataclass(frozen=True)
 class Failure:
     node: str  # "" for the head itself

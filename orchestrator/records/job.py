@@ -20,7 +20,7 @@ from pathlib import Path
 
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
-from orchestrator.outcome.verdict import FailureKind, JobState
+from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"

@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.checks.model import CHECK_GROUPS
 from orchestrator.logs.progress import read_samples
 from orchestrator.outcome.rank_ends import Role
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.records.job import FirstFailure, JobRecord, RankRecord, RunDir
 from orchestrator.records.moments import PREFLIGHT_FILE, MomentKind, read_moments
 from orchestrator.report.model import (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.outcome.restart_policy import AttemptFailure, Cause, RestartDecision
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.records.job import AttemptRecord, FirstFailure, JobRecord, RankRecord, RunDir
 from orchestrator.run.stacks import STACKS_DIR
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.nodes.slurm import submit_batch
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.plan.request import JobRequest, check_sbatch_hosts
 from orchestrator.plan.sbatch_script import (
     OUTPUT_NAME,

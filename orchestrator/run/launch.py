@@ -45,6 +45,19 @@ from orchestrator.nodes.pdsh import (
     start_streaming,
 )
 from orchestrator.nodes.transport import plan_transport
+from orchestrator.outcome.events import (
+    Event,
+    HeadExited,
+    Interrupted,
+    NodeExited,
+    NodeHeard,
+    OutputEnded,
+    RankOutput,
+    SshEnded,
+    TeardownDone,
+    Tick,
+    WatchSettings,
+)
 from orchestrator.outcome.rank_ends import (
     ClockOffsets,
     RankEnd,
@@ -55,26 +68,8 @@ from orchestrator.outcome.rank_ends import (
     rank_end_from_fields,
 )
 from orchestrator.outcome.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
-from orchestrator.outcome.verdict import (
-    Event,
-    Failure,
-    FailureKind,
-    HeadExited,
-    Interrupted,
-    JobState,
-    JobVerdict,
-    NodeExited,
-    NodeHeard,
-    Outcome,
-    OutputEnded,
-    RankOutput,
-    SshEnded,
-    TeardownDone,
-    Tick,
-    WatchSettings,
-    hang_culprit,
-    in_slurm_words,
-)
+from orchestrator.outcome.states import FailureKind, JobState
+from orchestrator.outcome.verdict import Failure, JobVerdict, Outcome, hang_culprit, in_slurm_words
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.records.job import (

@@ -26,6 +26,7 @@ from orchestrator.errors import OrchError, RestartNotStarted
 from orchestrator.logs.router import LogView
 from orchestrator.nodes.pdsh import find_pdsh
 from orchestrator.nodes.transport import SLURM, choose_transport, plan_transport
+from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.restart_policy import (
     Cause,
     RestartDecision,
@@ -35,7 +36,7 @@ from orchestrator.outcome.restart_policy import (
     pause_before,
     short_of_nodes,
 )
-from orchestrator.outcome.verdict import JobState, WatchSettings
+from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult, succeeded
 from orchestrator.plan.agent_command import node_files_command
 from orchestrator.plan.build import build_plan

@@ -4,7 +4,7 @@ gone, or Slurm says otherwise of a batch job (squeue is asked here, not in the r
 from __future__ import annotations
 
 from orchestrator.nodes import slurm
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.records.job import (
     FINAL_STATES,
     RUNNING_STATES,

@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator.nodes.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
 from orchestrator.nodes.slurm import cancel, job_state
 from orchestrator.nodes.transport import SLURM, NodeTransport
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
 from orchestrator.records.job import FINAL_STATES, JobRecord, RunDir, finished, head_alive

@@ -6,7 +6,7 @@ import pytest
 from _report_job import JOB, failed_job
 
 from orchestrator.cli import job_cmds
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.run.launch import LaunchResult
 
 

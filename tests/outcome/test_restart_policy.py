@@ -14,7 +14,7 @@ from orchestrator.outcome.restart_policy import (
     next_nodes,
     pause_before,
 )
-from orchestrator.outcome.verdict import HANG_EXIT_CODE, FailureKind
+from orchestrator.outcome.states import HANG_EXIT_CODE, FailureKind
 
 INFRA = RestartPolicy(max_restarts=3)
 ANY = RestartPolicy(max_restarts=3, restart_on="any")

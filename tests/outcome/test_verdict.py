@@ -6,15 +6,9 @@ import signal
 
 import pytest
 
-from orchestrator.outcome.verdict import (
-    HANG_EXIT_CODE,
-    Decision,
-    Failure,
-    FailureKind,
+from orchestrator.outcome.events import (
     HeadExited,
     Interrupted,
-    JobState,
-    JobVerdict,
     NodeExited,
     NodeHeard,
     OutputEnded,
@@ -23,8 +17,9 @@ from orchestrator.outcome.verdict import (
     TeardownDone,
     Tick,
     WatchSettings,
-    hang_culprit,
 )
+from orchestrator.outcome.states import HANG_EXIT_CODE, FailureKind, JobState
+from orchestrator.outcome.verdict import Decision, Failure, JobVerdict, hang_culprit
 from orchestrator.remote.channel import HEARTBEAT_S
 from orchestrator.stacks.fold import FoldedStacks, Outlier
 from orchestrator.stacks.model import Frame

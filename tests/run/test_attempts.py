@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
 from orchestrator.run.attempts import attempt_run_dir, keep_apart, with_attempt
 

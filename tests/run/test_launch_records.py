@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.outcome.verdict import FailureKind, JobState
+from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.records.job import (
     FirstFailure,
     JobRecord,

@@ -1,0 +1,129 @@
+"""What the launch loop tells the job's verdict (outcome/verdict.py), and the timeouts the
+verdict judges it by.
+
+One frozen value per thing the loop reads or sees (a node heard from, a node's exit, an
+ended ssh, the output's end, the head's exit, an interrupt, the teardown's end, the
+clock), each with its time on the loop's monotonic clock; every timeout is a named
+`WatchSettings` field. Pure values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """Every timeout of a launch, in seconds."""
+
+    # A started node silent this long has stopped answering. Its agent sends a heartbeat
+    # every 2 s from its own small process, whatever the ranks do: 10 s is five missed
+    # beats, which only a frozen node, a dead link or a stopped ssh gives.
+    heartbeat_timeout: float = 10.0
+    start_timeout: float = 120.0  # a node never heard from, once another node started
+    settle: float = 1.0  # after the first failure, wait this long for an earlier one
+    drain_after_teardown: float = 3.0  # read what the nodes say as they stop, then end
+    head_wind_down: float = 60.0  # every node exited: the head launcher's time to end
+    teardown_timeout: float = 20.0  # the whole teardown, every node at once
+    stop_grace: float = 3.0  # TERM -> KILL for the head's own fan-out process
+    hang_timeout: float | None = None  # no rank's output this long: a hang (None: off)
+    stacks_timeout: float = 3.0  # taking the stacks before a teardown (per node, doubled
+    # at most by the connect): it never delays the teardown by more than that
+    hang_stacks_timeout: float = 15.0  # the same after a hang: the stacks are the answer
+
+    @property
+    def teardown_budget(self) -> float:
+        """The longest a teardown can take, stacks first (each bounded, connect included)."""
+        return self.teardown_timeout + 2 * max(self.stacks_timeout, self.hang_stacks_timeout)
+
+
+# ----- events --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeHeard:
+    """Any sign of life from a node: an output line, a progress frame, a heartbeat.
+    `behind`: how late the node's last heartbeat arrived (its clock's offset aside)."""
+
+    node: str
+    at: float
+    behind: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """A rank wrote something: an output line or a progress frame (not a heartbeat)."""
+
+    at: float
+
+
+@dataclass(frozen=True)
+class NodeExited:
+    """A node's agent reported its exit (`fields`: code, rank, rank_code, failed_at,
+    error...). `wall_time` is when it arrived, by the wall clock the agent's failed_at
+    uses."""
+
+    node: str
+    fields: Mapping[str, object]
+    at: float
+    wall_time: float
+
+
+@dataclass(frozen=True)
+class SshEnded:
+    """pdsh reported that a node's ssh ended with this code."""
+
+    node: str
+    code: int
+    at: float
+
+
+@dataclass(frozen=True)
+class OutputEnded:
+    """The fan-out's output reached its end."""
+
+    at: float
+
+
+@dataclass(frozen=True)
+class HeadExited:
+    """The head's fan-out process (pdsh, or the head launcher) exited with this code."""
+
+    code: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A signal reached the head; `killed`: it came from `orch kill`."""
+
+    signum: int
+    killed: bool
+    at: float
+
+
+@dataclass(frozen=True)
+class TeardownDone:
+    at: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed with nothing else to say. `read_up_to`: the head has read the fan-out's
+    output as it arrived up to this moment (None: up to `at`, nothing is waiting); earlier
+    when the head's own backlog holds output it has not read yet."""
+
+    at: float
+    read_up_to: float | None = None
+
+
+Event = (
+    NodeHeard
+    | RankOutput
+    | NodeExited
+    | SshEnded
+    | OutputEnded
+    | HeadExited
+    | Interrupted
+    | TeardownDone
+    | Tick
+)
