@@ -56,7 +56,7 @@ class WatchRequest:
     preflight: bool = True
     sync: bool = False
     keep_remote_logs: bool = False
-    heartbeat_timeout: float | None = None  # None: the default (outcome/verdict.py)
+    heartbeat_timeout: float | None = None  # None: the default (outcome/events.py)
     hang_timeout: float | None = None  # None: off, unless the recipe sets one
     push_env: bool = False  # --push-env: copy the head's environment where it differs
 
