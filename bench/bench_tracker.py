@@ -3,7 +3,7 @@
 What `orch launch`'s watch loop does with the fan-out's output, without the nodes: the
 output of 2 nodes x 1 rank printing LINES numbered lines each (and a tqdm frame every 500
 lines, on stderr) as wire lines behind pdsh's `node: ` prefix, in 64 KiB chunks, fed to the
-LogRouter with the watcher's tracker as its view (and, in a tree that keeps them, the
+LogRouter with the output tracker as its view (and, in a tree that keeps them, the
 progress samples), the tracker's events read after each chunk, as JobRunner._watch does.
 Each `--tree NAME=PATH` runs in a fresh process with PYTHONPATH=PATH, trees alternating,
 REPS each; the figure is that process's CPU time for the replay (not its start-up), so the
@@ -41,7 +41,11 @@ def pdsh_output(lines: int) -> bytes:
 def replay(data_file: str, workdir: str) -> tuple[float, bool]:
     """In the child: the replay's CPU seconds, and whether progress samples were kept."""
     from orchestrator.logs.router import LogRouter
-    from orchestrator.run import launch
+
+    try:  # the tracker in its own module; an older tree keeps it in run/launch.py
+        from orchestrator.logs.tracker import OutputTracker as Tracker
+    except ImportError:
+        from orchestrator.run.launch import _Tracker as Tracker
 
     hosts = ("n1", "n2")
     progress = None
@@ -49,9 +53,9 @@ def replay(data_file: str, workdir: str) -> tuple[float, bool]:
         from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
 
         progress = ProgressRecorder(Path(workdir) / PROGRESS_FILE, now=time.time())
-        tracker = launch._Tracker(hosts, None, progress)
+        tracker = Tracker(hosts, None, progress)
     except ImportError:
-        tracker = launch._Tracker(hosts, None)
+        tracker = Tracker(hosts, None)
     data = Path(data_file).read_bytes()
     router = LogRouter(Path(workdir) / "logs", view=tracker, nodes=hosts)
     start = time.process_time()

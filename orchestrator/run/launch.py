@@ -1,4 +1,4 @@
-"""Executing a LaunchPlan: write its files, start it, watch every node, tear it down.
+"""Executing a LaunchPlan: start it, watch every node, tear it down, record its end.
 
 The job's output arrives through one pdsh stream (`node: <wire line>`), whichever
 launcher runs it: pdsh started by orch (standard, torchrun), or pdsh started by
@@ -15,20 +15,19 @@ heartbeats and an `exit` message; the watcher here turns them into one verdict:
 Any failure tears the job down on every node through a separate channel: a
 fresh pdsh running the agent's kill-by-job-id program, so it works even when the
 job's own channel is wedged. The record in runs/<id>/ is updated at each step.
+
+The plan's files are written by run/plan_files.py; what the job printed is kept by the
+output tracker (logs/tracker.py), which turns it into the verdict's events; a failure is
+explained from what it kept by outcome/explanation.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
-import shutil
-import tempfile
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,58 +35,38 @@ from orchestrator.errors import OrchError
 from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
 from orchestrator.logs.redact import Redactor, secret_values
 from orchestrator.logs.router import LogRouter, LogView
-from orchestrator.logs.writer import HEAD_NODE
+from orchestrator.logs.tracker import OutputTracker
 from orchestrator.nodes import slurm
-from orchestrator.nodes.pdsh import (
-    StreamingProcess,
-    is_pdsh_own,
-    ssh_exit_of,
-    start_streaming,
-)
+from orchestrator.nodes.pdsh import StreamingProcess, start_streaming
 from orchestrator.nodes.transport import plan_transport
 from orchestrator.outcome.events import (
     Event,
     HeadExited,
     Interrupted,
     NodeExited,
-    NodeHeard,
     OutputEnded,
-    RankOutput,
-    SshEnded,
     TeardownDone,
     Tick,
     WatchSettings,
 )
-from orchestrator.outcome.rank_ends import (
-    ClockOffsets,
-    RankEnd,
-    RankOrder,
-    after_a_fault,
-    end_hint,
-    order_ends,
-    rank_end_from_fields,
-)
-from orchestrator.outcome.rootcause import TRACEBACK_HEADER, RankTraceback, rank_tracebacks
+from orchestrator.outcome.explanation import Explanation, explain
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.outcome.verdict import Failure, JobVerdict, Outcome, hang_culprit, in_slurm_words
 from orchestrator.pernode import GroupResult
-from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
+from orchestrator.plan.launch_plan import LaunchPlan, process_environment
 from orchestrator.records.job import (
     AttemptRecord,
-    EnvironmentRecord,
     FirstFailure,
     JobRecord,
     RunDir,
     finished,
     now_iso,
-    process_start_time,
     rank_records,
 )
 from orchestrator.records.moments import Moment, MomentKind, append_moments
-from orchestrator.remote import owned
 from orchestrator.remote.agent_spec import node_dir_shown
-from orchestrator.remote.logwire import ControlKind, global_rank
 from orchestrator.run.collect import LogCollector, fetch_command
+from orchestrator.run.plan_files import remove_private_files, write_private_files
 from orchestrator.run.stacks import gather_stacks, save_stacks
 from orchestrator.run.teardown import (
     KILL_MARKER,
@@ -98,9 +77,7 @@ from orchestrator.run.teardown import (
 )
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
-TAIL_LINES = 15
 _PULL_CONNECT_S, _PULL_TIMEOUT_S = 5.0, 60.0  # pulling one node's raw logs back
-RANK_TAIL_LINES = 300
 
 
 @dataclass(frozen=True)
@@ -117,234 +94,6 @@ class LaunchResult:
     stacks_file: Path | None = None  # where they are kept in the record
     stacks_problem: str | None = None  # why they were not taken
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt of the job, this one last
-
-
-# ----- writing the plan's files ----------------------------------------------------
-JOBS_DIR = "jobs"  # in the user's own directory on the head: one private directory per job
-
-
-def head_private_dir(job_id: str) -> str:
-    """The job's private directory on the head: in the user's own directory under the
-    temporary directory (<tmp>/orch-<uid>/jobs/<job>), never a name in the shared one that
-    anyone who learns the job's id could take first (as <tmp>/orch-<job> was)."""
-    user = owned.user_directory(os.getuid(), tempfile.gettempdir())
-    return os.path.join(user, JOBS_DIR, job_id)
-
-
-def write_private_files(plan: LaunchPlan) -> None:
-    """The job's private files on the head (its env file with real values, the pdsh shim),
-    in a directory only this user can read, made new for the job (never reused). The two
-    levels above it (the user's own directory and its jobs/, as head_private_dir names them)
-    are made and checked first: a link, another user's or one others can write is refused."""
-    private = Path(plan.job.private_dir)
-    files = [f for f in plan.files if f.where == PRIVATE]
-    if not files:
-        return
-    jobs = private.parent
-    try:
-        owned.private_directories(str(jobs.parent), [jobs.name], os.getuid())
-        private.mkdir(mode=0o700)
-    except owned.UnsafeDirectory as err:
-        raise OrchError(f"the job's private directory cannot be made: {err}",
-                        "fix that directory as said, then launch again") from err  # fmt: skip
-    except OSError as err:
-        raise OrchError(
-            f"cannot create the job's private directory {private}: {err}",
-            "check that the temporary directory is writable (TMPDIR)",
-        ) from err
-    for planned in files:
-        path = private / planned.name
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, planned.mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(planned.content)
-
-
-def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
-                environment: EnvironmentRecord | None = None) -> JobRecord:  # fmt: skip
-    """Write the plan's files and a first job.json (state "starting"). `earlier`: the record
-    of the job's attempts so far, when this is a restart (its start and attempts stay);
-    `environment`: the nodes' environments as the pre-flight found them (None: skipped)."""
-    run.create()
-    for planned in plan.files:
-        if planned.run_dir:
-            run.write_file(planned.name, planned.content)
-    run.write_file("env.json", json.dumps(plan.redacted_env, indent=2, sort_keys=True) + "\n")
-    record = JobRecord(
-        id=plan.job_id,
-        state=JobState.STARTING,
-        launcher=plan.launcher,
-        command=plan.command,
-        hosts=plan.hosts,
-        workdir=plan.workdir,
-        started_at=now_iso(),
-        head_pid=os.getpid(),
-        head_start=process_start_time(os.getpid()),
-        node_exit_codes={host: None for host in plan.hosts},
-        recipe=plan.recipe,
-        python=plan.python,
-        main_port=plan.main_port,
-        main_port_chosen=plan.main_port_chosen,
-        fanout=plan.job.fanout,
-        slurm_job_id=plan.job.slurm_job or None,
-        slurm_batch=plan.slurm_batch,
-        transport=plan.transport,
-        environment=environment,
-    )
-    record = replace(record, attempt_started=record.started_at)
-    if earlier is not None:
-        record = replace(record, started_at=earlier.started_at, attempts=earlier.attempts,
-                         attempt=len(earlier.attempts) + 1)  # fmt: skip
-    run.save(record)
-    return record
-
-
-# ----- watching --------------------------------------------------------------------
-_TRACEBACK_BYTES = TRACEBACK_HEADER.encode()
-_NOT_A_RANK: tuple[int, deque[bytes]] = (-1, deque())  # a label logwire did not write
-
-
-def _decoded(tail: Iterable[tuple[int | None, bytes]]) -> tuple[str, ...]:
-    return tuple(
-        text if rank is None else f"[r{rank}] {text}"
-        for rank, data in tail
-        for text in (data.decode("utf-8", "replace"),)
-    )
-
-
-class _Tracker:
-    """A LogView that notes which nodes were heard from since it was last asked, pdsh's
-    reports of ended ssh connections, each node's exit message and its last lines.
-
-    It sees every line of the job, so it keeps them as they came (bytes) and decodes
-    only what is read: a few lines when a job fails."""
-
-    def __init__(
-        self, hosts: tuple[str, ...], forward: LogView | None,
-        progress: ProgressRecorder | None = None,
-    ) -> None:  # fmt: skip
-        self.hosts = set(hosts)
-        self.forward = forward
-        self.progress = progress  # the report's progress samples and moments
-        self.tails: dict[str, deque[tuple[int | None, bytes]]] = {
-            h: deque(maxlen=TAIL_LINES) for h in (*hosts, "")
-        }
-        # Each rank's own last lines: its traceback is read from them when it fails.
-        self.rank_tails: dict[int, deque[bytes]] = {}
-        self._labels: dict[str, tuple[int, deque[bytes]]] = {}  # "<rank>/<local>" -> its tail
-        self.rank_nodes: dict[int, str] = {}
-        self.traceback_at: dict[int, int] = {}  # rank -> when its last traceback began
-        self._seen = 0
-        self.heard: set[str] = set()
-        self.ranks_wrote = False  # a line or a frame from a node since the last call
-        self.ssh_ended: list[tuple[str, int]] = []
-        self.exited: list[tuple[str, dict]] = []
-        self.slurm_step: str | None = None  # the srun fan-out's step, as its agents report it
-        self.clocks = ClockOffsets()  # each node's clock against the head's
-        # How late each node's last heartbeat arrived, beyond its clock's offset: what waits
-        # on the way (the node's ssh, pdsh, the head's pipe) under a flood of output.
-        self.behind: dict[str, float] = {}
-        self.arrived: float | None = None  # wall time the output being read arrived
-        self.rank_ends: dict[int, RankEnd] = {}  # as the keepers reported them, head's clock
-
-    def _rank(self, label: str, node: str) -> tuple[int, deque[bytes]]:
-        found = self._labels.get(label)
-        if found is None:
-            number = global_rank(label)
-            if number is None:
-                found = _NOT_A_RANK
-            else:
-                tail = self.rank_tails.setdefault(number, deque(maxlen=RANK_TAIL_LINES))
-                found = (number, tail)
-                self.rank_nodes[number] = node
-            self._labels[label] = found
-        return found
-
-    def line(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
-        if self.progress is not None:
-            self.progress.line(node, rank, data)
-        number: int | None = None
-        if rank:
-            number, tail = self._rank(rank, node)
-            if number < 0:
-                number = None
-            else:
-                tail.append(data)
-                if _TRACEBACK_BYTES in data:
-                    self._seen += 1
-                    self.traceback_at[number] = self._seen
-        if is_pdsh_own(node):
-            lost = ssh_exit_of(data.decode("utf-8", "replace"))
-            if lost is not None and lost[0] in self.hosts:
-                self.ssh_ended.append(lost)
-            node = ""
-        self.heard.add(node)
-        self.ranks_wrote = self.ranks_wrote or node in self.hosts
-        self.tails.setdefault(node, deque(maxlen=TAIL_LINES)).append((number, data))
-        if self.forward is not None:
-            self.forward.line(node, stream, data, rank)
-
-    def node_tails(self) -> dict[str, tuple[str, ...]]:
-        """Each node's last lines, decoded, each rank's marked [r<rank>]."""
-        return {node: _decoded(tail) for node, tail in self.tails.items()}
-
-    def rank_lines(self) -> dict[int, list[str]]:
-        """Each rank's last lines, decoded."""
-        return {rank: self.lines_of(rank) for rank in self.rank_tails}
-
-    def lines_of(self, rank: int) -> list[str]:
-        """One rank's last lines, decoded."""
-        return [data.decode("utf-8", "replace") for data in self.rank_tails.get(rank, ())]
-
-    def frame(self, node: str, stream: str, data: bytes, rank: str = "") -> None:
-        if self.progress is not None:
-            self.progress.frame(node, rank, data)
-        self.heard.add(node)
-        self.ranks_wrote = self.ranks_wrote or node in self.hosts
-        if self.forward is not None:
-            self.forward.frame(node, stream, data, rank)
-
-    def control(self, node: str, kind: str, fields: dict) -> None:
-        self.heard.add(node)
-        if kind == ControlKind.STARTED and fields.get("slurm_step"):
-            self.slurm_step = str(fields["slurm_step"])
-        node_time = fields.get("t")
-        if kind == ControlKind.HEARTBEAT and isinstance(node_time, (int, float)):
-            arrived = time.time() if self.arrived is None else self.arrived
-            self.clocks.note(node, float(node_time), arrived)
-            self.behind[node] = arrived - self.clocks.to_head(node, float(node_time))
-            if self.progress is not None:
-                self.progress.heartbeat(node)
-        if kind == ControlKind.RANK_END and node in self.hosts:
-            end = rank_end_from_fields(node, fields, self.clocks)
-            if end is not None:
-                self.rank_ends.setdefault(end.rank, end)
-        if kind == ControlKind.EXIT:
-            failed_at = fields.get("failed_at")
-            if isinstance(failed_at, (int, float)):  # in the head's time, as the others
-                fields = {**fields, "failed_at": self.clocks.to_head(node, float(failed_at))}
-            self.exited.append((node, fields))
-        if self.forward is not None:
-            self.forward.control(node, kind, fields)
-
-    def events(self, at: float) -> list[Event]:
-        """What was seen since the last call, as the verdict's events."""
-        # A node's exit message comes before pdsh's note that its ssh ended: keep that order.
-        events: list[Event] = [
-            NodeHeard(node, at, self.behind.get(node, 0.0))
-            for node in self.heard
-            if node in self.hosts
-        ]
-        if self.ranks_wrote:
-            events.append(RankOutput(at))
-        wall = time.time()
-        events += [NodeExited(node, fields, at, wall) for node, fields in self.exited]
-        events += [SshEnded(node, code, at) for node, code in self.ssh_ended]
-        self.heard.clear()
-        self.ranks_wrote = False
-        self.ssh_ended.clear()
-        self.exited.clear()
-        return events
 
 
 def _not_answering(failure: Failure) -> tuple[str, ...]:
@@ -373,7 +122,7 @@ class JobRunner:
         self.record = record
         self.settings = settings or WatchSettings()
         self.progress = ProgressRecorder(run.path / PROGRESS_FILE, now=time.time())
-        self.tracker = _Tracker(plan.hosts, view, self.progress)
+        self.tracker = OutputTracker(plan.hosts, view, self.progress)
         self.verdict = JobVerdict(
             plan.hosts, self.settings, head_launcher=bool(plan.launch.head_command)
         )
@@ -418,7 +167,7 @@ class JobRunner:
         try:
             process = self._start()
         except BaseException:
-            self._cleanup_private()
+            remove_private_files(self.plan)
             raise
         self._moment(MomentKind.START)
         chunks: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
@@ -452,7 +201,7 @@ class JobRunner:
                 self._teardown_thread.join(self.settings.teardown_budget + 10)
             # After the teardown's own moments: appends of two threads never interleave.
             append_moments(self.run_dir.path, heard)
-            self._cleanup_private()
+            remove_private_files(self.plan)
         outcome = self.verdict.outcome(head_code, stopped_by_us=not ended_by_itself)
         return self._conclude(outcome, self._pull_raw_logs())
 
@@ -570,88 +319,28 @@ class JobRunner:
         except (OrchError, OSError) as err:
             self.stacks_problem = f"stacks not taken: {err}"
 
-    def _first_rank_end(
-        self, failure: Failure, tracebacks: list[RankTraceback]
-    ) -> tuple[Failure, RankOrder]:
-        """The failure as the ranks' own ends tell it: the earliest failing end is the cause
-        (its node, rank and exit code are the job's), the later ones that lost a peer its
-        consequences. Unchanged when no rank's failing end was reported."""
-        lost_peer = {found.rank for found in tracebacks if found.cascade}
-        order = order_ends(list(self.tracker.rank_ends.values()), lost_peer)
-        cause = order.cause
-        if cause is None:
-            return failure, order
-        return replace(failure, node=cause.node, rank=cause.rank, exit_code=cause.exit_code,
-                       reason=cause.how(), when=cause.end), order  # fmt: skip
-
-    def _cause_lines(self, cause: RankEnd) -> tuple[str, ...]:
-        """The failing rank's own last lines (its node's would show its peers' cascade)."""
-        lines = self.tracker.lines_of(cause.rank)[-TAIL_LINES:]
-        return tuple(f"[r{cause.rank}] {line}" for line in lines) or self._last_lines(cause.node)
-
-    def _tracebacks(self) -> list[RankTraceback]:
-        """Every rank's last traceback, read from its last lines, root cause first."""
-        return rank_tracebacks(self.tracker.rank_lines(), self.tracker.traceback_at)
-
-    @staticmethod
-    def _root_cause(failure: Failure, tracebacks: list[RankTraceback]) -> RankTraceback | None:
-        """The failing rank's own traceback: the earliest that is not a cascade of another
-        rank's failure, or the failing rank's own. A cascade on another rank is never named
-        as the cause (the failing rank may have printed none)."""
-        for found in tracebacks:
-            if not found.cascade or found.rank == failure.rank:
-                return found
-        return None
-
-    def _head_lines(self) -> tuple[str, ...]:
-        """What the fan-out itself printed (pdsh's or srun's own messages)."""
-        tails = self.tracker.tails
-        return _decoded((*tails.get(HEAD_NODE, ()), *tails.get("", ())))
-
-    def _last_lines(self, node: str) -> tuple[str, ...]:
-        if self.tails_at_failure is not None:
-            return self.tails_at_failure.get(node, ())
-        return _decoded(self.tracker.tails.get(node, ()))
-
-    def _cleanup_private(self) -> None:
-        shutil.rmtree(self.plan.job.private_dir, ignore_errors=True)
-
     # -- the record --------------------------------------------------------------------
-    def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
-        failure = outcome.failure
-        first = None
+    def _failure_in_full(self, failure: Failure | None) -> Failure | None:
+        """The verdict's failure with what only the end tells: a hang's culprit from the
+        stacks taken, an srun fan-out's failure in Slurm's words."""
         if failure is not None and failure.kind == FailureKind.HANG:
             failure = hang_culprit(failure, self.stacks)
         if failure is not None and self.plan.job.fanout == "srun":
             failure = in_slurm_words(
-                failure, self._head_lines(), bool(self.verdict.last_seen),
+                failure, self.tracker.head_lines(), bool(self.verdict.last_seen),
                 slurm.node_problems(self.plan.hosts),
             )  # fmt: skip
-        order: RankOrder | None = None
-        tracebacks = self._tracebacks() if failure is not None else []
-        if failure is not None and failure.kind == FailureKind.RANK:
-            failure, order = self._first_rank_end(failure, tracebacks)
-            outcome = replace(outcome, exit_code=failure.exit_code, failure=failure)
-        elif failure is not None:
-            order = after_a_fault(list(self.tracker.rank_ends.values()))
+        return failure
+
+    def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
+        failure = self._failure_in_full(outcome.failure)
+        why: Explanation | None = None
         if failure is not None:
-            caused_by_a_rank = failure.kind in (FailureKind.RANK, FailureKind.LOST)
-            root = self._root_cause(failure, tracebacks) if caused_by_a_rank else None
-            cause = order.cause if order is not None else None
-            first = FirstFailure(
-                node=failure.node or "head",
-                rank=failure.rank,
-                exit_code=failure.exit_code,
-                reason=failure.reason,
-                last_lines=self._cause_lines(cause) if cause else self._last_lines(failure.node),
-                kind=failure.kind,
-                root_cause_rank=root.rank if root else None,
-                root_cause_node=self.tracker.rank_nodes.get(root.rank) if root else None,
-                root_cause=root.exception if root else None,
-                traceback=root.lines if root else (),
-                then=order.summary() if order is not None else None,
-                hint=end_hint(cause, self.tracker.lines_of(cause.rank)) if cause else None,
-            )
+            why = explain(failure, self.tracker.kept(self.tails_at_failure))
+            if why.failure.kind == FailureKind.RANK:  # the job's exit code is its cause's
+                outcome = replace(outcome, exit_code=why.failure.exit_code, failure=why.failure)
+        first = _first_failure(why) if why is not None else None
+        order = why.order if why is not None else None
         self.record = finished(
             self.record,
             state=outcome.state,
@@ -680,6 +369,25 @@ class JobRunner:
             stacks_file=self.stacks_file,
             stacks_problem=self.stacks_problem,
         )
+
+
+def _first_failure(why: Explanation) -> FirstFailure:
+    """The record's first failure, from its explanation."""
+    failure, root = why.failure, why.root_cause
+    return FirstFailure(
+        node=failure.node or "head",
+        rank=failure.rank,
+        exit_code=failure.exit_code,
+        reason=failure.reason,
+        last_lines=why.last_lines,
+        kind=failure.kind,
+        root_cause_rank=root.rank if root else None,
+        root_cause_node=why.root_cause_node,
+        root_cause=root.exception if root else None,
+        traceback=root.lines if root else (),
+        then=why.order.summary(),
+        hint=why.hint,
+    )
 
 
 def _read_into(stream, chunks: queue.Queue[tuple[float, bytes] | None]) -> None:

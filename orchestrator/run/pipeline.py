@@ -69,7 +69,8 @@ from orchestrator.run.attempts import (
     unreachable_nodes,
     with_attempt,
 )
-from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
+from orchestrator.run.launch import JobRunner, LaunchResult
+from orchestrator.run.plan_files import head_private_dir, prepare_run
 from orchestrator.specs.inventory import Hostfile, filter_hosts, job_nodes, read_hostfile
 from orchestrator.specs.recipe import recipe_hosts
 from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory

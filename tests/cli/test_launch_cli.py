@@ -8,7 +8,7 @@ from pathlib import Path
 from launch_support import REPO
 
 from orchestrator.plan.ports import port_candidates
-from orchestrator.run.launch import head_private_dir
+from orchestrator.run.plan_files import head_private_dir
 
 
 def _hostfile(tmp_path):

@@ -31,7 +31,7 @@ from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import node_launcher_spec
 from orchestrator.plan.request import LaunchSpec
 from orchestrator.remote.agent_spec import AgentSpec, decode
-from orchestrator.run.launch import head_private_dir, write_private_files
+from orchestrator.run.plan_files import head_private_dir, write_private_files
 from orchestrator.specs.constants import HOSTFILE_NAME, PDSH_CONFIG_NAME, standard_config_name
 from orchestrator.specs.inventory import make_hostfile
 from orchestrator.specs.jobenv import JOB_ID_VAR

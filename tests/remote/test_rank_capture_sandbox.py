@@ -41,7 +41,7 @@ from _logmodel import TS_LEN, expected_log, rank_tag, read_log
 from launch_support import ORCH, REPO, job_ids, orch_env
 
 from orchestrator.remote.agent_spec import runs_root
-from orchestrator.run.launch import head_private_dir
+from orchestrator.run.plan_files import head_private_dir
 
 pytestmark = pytest.mark.sandbox
 
