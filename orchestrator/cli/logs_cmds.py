@@ -22,6 +22,7 @@ from orchestrator.logs.sink import (
     rank_filter,
     read_log_lines,
 )
+from orchestrator.records.attempts import attempt_run_dir
 from orchestrator.records.job import (
     RUNNING_STATES,
     JobRecord,
@@ -32,7 +33,6 @@ from orchestrator.records.job import (
 )
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.remote.agent_spec import node_dir_shown
-from orchestrator.run.attempts import attempt_run_dir
 
 _FOLLOW_POLL_S = 0.5
 _NODE = typer.Option([], "--node", "-n", help="Only this node (repeat, or comma-separate).")

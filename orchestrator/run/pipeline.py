@@ -50,6 +50,8 @@ from orchestrator.prepare.push_env import (
     push_to,
 )
 from orchestrator.prepare.sync import SyncedFiles
+from orchestrator.records.attempt_facts import attempt_failure, attempt_record
+from orchestrator.records.attempts import keep_apart, with_attempt
 from orchestrator.records.job import (
     AttemptRecord,
     EnvironmentRecord,
@@ -61,14 +63,8 @@ from orchestrator.records.job import (
     runs_root,
 )
 from orchestrator.records.moments import note_attempt, save_preflight
-from orchestrator.run.attempts import (
-    attempt_failure,
-    attempt_record,
-    keep_apart,
-    unreachable_nodes,
-    with_attempt,
-)
 from orchestrator.run.launch import JobRunner, LaunchResult, head_private_dir, prepare_run
+from orchestrator.run.recheck import unreachable_nodes
 from orchestrator.specs.inventory import Hostfile, filter_hosts, job_nodes, read_hostfile
 from orchestrator.specs.recipe import recipe_hosts
 from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
