@@ -29,6 +29,7 @@ from orchestrator.plan.request import (
     launch_spec,
     recipe_spec,
 )
+from orchestrator.prepare.job import prepare_job
 from orchestrator.prepare.push_env import PushDone
 from orchestrator.prepare.sync import SyncedFiles
 from orchestrator.records.job import (
@@ -44,8 +45,9 @@ from orchestrator.records.job import (
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.report import write_report
 from orchestrator.run.batch import submit_batch_job
+from orchestrator.run.job import run_job
 from orchestrator.run.launch import LaunchResult
-from orchestrator.run.pipeline import prepare_job, run_job
+from orchestrator.run.plan_files import head_private_dir
 from orchestrator.run.status import shown_state
 from orchestrator.run.teardown import kill_job
 from orchestrator.specs.constants import RESTART_COUNT_VAR
@@ -191,7 +193,7 @@ def _print_report(err: Console, run_dir: Path) -> None:
 
 
 class _PipelinePrinter:
-    """Prints what the steps before the job found (orchestrator.run.pipeline), and between
+    """Prints what the steps before the job found (orchestrator.prepare.ready), and between
     attempts which one runs next on the live view."""
 
     def __init__(self, view: LogView | None = None) -> None:
@@ -252,7 +254,7 @@ class _PipelinePrinter:
 
 
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
-    job = prepare_job(request, os.environ, dry_run=dry_run,
+    job = prepare_job(request, os.environ, private_dir=head_private_dir, dry_run=dry_run,
                       say=lambda text: _err().print(text, markup=False))  # fmt: skip
     if dry_run:
         text = json.dumps(plan_summary(job.plan), indent=2) if as_json else plan_text(job.plan)

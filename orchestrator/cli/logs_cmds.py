@@ -16,6 +16,7 @@ from orchestrator.cli.app import app
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines
 from orchestrator.logs.writer import HEAD_NODE, log_file_name
+from orchestrator.records.attempts import attempt_run_dir
 from orchestrator.records.job import (
     RUNNING_STATES,
     JobRecord,
@@ -26,7 +27,6 @@ from orchestrator.records.job import (
 )
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.remote.agent_spec import node_dir_shown
-from orchestrator.run.attempts import attempt_run_dir
 
 _FOLLOW_POLL_S = 0.5
 _NODE = typer.Option([], "--node", "-n", help="Only this node (repeat, or comma-separate).")

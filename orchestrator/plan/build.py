@@ -34,7 +34,7 @@ LAUNCHERS: dict[str, Callable[[JobShape, HeadContext], Launch]] = {
 def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchPlan:
     """Everything a launch does, decided up front: `spec` what runs, `place` where (its
     `main_port` resolved), `head` what the plan needs to know of the head, its environment
-    included (run.pipeline.head_context); the head's interpreter and working directory stand
+    included (prepare.job.head_context); the head's interpreter and working directory stand
     in for those the spec leaves open."""
     hostfile = place.hostfile
     _check_launch_inputs(spec.launcher, hostfile, spec.script, place.main_port)

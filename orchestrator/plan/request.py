@@ -1,6 +1,6 @@
 """What the user asked for, as one frozen value: `orch launch`'s flags, or `orch submit`'s
-recipe with its flags (and `--sbatch`). The CLI builds a `JobRequest` once; the run layer
-turns it into hosts and a plan (run/pipeline.py), and `--sbatch` writes it into the batch
+recipe with its flags (and `--sbatch`). The CLI builds a `JobRequest` once; the prepare
+layer turns it into hosts and a plan (prepare/job.py), and `--sbatch` writes it into the batch
 script (plan/sbatch_script.py). Pure: the head's environment is passed in.
 """
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
-from orchestrator.outcome.verdict import JobState
+from orchestrator.outcome.states import JobState
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan
 from orchestrator.records.job import (
     EnvironmentRecord,

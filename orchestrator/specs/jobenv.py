@@ -1,7 +1,7 @@
 """The environment a job gets on every node, built fresh for each job.
 
 Values never pass through a shell: they travel to every node in a user-only file
-(see run/pipeline) and the agent sets them, so spaces, quotes, `$(...)` and newlines
+(see prepare/ready.py) and the agent sets them, so spaces, quotes, `$(...)` and newlines
 reach the ranks unchanged and run nothing. Secret values are passed to the job but
 redacted from anything saved or printed. Pure.
 """

@@ -331,7 +331,7 @@ def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_h
 
 
 def test_nothing_under_plan_reads_the_heads_environment_itself():
-    # The head's environment is passed in (run/pipeline.py reads it), so a plan is a value
+    # The head's environment is passed in (prepare/job.py takes it), so a plan is a value
     # of its inputs alone.
     plan_dir = Path(__file__).resolve().parents[2] / "orchestrator" / "plan"
     readers = [p.name for p in plan_dir.rglob("*.py") if "os.environ" in p.read_text()]

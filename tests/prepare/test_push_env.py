@@ -23,8 +23,8 @@ from orchestrator.prepare.push_env import (
     push_fix,
 )
 from orchestrator.probe.facts import Environment
+from orchestrator.records.attempt_facts import attempt_record
 from orchestrator.records.job import EnvironmentRecord, JobRecord, RunDir, process_start_time
-from orchestrator.run.attempts import attempt_record
 from orchestrator.specs.inventory import parse_hostfile
 from orchestrator.specs.recipe import parse_recipe
 

@@ -6,8 +6,8 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.outcome.states import JobState
+from orchestrator.records.attempts import PER_ATTEMPT, attempt_run_dir, keep_apart, with_attempt
 from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
-from orchestrator.run.attempts import attempt_run_dir, keep_apart, with_attempt
 
 
 def _record(**changes: object) -> JobRecord:
@@ -38,3 +38,11 @@ def test_an_attempts_logs_and_stacks_move_apart_and_are_found_by_number(tmp_path
     assert older_dir.logs == run.path / "attempts" / "1" / "logs" and older.hosts == ("n1", "n2")
     with pytest.raises(UsageError, match="has no attempt 5"):
         attempt_run_dir(run, again, 5)
+
+
+def test_every_folder_an_attempt_leaves_moves_with_it():
+    # records/ cannot import the names run/ and report/ give these files: they must agree.
+    from orchestrator.report.render import REPORT_FILE
+    from orchestrator.run.stacks import STACKS_DIR
+
+    assert {STACKS_DIR, REPORT_FILE} <= set(PER_ATTEMPT)

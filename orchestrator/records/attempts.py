@@ -1,0 +1,58 @@
+"""Each attempt's record and files kept apart in the job's directory: the latest attempt's
+logs, raw node logs and stacks where they always are (logs/, nodes/, stacks/), every earlier
+one's under attempts/<number>/; and one attempt's directory and record found again by number
+(`orch logs --attempt`)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from orchestrator.outcome.states import JobState
+from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
+
+ATTEMPTS_DIR = "attempts"
+# What one attempt leaves in the job's directory, beside what the job keeps once: its logs
+# (RunDir.logs), raw node logs (RunDir.node_logs), stacks (run/stacks.py's STACKS_DIR, which
+# records/ cannot import), the teardown's unanswered nodes and its page (report/'s REPORT_FILE).
+PER_ATTEMPT = ("logs", "nodes", "stacks", "teardown-unanswered.log", "report.html")
+
+
+def keep_apart(run: RunDir, attempt: AttemptRecord) -> AttemptRecord:
+    """Move an attempt's logs, raw node logs and stacks to attempts/<number>/, before the
+    next attempt writes its own in their place; the record says where they went."""
+    where = Path(ATTEMPTS_DIR) / str(attempt.number)
+    target = run.path / where
+    target.mkdir(parents=True, exist_ok=True)
+    for name in PER_ATTEMPT:
+        source = run.path / name
+        if source.exists():
+            shutil.move(str(source), str(target / name))
+    stacks = str(where / attempt.stacks) if attempt.stacks else None
+    return replace(attempt, logs=str(where / "logs"), stacks=stacks)
+
+
+def with_attempt(run: RunDir, record: JobRecord, attempt: AttemptRecord, *,
+                 next_one: bool) -> JobRecord:  # fmt: skip
+    """The job's record with this attempt added; `next_one`: another attempt follows (its
+    state is "starting" meanwhile, so `orch status` does not call the job failed)."""
+    updated = replace(record, attempts=(*record.attempts, attempt))
+    if next_one:
+        updated = replace(updated, state=JobState.STARTING, attempt=attempt.number + 1)
+    run.save(updated)
+    return updated
+
+
+def attempt_run_dir(run: RunDir, record: JobRecord, number: int | None) -> tuple[RunDir, JobRecord]:
+    """The directory and record of one attempt (None or the latest: the job's own), as
+    `orch logs --attempt` reads them."""
+    if number is None or number == record.attempt:
+        return run, record
+    found = next((a for a in record.attempts if a.number == number), None)
+    if found is None:
+        from orchestrator.errors import UsageError
+
+        numbers = ", ".join(str(a.number) for a in record.attempts) or "1"
+        raise UsageError(f"job {record.id} has no attempt {number}", f"its attempts: {numbers}")
+    return RunDir(run.path / ATTEMPTS_DIR / str(number)), replace(record, hosts=found.nodes)

@@ -1,0 +1,202 @@
+"""A prepared job run to its end (`run_job`): its attempts, plan -> execute -> verdict ->
+restart or stop. Each attempt (`execute_plan`): its nodes made ready (prepare/ready.py), its
+record prepared, the job started and watched to its verdict (run/launch.py). Whether to
+restart is the restart policy's (outcome/restart_policy.py); the loop here carries it out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from orchestrator.errors import OrchError, RestartNotStarted
+from orchestrator.logs.router import LogView
+from orchestrator.outcome.restart_policy import (
+    Cause,
+    RestartDecision,
+    RestartPolicy,
+    decide,
+    next_nodes,
+    pause_before,
+    short_of_nodes,
+)
+from orchestrator.outcome.states import JobState
+from orchestrator.plan.launch_plan import LaunchPlan
+from orchestrator.prepare.job import PipelineOptions, PreparedJob, pipeline_options
+from orchestrator.prepare.ports import plan_with_main_port
+from orchestrator.prepare.ready import PrepareReporter, ready_nodes
+from orchestrator.records.attempt_facts import attempt_failure, attempt_record
+from orchestrator.records.attempts import keep_apart, with_attempt
+from orchestrator.records.job import AttemptRecord, FirstFailure, JobRecord, RunDir, run_dir
+from orchestrator.records.moments import note_attempt, save_preflight
+from orchestrator.run.launch import JobRunner, LaunchResult
+from orchestrator.run.plan_files import prepare_run
+from orchestrator.run.recheck import unreachable_nodes
+
+
+def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> LaunchResult:
+    """Run a prepared job to its end: its attempts (`execute_plan` each, with the port node 0
+    picks for it), as long as the restart policy says another is worth it. Everything it
+    writes on the head (the record, the logs, the raw node logs, the stacks) is the user's
+    alone, whatever the login umask: the umask is 077 for the job's time."""
+    before = os.umask(0o077)
+    try:
+        return _attempts(job, view=view, reporter=reporter)
+    finally:
+        os.umask(before)
+
+
+def _run_attempt(job: PreparedJob, earlier: JobRecord | None, *, view: LogView | None,
+                 reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
+    options = pipeline_options(job.request)
+
+    def with_port() -> LaunchPlan:
+        return plan_with_main_port(job.build, job.request.spec.main_port, job.plan.job_id,
+                                   dry_run=False, preflight=options.preflight)  # fmt: skip
+
+    return execute_plan(job.plan, job.root, options, view=view, reporter=reporter,
+                        with_port=with_port, earlier=earlier)  # fmt: skip
+
+
+def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> (
+    LaunchResult
+):
+    """plan -> execute -> verdict -> restart or stop. Whether to restart is the restart
+    policy's (a pure function of the attempt's facts); this loop only carries it out."""
+    request = job.request
+    state = _Recovery(RestartPolicy(request.max_restarts, request.restart_on),
+                      wanted=len(job.plan.hosts),
+                      minimum=request.min_nodes or len(job.plan.hosts))  # fmt: skip
+    job = _healthy_start(job, state.wanted, state.minimum)
+    result = _run_attempt(job, None, view=view, reporter=reporter)
+    while True:
+        run = RunDir(result.run_dir)
+        record = run.load()
+        if result.state == JobState.SUCCEEDED or result.first_failure is None:
+            return _ended(run, record, result, None)
+        decision, excluded, nodes = state.after(job, record, result.first_failure)
+        if not decision.restart:  # nothing is dropped: no attempt follows
+            return _ended(run, record, result, decision)
+        reporter.attempt_ended(run.path)  # its page, kept with its logs
+        attempt = keep_apart(run, attempt_record(record, decision, excluded))
+        note_attempt(run.path, time.time(), attempt.number + 1, decision.why)
+        ended = replace(record, attempts=(*record.attempts, attempt))
+        earlier = with_attempt(run, record, attempt, next_one=True)
+        pause = pause_before(record.attempt - 1)
+        following = job.on(nodes, record.attempt)
+        reporter.restarting(attempt, job.plan, following.plan, pause)
+        job = following
+        try:
+            time.sleep(pause)
+            result = _run_attempt(job, earlier, view=view, reporter=reporter)
+        except (OrchError, KeyboardInterrupt) as err:
+            # The next attempt never started: the job ended with the one before, and so does
+            # its exit code, whatever kept the next one from starting.
+            run.save(ended)
+            if isinstance(err, KeyboardInterrupt):
+                return replace(result, attempts=ended.attempts)
+            raise RestartNotStarted(record.attempt, err, record.exit_code or 1) from err
+
+
+@dataclass
+class _Recovery:
+    """What the attempts loop carries from one attempt to the next."""
+
+    policy: RestartPolicy
+    wanted: int  # the job's nodes
+    minimum: int  # --min-nodes, else every one of them
+    dropped: list[str] = field(default_factory=list)  # excluded after earlier attempts
+    previous: Cause | None = None  # the last failed attempt's cause
+
+    def after(self, job: PreparedJob, record: JobRecord, first: FirstFailure) -> tuple[
+        RestartDecision, tuple[str, ...], tuple[str, ...]
+    ]:
+        """The decision after a failed attempt, the nodes it drops, the next one's nodes."""
+        restarts_done = record.attempt - 1
+        pool = job.pool.names if job.pool is not None else job.plan.hosts
+        # The re-check costs a few seconds: only when a restart may follow, over ssh.
+        recheck = self.policy.max_restarts > restarts_done and job.plan.job.fanout == "pdsh"
+        left = [n for n in pool if n not in self.dropped]
+        unreachable = unreachable_nodes(left) if recheck else ()
+        facts = attempt_failure(first, record.ranks, unreachable)
+        decision = decide(facts, self.policy, restarts_done=restarts_done, previous=self.previous)
+        excluded = tuple(dict.fromkeys((*decision.cause.at_fault, *unreachable)))
+        nodes = next_nodes(pool, job.plan.hosts, [*self.dropped, *excluded], wanted=self.wanted,
+                           minimum=self.minimum)  # fmt: skip
+        if decision.restart and nodes.problem is not None:
+            decision = short_of_nodes(decision, nodes.problem)
+        self.dropped += excluded
+        self.previous = decision.cause
+        return decision, excluded, nodes.nodes
+
+
+def _healthy_start(job: PreparedJob, wanted: int, minimum: int) -> PreparedJob:
+    """With spares in the pool (--nodes below its size), the first `wanted` nodes that
+    answer; without, the job's own nodes as they are (the pre-flight checks them)."""
+    pool = job.pool
+    if pool is None or len(pool.hosts) <= wanted or job.plan.job.fanout != "pdsh":
+        return job
+    unreachable = unreachable_nodes(pool.names)
+    nodes = next_nodes(pool.names, (), unreachable, wanted=wanted, minimum=minimum)
+    if nodes.problem is not None:
+        raise OrchError(f"not enough nodes answer: {nodes.problem}; nothing was started",
+                        "check SSH to those nodes with `orch doctor --hostfile F`")  # fmt: skip
+    return job if nodes.nodes == job.plan.hosts else job.on(nodes.nodes, 0)
+
+
+def _ended(run: RunDir, record: JobRecord, result: LaunchResult,
+           decision: RestartDecision | None) -> LaunchResult:  # fmt: skip
+    """The last attempt into the record; the job's result is that attempt's."""
+    final = with_attempt(run, record, attempt_record(record, decision), next_one=False)
+    return replace(result, attempts=final.attempts)
+
+
+class PipelineReporter(PrepareReporter, Protocol):
+    """Hears what the steps before the job found, and each attempt's start and end."""
+
+    def started(self, plan: LaunchPlan, run: RunDir) -> None: ...
+
+    def attempt_ended(self, run_dir: Path) -> None: ...
+
+    def restarting(self, ended: AttemptRecord, plan: LaunchPlan, following: LaunchPlan,
+                   pause: float) -> None: ...  # fmt: skip
+
+
+def execute_plan(
+    plan: LaunchPlan,
+    root: Path,
+    options: PipelineOptions,
+    *,
+    view: LogView | None,
+    reporter: PipelineReporter,
+    with_port: Callable[[], LaunchPlan] | None = None,
+    earlier: JobRecord | None = None,
+) -> LaunchResult:
+    """Run the plan to its end; SIGINT and SIGTERM tear the job down on every node.
+    `with_port`, when given, returns the plan with the main port node 0 picked for it;
+    `earlier`, the job's record so far when this is a restart."""
+    ready = ready_nodes(plan, options, reporter, with_port)
+    plan, preflight = ready.plan, ready.preflight
+    run = run_dir(root, plan.job_id)
+    record = prepare_run(plan, run, earlier, ready.environment)
+    if preflight is not None:  # for the job's page: it ran before its directory existed
+        save_preflight(run.path, preflight.started, preflight.ended, preflight.report.to_dict())
+    runner = JobRunner(
+        plan, run, record, settings=options.settings, view=view,
+        keep_remote_logs=options.keep_remote_logs,
+    )  # fmt: skip
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: runner.interrupt(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    reporter.started(plan, run)
+    try:
+        return runner.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
