@@ -70,9 +70,9 @@ class RankChannels:
             except OSError:
                 return  # closed
             pump = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            with self._lock:
+            with self._lock:  # started before close() can see it: it joins every pump it sees
+                pump.start()
                 self.pumps.append(pump)
-            pump.start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:

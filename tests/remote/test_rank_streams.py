@@ -8,12 +8,14 @@ import json
 import os
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from _agent_head import RecordingHead
 
+from orchestrator.remote import rank_streams
 from orchestrator.remote.rank_streams import RankChannels
 
 NOBODY = 65534
@@ -78,3 +80,29 @@ def test_a_rank_stream_still_open_when_the_agent_ends_is_counted(tmp_path: Path)
             time.sleep(0.01)
         assert channels.close(0.2) == 1
     assert channels.close(5.0) == 0  # once it ends, nothing is left open
+
+
+def test_the_agent_ends_while_a_rank_connects(tmp_path: Path, monkeypatch) -> None:
+    """close() while a rank's connection is being taken in: the agent ends cleanly (a pump
+    it had not started yet made close() raise "cannot join thread before it is started")."""
+    starting = threading.Event()
+
+    class SlowToStart(threading.Thread):
+        def start(self) -> None:
+            if getattr(self, "_target", None) is not None and self._target.__name__ == "_serve":
+                starting.set()
+                time.sleep(0.3)  # widens the window close() fell into under load
+            super().start()
+
+    monkeypatch.setattr(rank_streams.threading, "Thread", SlowToStart)
+    head = RecordingHead()
+    path = str(tmp_path / "ranks.sock")
+    channels = RankChannels(head, tmp_path, "n1", path, lambda *_: None)  # type: ignore[arg-type]
+    header = {"rank": 0, "local_rank": 0, "pid": os.getpid(), "stream": "out"}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(path)
+        conn.sendall(json.dumps(header).encode() + b"\nlast words\n")
+        conn.shutdown(socket.SHUT_WR)
+        assert starting.wait(10), "the agent never took the connection in"
+        assert channels.close(5.0) == 0
+    assert (tmp_path / "rank0.stdout.raw").read_bytes() == b"last words\n"
