@@ -1,13 +1,20 @@
-"""Each attempt's files kept apart in the job's record, and found again by number."""
+"""Each attempt's files kept apart in the job's record, and found again by number; the
+re-check of the nodes between attempts, over fake nodes."""
 
 from __future__ import annotations
 
 import pytest
 
 from orchestrator.errors import UsageError
+from orchestrator.nodes.fake import FakeNode, FakeTransport, Reply
 from orchestrator.outcome.verdict import JobState
 from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
-from orchestrator.run.attempts import attempt_run_dir, keep_apart, with_attempt
+from orchestrator.run.attempts import (
+    attempt_run_dir,
+    keep_apart,
+    unreachable_nodes,
+    with_attempt,
+)
 
 
 def _record(**changes: object) -> JobRecord:
@@ -38,3 +45,12 @@ def test_an_attempts_logs_and_stacks_move_apart_and_are_found_by_number(tmp_path
     assert older_dir.logs == run.path / "attempts" / "1" / "logs" and older.hosts == ("n1", "n2")
     with pytest.raises(UsageError, match="has no attempt 5"):
         attempt_run_dir(run, again, 5)
+
+
+def test_the_recheck_names_the_nodes_that_do_not_run_a_trivial_command() -> None:
+    fake = FakeTransport([FakeNode("n1", {"true": Reply()}), FakeNode("n2").time_out(),
+                          FakeNode("n3", {"true": Reply(1)}), FakeNode("n4").refuse()])  # fmt: skip
+    assert unreachable_nodes(["n1", "n2", "n3", "n4"], fake) == ("n2", "n3", "n4")
+    assert [(c.node, c.command) for c in fake.calls] == [(n, "true") for n in ("n1", "n2", "n3",
+                                                                              "n4")]  # fmt: skip
+    assert unreachable_nodes([], fake) == () and len(fake.calls) == 4
