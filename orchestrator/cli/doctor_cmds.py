@@ -239,8 +239,8 @@ def doctor(
     transport = choose_transport(
         transport_name, slurm_job=allocation.job_id if allocation else "",
         first_node=hosts.names[0] if hosts.names else "", say=_say,
+        accept_new_host_keys=accept_new_host_keys,
     )  # fmt: skip
-    transport = replace(transport, accept_new_host_keys=accept_new_host_keys)
     if main_port is None and hosts.names:  # the kind of port a launch would pick
         main_port = free_port_on(hosts.names[0], python, transport)
     port = main_port if main_port is not None else DEFAULT_MAIN_PORT

@@ -12,7 +12,7 @@ import typer
 from orchestrator.cli.app import app
 from orchestrator.cli.folding import nodes_text
 from orchestrator.errors import OrchError
-from orchestrator.nodes.transport import NodeTransport
+from orchestrator.nodes.transport import reaching
 from orchestrator.records.job import (
     FINAL_STATES,
     JobRecord,
@@ -161,7 +161,7 @@ def stacks(
     check_job(run)
     record = run.load()
     _check_running(record)
-    transport = NodeTransport.reaching(record.transport, record.slurm_job_id)
+    transport = reaching(record.transport, record.slurm_job_id)
     reports = gather_stacks(
         record.hosts, record.id, record.python, timeout,
         profile_seconds=float(profile) if profile else None, rate=DEFAULT_RATE,

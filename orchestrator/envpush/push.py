@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from orchestrator.envpush.relay import Bytes, Received, relay, stream_files
 from orchestrator.errors import UsageError
-from orchestrator.nodes.transport import NodeTransport
+from orchestrator.nodes.transport import NodeTransport, SshTransport
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import boot_blob, boot_code
@@ -388,7 +388,7 @@ def push_environment(
 ) -> PushReport:
     """Push the head's environment to every node; one result per node, in order.
     `on_send` hears how many bytes the stream will carry, before it starts."""
-    transport = transport or NodeTransport()
+    transport = transport or SshTransport()
     head_files = head_manifest(source.root)
     push = _Push(source, head_env, head_files, force)
     marker = f"{MARKER_PREFIX}{secrets.token_hex(8)}"

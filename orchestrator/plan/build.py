@@ -19,7 +19,7 @@ from orchestrator.plan.launch_plan import (
 )
 from orchestrator.plan.launchers import pdsh, standard, torchrun
 from orchestrator.plan.request import LaunchSpec
-from orchestrator.specs.constants import HOSTFILE_NAME
+from orchestrator.specs.constants import HOSTFILE_NAME, Transport
 from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
 from orchestrator.specs.jobenv import build_job_env
 from orchestrator.specs.options import check_launcher, check_port
@@ -96,9 +96,9 @@ def _check_fanout(fanout: str, launcher: str, slurm_job: str) -> None:
         )
 
 
-def _check_transport(transport: str, fanout: str, launcher: str) -> None:
+def _check_transport(transport: Transport, fanout: str, launcher: str) -> None:
     """Nodes reached through Slurm only: srun must start them, not pdsh (SSH)."""
-    if transport != "slurm":
+    if transport != Transport.SLURM:
         return
     if launcher == "pdsh":
         raise UsageError(

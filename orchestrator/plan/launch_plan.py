@@ -27,7 +27,7 @@ from orchestrator.plan.agent_command import agent_argv, agent_command
 from orchestrator.plan.pdsh_command import build_pdsh_argv, job_window, pdsh_environment
 from orchestrator.plan.srun_command import LINGER_S, build_srun_argv
 from orchestrator.remote.agent_spec import AgentSpec
-from orchestrator.specs.constants import STOP_GRACE_S
+from orchestrator.specs.constants import STOP_GRACE_S, Transport
 from orchestrator.specs.inventory import Hostfile
 from orchestrator.specs.jobenv import REDACTED, is_secret
 from orchestrator.specs.recipe import AccelerateOptions
@@ -113,7 +113,7 @@ class Placement:
     fanout: str = "pdsh"
     slurm_job: str = ""  # the Slurm allocation the job runs in, if any
     slurm_batch: bool = False  # that allocation is the job's own (orch submit --sbatch)
-    transport: str = "ssh"  # how orch's own commands reach the nodes: ssh, or slurm (srun)
+    transport: Transport = Transport.SSH  # how orch's own commands reach the nodes
     restart_count: int = 0  # the attempt: 0 first, then one more after each restart
 
 
@@ -179,7 +179,7 @@ class LaunchPlan:
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
     slurm_batch: bool = False  # the job's Slurm allocation is its own (orch submit --sbatch)
     recipe: str | None = None
-    transport: str = "ssh"  # how orch's own commands reach the nodes: ssh, or slurm (srun)
+    transport: Transport = Transport.SSH  # how orch's own commands reach the nodes
 
     @property
     def job_id(self) -> str:

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 
 from orchestrator.errors import OrchError
-from orchestrator.nodes.transport import NodeTransport, plan_transport
+from orchestrator.nodes.transport import NodeTransport, SshTransport, plan_transport
 from orchestrator.plan.agent_command import port_command
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.ports import port_candidates
@@ -33,7 +33,7 @@ def _ask(
     """Node 0's answer of the port program ({"port": N} or {"error": ...}); None and why when
     it could not be asked."""
     command = port_command(python, job_id, RESERVATIONS_DIR, ttl, candidates)
-    transport = transport or NodeTransport()
+    transport = transport or SshTransport()
     [answer] = transport.run([node], command, timeout=timeout, connect_timeout=timeout)
     if not answer.ok or answer.value is None:
         return None, answer.problem or f"{node}: no answer"

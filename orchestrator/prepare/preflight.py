@@ -32,7 +32,7 @@ from orchestrator.checks.model import (
     NodeProbe,
 )
 from orchestrator.checks.report import build_report
-from orchestrator.nodes.transport import NodeTransport
+from orchestrator.nodes.transport import NodeTransport, SshTransport
 from orchestrator.pernode import NodeResult, failed, succeeded
 from orchestrator.probe.commands import (
     ENVIRONMENT_SOURCE,
@@ -100,7 +100,7 @@ def probe_nodes(
     hears of each node as its probe ends.
     """
     main, others = names[0], list(names[1:])
-    transport = transport or NodeTransport(accept_new_host_keys=accept_new_host_keys)
+    transport = transport or SshTransport(accept_new_host_keys=accept_new_host_keys)
     # A node that does not answer fails within `timeout` (connect, banner, key exchange,
     # auth); one that answered gets `probe_timeout` to run the probe: a cold, NFS-mounted
     # Python can take tens of seconds to read its packages' metadata.
@@ -170,7 +170,7 @@ def run_collective(
     def command(node: str) -> str:
         return collective_command(python, address, port, names.index(node), world, timeout)
 
-    transport = transport or NodeTransport()
+    transport = transport or SshTransport()
     outcomes = transport.run(names, command, timeout=timeout + 30, connect_timeout=timeout)
     results = []
     for outcome in outcomes:

@@ -29,7 +29,7 @@ from pathlib import Path
 from orchestrator.errors import UsageError
 from orchestrator.logs.redact import redact_file
 from orchestrator.nodes.srun import StepError
-from orchestrator.nodes.transport import NodeAccess, NodeTransport
+from orchestrator.nodes.transport import NodeAccess, NodeTransport, SshTransport
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
 from orchestrator.remote.owned import user_directory
@@ -69,10 +69,8 @@ def fetch_command(node: str, job_id: str, transport: NodeTransport | None = None
     """How a user copies a node's raw logs by hand when orch could not: the node finds its
     own directory (its uid is the node's, not the head's); through Slurm where the nodes
     refuse SSH."""
-    tar = f"'tar -C {runs_root(_NODE_UID)}/{job_id} -cf - {node}' | tar -xf -"
-    if transport is not None and transport.slurm_job:
-        return f"srun --jobid={transport.slurm_job} --overlap -N1 -n1 -w {node} sh -c {tar}"
-    return f"ssh {node} {tar}"
+    tar = f"'tar -C {runs_root(_NODE_UID)}/{job_id} -cf - {node}'"
+    return (transport or SshTransport()).by_hand(node, tar) + " | tar -xf -"
 
 
 def _is_safe(value: str) -> bool:
@@ -252,7 +250,7 @@ def collect_node(
             "name nodes by host name, IP or ssh alias (letters, digits, . _ - @)",
         )
     try:
-        with (transport or NodeTransport()).session(node, timeout=connect_timeout) as session:
+        with (transport or SshTransport()).session(node, timeout=connect_timeout) as session:
             return _collect_over(session, node, job_id, local_dir, keep_remote, timeout,
                                  secrets, transport)  # fmt: skip
     except SSHError as err:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.nodes.transport import NodeTransport
+from orchestrator.nodes.transport import NodeTransport, SshTransport
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import stacks_command
 from orchestrator.remote.stacks import STARTUP_SLACK_S
@@ -54,7 +54,7 @@ def gather_stacks(
     def command(node: str) -> str:
         return stacks_command(python, job_id, node, seconds=seconds, rate=rate, method=method)
 
-    answers = (transport or NodeTransport()).run(
+    answers = (transport or SshTransport()).run(
         list(hosts), command, timeout=budget, connect_timeout=min(timeout, _CONNECT_TIMEOUT_S)
     )
     return [_node_report(answer, python, job_id) for answer in answers]

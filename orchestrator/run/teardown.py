@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.nodes.pdsh import is_pdsh_own, run_pdsh, send_pdsh, ssh_exit_of
 from orchestrator.nodes.slurm import cancel, job_state
-from orchestrator.nodes.transport import SLURM, NodeTransport
+from orchestrator.nodes.transport import SLURM, NodeTransport, reaching
 from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
@@ -178,7 +178,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
             os.kill(record.head_pid, signal.SIGTERM)
     ok = True
     if record.hosts:
-        transport = NodeTransport.reaching(record.transport, record.slurm_job_id)
+        transport = reaching(record.transport, record.slurm_job_id)
         outcome = teardown_job(record.hosts, record.id, record.python, grace=grace,
                                timeout=grace + 15, transport=transport)  # fmt: skip
         ok = outcome.ok

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 LAUNCHERS = ("pdsh", "standard", "torchrun")
 CONFIG_LAUNCHERS = ("pdsh", "standard")  # the launchers that run from an accelerate config
 DEFAULT_LAUNCHER = "pdsh"
+
+
+class Transport(StrEnum):
+    """How orch's own commands reach the nodes, as job.json and `--transport` say it."""
+
+    SSH = "ssh"  # paramiko, from the head
+    SLURM = "slurm"  # srun steps inside the job's Slurm allocation
+
 
 DEFAULT_MAIN_PORT = 29500  # torch.distributed's and accelerate's default rendezvous port
 PORT_RANGE = (1, 65535)

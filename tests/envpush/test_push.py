@@ -1,5 +1,6 @@
-"""`orch env push` on values and on local directories: the delta, the refusals, and the
-node side's build-and-swap (a wrong hash leaves the old environment as it was)."""
+"""`orch env push` on values, on local directories and over fake nodes: the delta, the
+refusals, the node side's build-and-swap (a wrong hash leaves the old environment as it
+was), and what is decided of each node after its look."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import socket
 import threading
 import time
@@ -14,9 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.envpush.push import EnvSource, delta, environment_source, refusal
+from orchestrator.envpush.push import (
+    EnvSource,
+    NodePush,
+    delta,
+    environment_source,
+    push_environment,
+    refusal,
+)
 from orchestrator.envpush.relay import Stream, write_stream
 from orchestrator.errors import UsageError
+from orchestrator.nodes.fake import FakeCall, FakeNode, FakeTransport, Reply
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import envpush as node_side
 
@@ -222,3 +232,70 @@ def test_manifests_of_environments_not_pushed_for_a_month_are_forgotten(tmp_path
         os.utime(path, (month_ago, month_ago))
     envpush.head_manifest(str(root))
     assert sorted(p.name for p in kept.iterdir()) == sorted([own.name, "recent"])
+
+
+# ----- the look and what is decided of each node, over fake nodes ---------------------------
+def _looked_at(seen: dict) -> dict[str, Reply]:
+    """A node whose look answers `seen` (its manifest packed as a node packs it)."""
+    return {" look ": Reply(stdout=json.dumps(seen))}
+
+
+def _sharing(call: FakeCall) -> Reply:
+    """A node that sees the head's own directory: the node side's look, run here."""
+    return Reply(stdout=json.dumps(node_side.look(json.loads(shlex.split(call.command)[-1]))))
+
+
+def _push_cluster(root: Path) -> FakeTransport:
+    has_it = {**SEEN, "manifest": node_side.pack(node_side.manifest(str(root)))}
+    return FakeTransport([
+        FakeNode("n1", _sharing),
+        FakeNode("n2", _looked_at(has_it)),
+        FakeNode("n3", _looked_at({**SEEN, "manifest": None})),
+        FakeNode("n4", _looked_at({**SEEN, "interpreter": {"version": "3.11.2"}})),
+        FakeNode("n5", {"": Reply(3, stderr="orch-no-interpreter /usr/bin/python3.11\n")}),
+        FakeNode("n6").unreachable(),
+    ])  # fmt: skip
+
+
+@pytest.fixture
+def pushed_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EnvSource:
+    from orchestrator.envpush import push as envpush
+
+    monkeypatch.setattr(envpush.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    root = _environment(tmp_path / "train", {"a.py": "a\n", "pkg/b.py": "bb\n"})
+    return EnvSource(str(root), "venv", f"{root}/bin/python", "/usr/bin/python3.11")
+
+
+def test_each_node_is_looked_at_once_and_what_it_needs_is_decided(pushed_root) -> None:
+    fake = _push_cluster(Path(pushed_root.root))
+    heard: list[str] = []
+    report = push_environment([f"n{i}" for i in range(1, 7)], pushed_root, HEAD,
+                              transport=fake, dry_run=True,
+                              on_node=lambda r: heard.append(r.node))  # fmt: skip
+    shared, has_it, lacks, older, bare, gone = report.nodes
+    assert shared.value == NodePush("n1", shared=True, dry_run=True)
+    assert has_it.value == NodePush("n2", dry_run=True)
+    assert lacks.value == NodePush("n3", sent_files=2, sent_bytes=5, dry_run=True)
+    assert (older.kind, bare.kind) == ("refused", "refused")
+    assert (older.problem or "").startswith("n4: the base interpreter /usr/bin/python3.11 is "
+                                             "Python 3.11.2")  # fmt: skip
+    assert bare.problem == ("n5: the base interpreter /usr/bin/python3.11 that the environment "
+                            "points to is not on n5")  # fmt: skip
+    assert (gone.kind, gone.problem) == ("unreachable", "n6: unreachable")
+    assert sorted(heard) == [f"n{i}" for i in range(1, 7)]
+    assert [len(fake.commands(f"n{i}")) for i in range(1, 7)] == [1] * 6
+    assert all(" look " in c.command for c in fake.calls) and fake.started == []
+    assert not list(Path(pushed_root.root).glob(f"{node_side.MARKER_PREFIX}*"))  # marker gone
+
+
+def test_nodes_that_need_nothing_are_sent_nothing(pushed_root) -> None:
+    fake = _push_cluster(Path(pushed_root.root))
+    sends: list[int] = []
+    report = push_environment(["n1", "n2", "n4"], pushed_root, HEAD, transport=fake,
+                              on_send=sends.append)  # fmt: skip
+    shared, has_it, older = report.nodes
+    assert shared.value == NodePush("n1", shared=True)
+    assert has_it.value == NodePush("n2", fingerprint=HEAD.fingerprint)
+    assert not older.ok and report.head_sent_bytes == 0
+    assert fake.started == [] and sends == [] and len(fake.calls) == 3

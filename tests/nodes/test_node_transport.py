@@ -7,7 +7,13 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.nodes.srun import _started, commands_stderr, split_tasks
-from orchestrator.nodes.transport import NodeTransport, choose_transport
+from orchestrator.nodes.transport import (
+    NodeTransport,
+    SrunTransport,
+    SshTransport,
+    choose_transport,
+    reaching,
+)
 from orchestrator.pernode import failed, succeeded
 from orchestrator.plan.srun_command import STEP_EXIT, STEP_STARTED, node_step_argv
 from orchestrator.records.job import JobRecord
@@ -58,7 +64,7 @@ def test_outside_an_allocation_it_is_ssh_and_slurm_is_refused():
 
 def test_asked_for_it_is_what_was_asked_without_trying_ssh():
     got = choose_transport("slurm", slurm_job="9", first_node="a", say=print, ssh_check=_never)
-    assert got == NodeTransport(slurm_job="9")
+    assert got == SrunTransport(slurm_job="9")
     assert choose_transport("ssh", slurm_job="9", first_node="a", say=print,
                             ssh_check=_never).kind == "ssh"  # fmt: skip
 
@@ -69,7 +75,7 @@ def test_a_first_node_that_refuses_ssh_sends_everything_through_slurm_said_once(
     refused = lambda node: failed(node, f"{node}: no", None, kind)  # noqa: E731
     got = choose_transport(None, slurm_job="9", first_node="gpu07", say=said.append,
                            ssh_check=refused)  # fmt: skip
-    assert got.kind == "slurm" and got.slurm_job == "9"
+    assert got.kind == "slurm" and got == SrunTransport("9")
     assert said == ["SSH to gpu07 is refused (gpu07: no): every node operation goes through "
                     "Slurm job 9 (srun)"]  # fmt: skip
 
@@ -93,13 +99,24 @@ def _record(**fields: str) -> JobRecord:
 
 
 def _reaching(record: JobRecord) -> NodeTransport:
-    return NodeTransport.reaching(record.transport, record.slurm_job_id)
+    return reaching(record.transport, record.slurm_job_id)
 
 
 def test_a_jobs_record_says_how_its_nodes_are_reached():
-    assert _reaching(_record(transport="slurm", slurm_job_id="5")) == NodeTransport("5")
+    assert _reaching(_record(transport="slurm", slurm_job_id="5")) == SrunTransport("5")
     assert _reaching(_record(slurm_job_id="5")).kind == "ssh"  # records from before
     assert _reaching(_record(transport="slurm")).kind == "ssh"  # no allocation: no srun
+    assert _reaching(_record(transport="ssh", slurm_job_id="5")) == SshTransport()
+
+
+def test_each_transport_says_its_kind_and_how_a_user_reaches_a_node_by_hand():
+    ways: list[NodeTransport] = [SshTransport(), SrunTransport("42")]
+    assert [way.kind for way in ways] == ["ssh", "slurm"]
+    assert [way.by_hand("n1", "'true'") for way in ways] == [
+        "ssh n1 'true'", "srun --jobid=42 --overlap -N1 -n1 -w n1 sh -c 'true'"]
+    asked = choose_transport("ssh", slurm_job="", first_node="a", say=print,
+                             accept_new_host_keys=True)  # fmt: skip
+    assert asked == SshTransport(accept_new_host_keys=True)
 
 
 def test_srun_and_slurmstepd_lines_about_the_step_are_not_the_commands():

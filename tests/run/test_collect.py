@@ -1,8 +1,10 @@
-"""Raw node logs pulled back over SFTP from real sandbox nodes, verified, cleaned up."""
+"""Raw node logs pulled back over SFTP from real sandbox nodes, verified, cleaned up; and
+the same over fake nodes, in process. The sandbox tests are marked so by their fixtures."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
 import threading
@@ -12,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.nodes.fake import FakeCall, FakeNode, FakeTransport, Reply
 from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
 from orchestrator.run.collect import collect_logs, collect_node
 from orchestrator.ssh import run_on_nodes
-
-pytestmark = pytest.mark.sandbox
 
 
 def new_job_id() -> str:
@@ -146,3 +147,78 @@ def test_dead_node_is_named_and_others_still_collected(sandbox_factory, tmp_path
         assert Path(node_dir(job, frozen, os.getuid()), "stdout.raw").exists()
     finally:
         shutil.rmtree(f"{runs_root(os.getuid())}/{job}", ignore_errors=True)
+
+
+# ----- over fake nodes: what is asked of each node, and one bad node hides no other --------
+def _on_node(job: str, node: str) -> str:
+    return node_dir(job, node, 1000)
+
+
+def _node_side(job: str, lie: bool = False):
+    """A node's answers to collect's listing and removal, from its files (the listing of a
+    node that `lie`s names a hash its file does not have)."""
+
+    def answer(call: FakeCall) -> Reply:
+        where = _on_node(job, call.node)
+        mine = {p.rsplit("/", 1)[1]: p for p in call.files if p.startswith(where + "/")}
+        if "sha256sum" in call.command:
+            if not mine:
+                return Reply(3)
+            lines = [f"dir {where}"] + [
+                f"{len(call.files[p])} {hashlib.sha256(call.files[p] + b'x' * lie).hexdigest()}"
+                f"  {name}" for name, p in sorted(mine.items())]  # fmt: skip
+            return Reply(stdout="\n".join(lines) + "\n")
+        if call.command.startswith("rm -rf"):
+            for path in mine.values():
+                del call.files[path]
+            return Reply()
+        return Reply(127)
+
+    return answer
+
+
+def _with_logs(name: str, job: str, files: dict[str, bytes], lie: bool = False) -> FakeNode:
+    where = _on_node(job, name)
+    return FakeNode(name, _node_side(job, lie), files={f"{where}/{n}": d for n, d in files.items()})
+
+
+def test_raw_logs_come_back_verified_and_only_then_leave_the_node(tmp_path: Path) -> None:
+    logs = {"stdout.raw": b"step 1\r\x00\xff", "rank1.stderr.raw": b""}
+    fake = FakeTransport([_with_logs("n1", "job-1", logs)])
+    result = collect_node("n1", "job-1", tmp_path, transport=fake)
+    assert result.value is not None and result.value.remote_removed
+    assert [(f.name, f.size) for f in result.value.files] == [("rank1.stderr.raw", 0),
+                                                             ("stdout.raw", 9)]  # fmt: skip
+    assert {p.name: p.read_bytes() for p in (tmp_path / "n1").iterdir()} == logs
+    listed, again, removed = fake.commands("n1")  # listed, listed again once copied, removed
+    assert "sha256sum" in listed and listed == again
+    assert removed.startswith(f"rm -rf -- {_on_node('job-1', 'n1')} ")
+    assert fake.node("n1").files == {}
+
+
+def test_one_bad_node_never_hides_the_others(tmp_path: Path) -> None:
+    fake = FakeTransport([
+        _with_logs("n1", "job-1", {"stdout.raw": b"n1\n"}, lie=True),
+        _with_logs("n2", "job-1", {"stdout.raw": b"n2\n"}).refuse(),
+        _with_logs("n3", "job-1", {}),
+        _with_logs("n4", "job-1", {"stdout.raw": b"n4\n"}),
+    ])  # fmt: skip
+    lied, refused, empty, good = collect_logs(["n1", "n2", "n3", "n4"], "job-1", tmp_path,
+                                              transport=fake)  # fmt: skip
+    assert good.ok and (tmp_path / "n4" / "stdout.raw").read_bytes() == b"n4\n"
+    assert lied.problem is not None and "n1: raw logs did not arrive whole" in lied.problem
+    assert "fetch it by hand: ssh n1 " in (lied.hint or "") and fake.node("n1").files
+    assert (refused.problem, refused.kind) == ("n2: connection refused", "refused")
+    assert node_dir_shown("job-1", "n2") in (refused.hint or "") and fake.commands("n2") == []
+    assert empty.problem == f"n3: no raw logs at {node_dir_shown('job-1', 'n3')}"
+
+
+def test_through_slurm_a_node_whose_step_fails_keeps_its_logs_and_says_how_to_fetch(
+    tmp_path: Path,
+) -> None:
+    fake = FakeTransport([_with_logs("n1", "job-1", {"stdout.raw": b"x"}, lie=True),
+                          FakeNode("n2").unreachable()], slurm_job="7")  # fmt: skip
+    lied, gone = collect_logs(["n1", "n2"], "job-1", tmp_path, transport=fake)
+    assert "srun --jobid=7 --overlap -N1 -n1 -w n1 sh -c " in (lied.hint or "")
+    assert (gone.problem, gone.kind) == ("n2: unreachable", "unreachable")
+    assert node_dir_shown("job-1", "n2") in (gone.hint or "")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.nodes.transport import NodeTransport
+from orchestrator.nodes.transport import SrunTransport
 from orchestrator.remote import node_files, owned
 from orchestrator.run import collect
 
@@ -67,6 +67,6 @@ def test_a_linked_user_directory_is_not_read(base: Path) -> None:
 def test_the_hand_fetch_finds_the_nodes_own_directory() -> None:
     said = collect.fetch_command("n1", "job-1")
     assert said == "ssh n1 'tar -C /tmp/orch-$(id -u)/runs/job-1 -cf - n1' | tar -xf -"
-    through_slurm = collect.fetch_command("n1", "job-1", NodeTransport(slurm_job="42"))
+    through_slurm = collect.fetch_command("n1", "job-1", SrunTransport(slurm_job="42"))
     tar = "'tar -C /tmp/orch-$(id -u)/runs/job-1 -cf - n1' | tar -xf -"
     assert through_slurm == f"srun --jobid=42 --overlap -N1 -n1 -w n1 sh -c {tar}"

@@ -1,0 +1,52 @@
+"""Tearing a job down through a transport other than pdsh (srun steps), over fake nodes:
+the kill program goes to every node, and each node's answer, or its silence, is reported."""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator.nodes.fake import FakeNode, FakeTransport, Reply
+from orchestrator.run.teardown import KILL_FAILED, NO_ANSWER, UNREACHABLE, StopReport, teardown_job
+
+STOPPED = Reply(stdout='{"found": 2, "killed": 1, "left": 0}\n')
+
+
+def _sent_within(fake: FakeTransport, node: str, seconds: float = 5.0) -> list[str]:
+    """The commands `node` was sent, once one arrives (those not waited for are sent from
+    a thread of their own)."""
+    deadline = time.monotonic() + seconds
+    while not fake.commands(node) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return fake.commands(node)
+
+
+def test_the_kill_program_goes_to_every_node_and_each_answer_is_reported() -> None:
+    fake = FakeTransport([
+        FakeNode("n1", {"": STOPPED}),
+        FakeNode("n2", {"": STOPPED}).unreachable(),
+        FakeNode("n3", {"": Reply(1, stderr="python3: not found\n")}),
+        FakeNode("n4", {"": STOPPED}),
+    ], slurm_job="7")  # fmt: skip
+    stopped, gone, broken, silent = teardown_job(
+        ["n1", "n2", "n3", "n4"], "job-1", "/opt/venv/bin/python", grace=2.0, timeout=5.0,
+        not_answering=["n4"], transport=fake,
+    )  # fmt: skip
+    assert stopped.value == StopReport(found=2, killed=1, left=0)
+    assert (gone.kind, gone.problem) == (UNREACHABLE, "n2: unreachable")
+    assert (broken.kind, broken.problem) == (KILL_FAILED, "n3: kill failed (exit 1)")
+    assert silent.kind == NO_ANSWER
+    assert silent.problem == "n4: stopped answering; stop request sent, not waited for"
+    assert _sent_within(fake, "n4") == fake.commands("n1")  # sent, though not waited for
+    for node in ("n1", "n2", "n3"):
+        [command] = fake.commands(node)
+        assert "job-1" in command and "/opt/venv/bin/python" in command
+
+
+def test_a_node_whose_program_does_not_end_in_time_is_named_and_the_others_still_stop() -> None:
+    fake = FakeTransport([FakeNode("n1", {"": Reply(hangs=True)}), FakeNode("n2", {"": STOPPED})],
+                         slurm_job="7")  # fmt: skip
+    late, stopped = teardown_job(["n1", "n2"], "job-1", "python3", grace=1.0, timeout=1.0,
+                                 transport=fake)  # fmt: skip
+    # a node gets at least the grace and 5 s
+    assert late.kind == UNREACHABLE and late.problem == "n1: command did not finish within 6s"
+    assert stopped.ok and stopped.value is not None and stopped.value.found == 2
