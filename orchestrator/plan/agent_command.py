@@ -54,15 +54,16 @@ def agent_argv(python: str, spec: AgentSpec) -> list[str]:
     return [python, "-c", _boot_code(_blob()), "run", agent_spec.encode(spec), "-", "-"]
 
 
-def kill_command(python: str, job_id: str, grace: float) -> str:
-    """The remote shell command (for pdsh, which fills in %h) that stops every process of the
-    job on a node, and only that node's: nodes may share one kernel.
+def kill_command(python: str, job_id: str, grace: float, node: str = "%h") -> str:
+    """The remote shell command that stops every process of the job on a node, and only
+    that node's: nodes may share one kernel. `node`: pdsh fills in %h; under srun, `-` is
+    Slurm's name for the node (remote/procs.py's SLURM_NODE).
 
     The sweep program needs only the standard library: when the job's interpreter
     is missing on a node, any python3 there does.
     """
     return _with_any_python3(python, _boot_blob(("procs",), "sweep"),
-                             (job_id, f"{grace:g}", "%h"))  # fmt: skip
+                             (job_id, f"{grace:g}", node))  # fmt: skip
 
 
 def stacks_command(

@@ -393,8 +393,7 @@ def without_step_variables(environ: Mapping[str, str]) -> dict[str, str]:
 def slurm_node_and_rank(spec: AgentSpec, node: str, rank: str) -> tuple[str, str]:
     """Under srun, `-` for the node is Slurm's name for it, and `-` for its rank is that
     name's place in the job's hosts (the order of the plan, node 0 first)."""
-    if node == "-":
-        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node = procs.node_name(node)
     if rank == "-":
         hosts = spec.hosts
         rank = str(hosts.index(node)) if node in hosts else os.environ.get("SLURM_NODEID", "0")

@@ -44,6 +44,17 @@ def parse_environ(raw: bytes) -> dict[str, str]:
     return env
 
 
+SLURM_NODE = "-"  # under srun, this node's name as Slurm gives it (no pdsh fills in %h)
+
+
+def node_name(word: str) -> str:
+    """The node a program was started for: `word`, or under srun (`-`) Slurm's name for
+    this node, else its short host name."""
+    if word != SLURM_NODE:
+        return word
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
 def started_for(env: Mapping[str, str], job_id: str, node: str | None) -> bool:
     """Whether a process with this environment was started for the job on this node (one
     that names no node is taken as this node's: nothing tells it apart); node None: on any

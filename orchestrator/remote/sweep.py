@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: sweep JOB_ID GRACE NODE", file=sys.stderr)
         return 2
-    job_id, grace, node = argv[0], float(argv[1]), argv[2]
+    job_id, grace, node = argv[0], float(argv[1]), procs.node_name(argv[2])
     result = stop_job(job_id, node, grace)
     print(json.dumps(result), flush=True)
     return 0 if result["left"] == 0 else 1

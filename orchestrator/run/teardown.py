@@ -23,6 +23,7 @@ from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
 from orchestrator.records.job import FINAL_STATES, JobRecord, RunDir, finished, head_alive
 from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.remote.procs import SLURM_NODE
 from orchestrator.specs.slurm import ACTIVE_STATES
 
 # `orch kill` leaves this file in the run directory, so the head reports "killed".
@@ -66,6 +67,7 @@ def teardown_job(
     waited = [h for h in hosts if h not in not_answering]
     sent = [h for h in hosts if h in not_answering]
     if transport is not None and transport.kind == SLURM:
+        command = kill_command(python, job_id, grace, node=SLURM_NODE)
         return _teardown_through(transport, hosts, sent, command, timeout)
     if sent and log is not None:
         send_pdsh(sent, command, timeout=timeout, log=log)

@@ -3,9 +3,17 @@ the kill program goes to every node, and each node's answer, or its silence, is 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from orchestrator.nodes.fake import FakeNode, FakeTransport, Reply
+import pytest
+
+from orchestrator.nodes.fake import FakeCall, FakeNode, FakeTransport, Reply
+from orchestrator.remote.procs import JOB_ID_VAR, NODE_VAR
 from orchestrator.run.teardown import KILL_FAILED, NO_ANSWER, UNREACHABLE, StopReport, teardown_job
 
 STOPPED = Reply(stdout='{"found": 2, "killed": 1, "left": 0}\n')
@@ -50,3 +58,32 @@ def test_a_node_whose_program_does_not_end_in_time_is_named_and_the_others_still
     # a node gets at least the grace and 5 s
     assert late.kind == UNREACHABLE and late.problem == "n1: command did not finish within 6s"
     assert stopped.ok and stopped.value is not None and stopped.value.found == 2
+
+
+@pytest.mark.process
+def test_through_srun_the_kill_program_finds_the_jobs_processes_by_slurms_node_name(
+    tmp_path: Path,
+) -> None:
+    """Each node runs the command as srun would (a shell, SLURMD_NODENAME set, no pdsh to
+    fill in %h): the kill program must stop the processes the agent started for that node,
+    which carry Slurm's name for it."""
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                              env={**os.environ, JOB_ID_VAR: "job-x", NODE_VAR: "c1"})  # fmt: skip
+
+    def as_srun_would(call: FakeCall) -> Reply:
+        env = {**os.environ, "SLURMD_NODENAME": call.node}
+        done = subprocess.run(["/bin/sh", "-c", call.command], capture_output=True, timeout=30,
+                              env=env, check=False)  # fmt: skip
+        return Reply(done.returncode, done.stdout, done.stderr)
+
+    try:
+        fake = FakeTransport([FakeNode("c1", as_srun_would)], slurm_job="7")
+        [stopped] = teardown_job(["c1"], "job-x", sys.executable, grace=2.0, timeout=20.0,
+                                 transport=fake)  # fmt: skip
+        assert stopped.ok, stopped.problem
+        assert stopped.value.found == 1 and stopped.value.left == 0
+        assert victim.wait(10) == -signal.SIGTERM
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
