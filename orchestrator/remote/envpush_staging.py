@@ -22,7 +22,7 @@ import stat
 import subprocess
 import tarfile
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 try:  # on a node, loaded beside the program
     import orch_environment as environment
@@ -52,7 +52,7 @@ class Staging:
     def _interrupted(self, signum: int, _frame: FrameType | None) -> None:
         self.abandon(128 + signum)
 
-    def abandon(self, code: int) -> None:
+    def abandon(self, code: int) -> NoReturn:
         self.remove()
         os._exit(code)
 
