@@ -34,8 +34,8 @@ from orchestrator.nodes.transport import NodeTransport, SshTransport
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import boot_blob, boot_code
-from orchestrator.remote.envpush import MARKER_PREFIX, manifest, unpack, with_mtimes
-from orchestrator.remote.envpush import delta as node_delta
+from orchestrator.remote.envpush_manifest import MARKER_PREFIX, manifest, unpack, with_mtimes
+from orchestrator.remote.envpush_manifest import delta as node_delta
 from orchestrator.remote.owned import (
     UnsafeDirectory,
     private_directories,
@@ -43,7 +43,10 @@ from orchestrator.remote.owned import (
     write_private_file,
 )
 
-PUSH_SOURCE = boot_code(boot_blob(("environment", "owned", "procs"), "envpush"))
+# The node side, with what it imports loaded before it (a part after those it imports).
+PUSH_PARTS = ("environment", "owned", "procs", "digest", "envpush_manifest", "envpush_staging",
+              "envpush_relay")  # fmt: skip
+PUSH_SOURCE = boot_code(boot_blob(PUSH_PARTS, "envpush"))
 DISK_MARGIN_BYTES = 256 << 20  # left free on a node after the push
 # A node's look hashes every file no earlier push recorded: 6 GB on a slow disk.
 LOOK_TIMEOUT_S = 900.0

@@ -28,7 +28,7 @@ from typing import Any
 
 from orchestrator.nodes.transport import NodeTransport, StartedCommand
 from orchestrator.pernode import NodeResult, failed, for_each_node, succeeded
-from orchestrator.remote.envpush import STREAM_MANIFEST, pack
+from orchestrator.remote.envpush_manifest import STREAM_MANIFEST, pack
 
 Bytes = Callable[[str, int], None]  # (node, bytes just sent)
 ROUNDS = 2  # the chain, then once more from the head for nodes it did not reach whole

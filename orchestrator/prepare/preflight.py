@@ -11,7 +11,6 @@ The checks themselves are the pure functions of `orchestrator.checks`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -48,6 +47,7 @@ from orchestrator.probe.facts import (
     parse_facts,
     parse_listening,
 )
+from orchestrator.remote.digest import sha256_of
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import Hostfile
 from orchestrator.ssh import CommandResult
@@ -253,7 +253,7 @@ def _sha256(path: str | None) -> str | None:
     if not path:
         return None
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return sha256_of(path)
     except OSError:
         return None
 

@@ -17,6 +17,7 @@ orch installed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -79,7 +80,7 @@ def _quiet_about_orchs_own_settings() -> None:
     if prepare is None:  # another accelerate: its lines stay as they are
         return
 
-    def prepared(args):  # type: ignore[no-untyped-def]
+    def prepared(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         cmd, env = prepare(args)
         if args.num_machines > 1 and args.deepspeed_multinode_launcher == "pdsh":
             env = without_runners_path_entry(env, os.path.abspath("."))

@@ -7,13 +7,15 @@ bus bandwidth; with NCCL_DEBUG=INFO the head reads the transport NCCL chose.
 Arguments: ADDRESS PORT RANK WORLD_SIZE TIMEOUT_S SIZE_BYTES ITERATIONS
 """
 
+from __future__ import annotations
+
 import datetime
 import json
 import sys
 import time
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     address, port, rank, world, timeout, size, iterations = argv[:7]
     rank, world, size, iterations = int(rank), int(world), int(size), int(iterations)
     result = {"rank": rank, "ok": False}

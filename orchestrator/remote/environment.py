@@ -9,21 +9,24 @@ Reading the metadata files takes milliseconds; nothing is imported. About 25 byt
 distribution come back.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import platform
 import re
 import sys
+from typing import Any
 
 # orch runs on the head only (its node programs are shipped inline): the nodes need not have it.
 NOT_THE_JOBS = frozenset({"orch"})
 
 
-def _normalized(name):
+def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def distributions():
+def distributions() -> dict[str, str]:
     from importlib import metadata
 
     found = {}
@@ -38,7 +41,7 @@ def distributions():
     return dict(sorted(found.items()))
 
 
-def os_release():
+def os_release() -> str:
     """`ID VERSION_ID` of /etc/os-release (`debian 12`): what binary wheels depend on."""
     fields = {}
     try:
@@ -51,7 +54,7 @@ def os_release():
     return " ".join(v for v in (fields.get("ID"), fields.get("VERSION_ID")) if v)
 
 
-def interpreter():
+def interpreter() -> dict[str, str]:
     import sysconfig
 
     return {
@@ -61,7 +64,7 @@ def interpreter():
     }
 
 
-def platform_facts():
+def platform_facts() -> dict[str, str]:
     libc, libc_version = platform.libc_ver()
     return {
         "system": platform.system(),
@@ -71,18 +74,18 @@ def platform_facts():
     }
 
 
-def fingerprint(env):
+def fingerprint(env: dict[str, Any]) -> str:
     canonical = json.dumps(env, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def environment():
+def environment() -> dict[str, Any]:
     env = {"interpreter": interpreter(), "platform": platform_facts(), "dists": distributions()}
     env["fingerprint"] = fingerprint(env)
     return env
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     print(json.dumps(environment(), sort_keys=True, separators=(",", ":")))
     return 0
 

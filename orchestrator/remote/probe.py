@@ -1,5 +1,6 @@
 """The node-side probe: STANDARD LIBRARY ONLY, shipped to each node as `python -c`, with
-owned.py, agent_spec.py, ports.py and environment.py loaded beside it (as orch_<name>): it
+owned.py, agent_spec.py, ports.py, environment.py and digest.py loaded beside it (as
+orch_<name>): it
 makes and checks the user's own directory as a launch would, and reports the job's whole
 Python environment.
 
@@ -12,8 +13,9 @@ Argument: one JSON object {"python", "workdir", "script", "names", "main"}.
 other node connects to it (the `nc -zv main port` test), all in the same run.
 """
 
+from __future__ import annotations
+
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -25,14 +27,16 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 try:  # on a node, loaded beside this program
     import orch_agent_spec as agent_spec
+    import orch_digest as digest
     import orch_environment as environment
     import orch_owned as owned
     import orch_ports as ports
 except ImportError:
-    from orchestrator.remote import agent_spec, environment, owned, ports
+    from orchestrator.remote import agent_spec, digest, environment, owned, ports
 
 PROBE_VERSION = 1
 PACKAGES = ("torch", "deepspeed", "accelerate", "transformers", "colossalai", "tqdm", "numpy")
@@ -40,7 +44,7 @@ NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 _SIOCGIFADDR = 0x8915
 
 
-def package_versions():
+def package_versions() -> dict[str, str | None]:
     from importlib import metadata
 
     found = {}
@@ -57,7 +61,7 @@ def package_versions():
     return found
 
 
-def torch_cuda_version():
+def torch_cuda_version() -> str | None:
     """torch's build CUDA version from torch/version.py, without importing torch."""
     import importlib.util
 
@@ -80,7 +84,7 @@ def torch_cuda_version():
     return None
 
 
-def _run(argv, timeout):
+def _run(argv: list[str], timeout: float) -> tuple[str | None, str | None]:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -90,7 +94,7 @@ def _run(argv, timeout):
     return done.stdout, None
 
 
-def gpus():
+def gpus() -> dict[str, Any]:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return {"status": "absent", "gpus": [], "busy": []}
@@ -120,7 +124,7 @@ def gpus():
     return {"status": "ok", "gpus": found, "busy": busy}
 
 
-def _ipv4(name):
+def _ipv4(name: str) -> str | None:
     import fcntl
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -133,7 +137,7 @@ def _ipv4(name):
     return socket.inet_ntoa(packed[20:24])
 
 
-def _ipv6_by_interface():
+def _ipv6_by_interface() -> dict[str, list[str]]:
     found = {}
     try:
         with open("/proc/net/if_inet6") as handle:
@@ -151,7 +155,7 @@ def _ipv6_by_interface():
     return found
 
 
-def interfaces():
+def interfaces() -> dict[str, list[str]]:
     try:
         names = sorted(os.listdir("/sys/class/net"))
     except OSError:
@@ -164,18 +168,18 @@ def interfaces():
     return result
 
 
-def ib_devices():
+def ib_devices() -> list[str]:
     try:
         return sorted(os.listdir("/sys/class/infiniband"))
     except OSError:
         return []
 
 
-def resolve_all(names, timeout):
+def resolve_all(names: list[str], timeout: float) -> dict[str, list[str] | str]:
     """getaddrinfo for every name, in threads, so a slow DNS cannot stall the probe."""
     results = {}
 
-    def one(name):
+    def one(name: str) -> None:
         try:
             infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
             results[name] = sorted({info[4][0] for info in infos})
@@ -191,7 +195,7 @@ def resolve_all(names, timeout):
     return {name: results.get(name, "error: timed out") for name in names}
 
 
-def disk_free(path):
+def disk_free(path: str | None) -> dict[str, Any]:
     probe = os.path.abspath(path or ".")
     while not os.path.exists(probe) and probe != os.path.dirname(probe):
         probe = os.path.dirname(probe)
@@ -202,19 +206,16 @@ def disk_free(path):
     return {"path": probe, "free_bytes": stats.f_bavail * stats.f_frsize}
 
 
-def file_facts(path):
+def file_facts(path: str | None) -> dict[str, Any]:
     if not path:
         return {"path": None, "exists": None, "sha256": None, "size": None}
     if not os.path.isfile(path):
         return {"path": path, "exists": False, "sha256": None, "size": None}
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
+        sha256 = digest.sha256_of(path)
     except OSError as err:
         return {"path": path, "exists": True, "sha256": None, "size": None, "error": str(err)}
-    return {"path": path, "exists": True, "sha256": digest.hexdigest(),
+    return {"path": path, "exists": True, "sha256": sha256,
             "size": os.path.getsize(path)}  # fmt: skip
 
 
@@ -229,7 +230,7 @@ class MainListener:
     the window ends.
     """
 
-    def __init__(self, port, peers, window):
+    def __init__(self, port: int, peers: int, window: float) -> None:
         self.port, self.expected, self.window = port, peers, window
         self.result = {"port": port, "free": False, "error": None, "peers": []}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -250,13 +251,13 @@ class MainListener:
         self.thread.start()
         print(json.dumps({"listening": True, "error": None}), flush=True)
 
-    def _wait_for_head(self):
+    def _wait_for_head(self) -> None:
         # "done", or EOF: the head went away, so free the port at once for the next job.
         with contextlib.suppress(OSError, ValueError):
             sys.stdin.readline()
         self.done.set()
 
-    def _serve(self):
+    def _serve(self) -> None:
         deadline = time.monotonic() + self.window
         self.sock.settimeout(0.1)
         while (
@@ -278,7 +279,7 @@ class MainListener:
             self.result["peers"].append({"hostname": name, "address": address[0]})
         self.sock.close()
 
-    def finish(self):
+    def finish(self) -> dict[str, Any]:
         if self.thread is not None:
             self.thread.join(self.window + 1)
         names = sorted({p["hostname"] for p in self.result["peers"] if p["hostname"]})
@@ -290,13 +291,13 @@ class MainListener:
 class MainConnector:
     """Every other node: connect to the main address and port, retrying until the window ends."""
 
-    def __init__(self, address, port, window):
+    def __init__(self, address: str, port: int, window: float) -> None:
         self.address, self.port, self.window = address, port, window
         self.result = {"address": address, "port": port, "ok": False, "error": None}
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _run(self):
+    def _run(self) -> None:
         deadline = time.monotonic() + self.window
         hello = ("hello " + socket.gethostname() + "\n").encode()
         while True:
@@ -312,12 +313,12 @@ class MainConnector:
                 return
             time.sleep(0.1)  # node 0 may not be listening yet
 
-    def finish(self):
+    def finish(self) -> dict[str, Any]:
         self.thread.join(self.window + 1)
         return self.result
 
 
-def stacks_facts(job_python):
+def stacks_facts(job_python: str | None) -> dict[str, Any]:
     """Whether `orch stacks` can read the ranks' stacks here: py-spy (beside the job's
     interpreter, beside this one, or on PATH, as remote/stacks.py looks), and ptrace."""
     py_spy = None
@@ -348,7 +349,7 @@ def stacks_facts(job_python):
     }
 
 
-def own_directories():
+def own_directories() -> list[dict[str, str]]:
     """Whether the user's own directory for orch (/tmp/orch-<uid>) can be made and used here
     where a launch needs it: the jobs' node directories (runs/) and the port reservations
     (ports/), each made and checked as a launch does, and a file made and removed in it.
@@ -359,7 +360,7 @@ def own_directories():
             for what, below in (("runs", agent_spec.RUNS_DIR), ("ports", ports.PORTS_DIR))]
 
 
-def _usable(what, top, below, uid):
+def _usable(what: str, top: str, below: str, uid: int) -> dict[str, str]:
     path = os.path.join(top, below)
     fact = {"what": what, "path": path}
     try:
@@ -378,7 +379,7 @@ def _usable(what, top, below, uid):
     return fact
 
 
-def os_name():
+def os_name() -> str:
     try:
         with open("/etc/os-release") as handle:
             for line in handle:
@@ -389,7 +390,7 @@ def os_name():
     return platform.platform()
 
 
-def probe(request):
+def probe(request: dict[str, Any]) -> dict[str, Any]:
     main = request.get("main") or {}
     listener = connector = None
     if main.get("role") == "listen":
@@ -432,7 +433,7 @@ def probe(request):
     return facts
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     request = json.loads(argv[0]) if argv else {}
     if "--interpreter-missing" in argv[1:]:
         request["interpreter_found"] = False

@@ -16,7 +16,6 @@ get the files by hand: never skipped silently, never hiding the other nodes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
@@ -32,6 +31,7 @@ from orchestrator.nodes.srun import StepError
 from orchestrator.nodes.transport import NodeAccess, NodeTransport, SshTransport
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
+from orchestrator.remote.digest import sha256_of
 from orchestrator.remote.owned import user_directory
 from orchestrator.ssh import SSHError
 
@@ -113,14 +113,6 @@ def _parse_hashes(stdout: bytes) -> tuple[str | None, dict[str, tuple[int, str]]
     return where, hashes
 
 
-def _local_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class _NotOwn(Exception):
     """The user's directory on the node is not the user's own: nothing of it is fetched."""
 
@@ -165,7 +157,7 @@ def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledF
     for name, (size, digest) in sorted(hashes.items()):
         partial = local_dir / (name + _PARTIAL_SUFFIX)
         got_size = partial.stat().st_size
-        got_digest = _local_sha256(partial)
+        got_digest = sha256_of(partial)
         if (got_size, got_digest) != (size, digest):
             raise _Mismatch(
                 f"{name}: got {got_size} bytes sha256 {got_digest[:12]}, "

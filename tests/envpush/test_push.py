@@ -1,20 +1,17 @@
 """`orch env push` on values, on local directories and over fake nodes: the delta, the
-refusals, the node side's build-and-swap (a wrong hash leaves the old environment as it
-was), and what is decided of each node after its look."""
+refusals, the head's manifest, and what is decided of each node after its look (the node
+side's build-and-swap and relay are tested in tests/remote/)."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import shlex
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from _envpush_stream import environment
 
 from orchestrator.envpush.push import (
     EnvSource,
@@ -24,11 +21,11 @@ from orchestrator.envpush.push import (
     push_environment,
     refusal,
 )
-from orchestrator.envpush.relay import Stream, write_stream
 from orchestrator.errors import UsageError
 from orchestrator.nodes.fake import FakeCall, FakeNode, FakeTransport, Reply
 from orchestrator.probe.facts import Environment
-from orchestrator.remote import envpush as node_side
+from orchestrator.remote import envpush as envpush_node
+from orchestrator.remote import envpush_manifest
 
 HEAD = Environment("f" * 16, "cpython", "3.11.7", "cpython-311-x86_64-linux-gnu", "debian 12",
                    "glibc 2.36", "x86_64", {})  # fmt: skip
@@ -81,103 +78,6 @@ def test_only_an_environment_is_pushed(tmp_path: Path) -> None:
         environment_source("/usr/bin/python3")
 
 
-def _stream(head_root: Path, rels: list[str]) -> tuple[io.BytesIO, str]:
-    """The head's stream of `rels` out of `head_root`, and its manifest's sha256."""
-    found = node_side.manifest(str(head_root))
-    stream = Stream(str(head_root), found, tuple(rels))
-    data, out = stream.manifest_bytes(), io.BytesIO()
-    write_stream(stream, data, out)
-    out.seek(0)
-    return out, hashlib.sha256(data).hexdigest()
-
-
-def _environment(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
-
-
-def test_the_node_builds_beside_and_swaps_or_keeps_the_old(tmp_path: Path) -> None:
-    head = _environment(tmp_path / "head", {"kept.py": "kept\n", "pkg/new.py": "new\n"})
-    nodes = tmp_path / "node"
-    root = _environment(nodes / "env", {"kept.py": "kept\n", "old.py": "old\n"})
-    stream, sha = _stream(head, ["pkg/new.py"])
-    answer = node_side.receive(str(root), "0" * 64, stream)  # not the head's manifest
-    assert answer["ok"] is False and "does not match its sha256" in answer["error"]
-    assert sorted(p.name for p in nodes.iterdir()) == ["env"]  # nothing half-written
-    assert (root / "old.py").exists()
-
-    good, sha = _stream(head, ["pkg/new.py"])
-    bad = io.BytesIO(good.getvalue().replace(b"new\n", b"bad\n"))
-    answer = node_side.receive(str(root), sha, bad)
-    assert answer["ok"] is False and "sha256 does not match" in answer["error"]
-    assert sorted(p.name for p in nodes.iterdir()) == ["env"]
-
-    answer = node_side.receive(str(root), sha, good)
-    assert answer["ok"] is True and answer["received"] == 1 and answer["received_bytes"] == 4
-    assert sorted(p.name for p in nodes.iterdir()) == ["env"]
-    assert (root / "pkg" / "new.py").read_text() == "new\n" and not (root / "old.py").exists()
-    assert (root / "kept.py").read_text() == "kept\n"
-    # the next look reads the recorded hashes instead of the files
-    recorded = json.loads((root / node_side.MANIFEST_NAME).read_text())
-    assert set(recorded) == {"kept.py", "pkg/new.py"}
-    again = node_side.manifest(str(root), recorded)
-    assert again["pkg/new.py"][2] == hashlib.sha256(b"new\n").hexdigest()
-
-
-def test_a_node_keeps_its_own_files_and_passes_every_byte_on(tmp_path: Path) -> None:
-    """Two nodes that need different files get one stream: the first keeps what it lacks,
-    skips the rest, and passes the whole stream on, byte for byte."""
-    head = _environment(tmp_path / "head", {"a.py": "a\n", "b.py": "b\n"})
-    first = _environment(tmp_path / "n1" / "env", {"a.py": "a\n"})  # lacks b.py
-    stream, sha = _stream(head, ["a.py", "b.py"])  # the second node lacks both
-    left, right = socket.socketpair()
-    relay = node_side.Relay(stream.read, left)
-    passed = io.BytesIO()
-    reader = threading.Thread(target=lambda: passed.write(_read_all(right)))
-    reader.start()
-    answer = node_side.receive(str(first), sha, relay)
-    relay.drain()
-    relay.drop()
-    reader.join(10)
-    assert answer["ok"] is True and answer["received"] == 1  # b.py only
-    assert (first / "b.py").read_text() == "b\n"
-    assert passed.getvalue() == stream.getvalue() and relay.forward_error is None
-    second = tmp_path / "n2" / "env"
-    passed.seek(0)
-    assert node_side.receive(str(second), sha, passed)["received"] == 2
-    assert sorted(p.name for p in second.iterdir()) == [".orch-manifest.json", "a.py", "b.py"]
-
-
-def test_a_lost_next_node_stops_the_passing_on_not_the_build(tmp_path: Path) -> None:
-    head = _environment(tmp_path / "head", {"a.py": "a\n" * 400_000})
-    stream, sha = _stream(head, ["a.py"])
-    left, right = socket.socketpair()
-    right.close()  # the next node is gone
-    relay = node_side.Relay(stream.read, left)
-    answer = node_side.receive(str(tmp_path / "env"), sha, relay)
-    assert answer["ok"] is True and relay.forward_error is not None
-    assert "passing the stream on failed" in relay.forward_error
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(1 << 16):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def test_a_second_push_of_the_same_root_waits_its_turn(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(node_side.owned, "user_directory", lambda uid: str(tmp_path / "u"))
-    held = node_side.take_lock(str(tmp_path / "env"))
-    assert held is not None
-    assert node_side.take_lock(str(tmp_path / "env")) is None  # another push runs
-    assert node_side.take_lock(str(tmp_path / "other")) is not None
-    os.close(held)
-    assert node_side.take_lock(str(tmp_path / "env")) is not None
-
-
 def test_the_heads_manifest_reads_only_files_changed_since_the_last_push(tmp_path, monkeypatch):
     from orchestrator.envpush import push as envpush
 
@@ -220,7 +120,7 @@ def test_manifests_of_environments_not_pushed_for_a_month_are_forgotten(tmp_path
 
     monkeypatch.setattr(envpush.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    root = _environment(tmp_path / "env", {"a.py": "a\n"})
+    root = environment(tmp_path / "env", {"a.py": "a\n"})
     envpush.head_manifest(str(root))
     kept = tmp_path / "tmp" / f"orch-{os.getuid()}" / "env-manifests"
     [own] = list(kept.iterdir())
@@ -242,11 +142,11 @@ def _looked_at(seen: dict) -> dict[str, Reply]:
 
 def _sharing(call: FakeCall) -> Reply:
     """A node that sees the head's own directory: the node side's look, run here."""
-    return Reply(stdout=json.dumps(node_side.look(json.loads(shlex.split(call.command)[-1]))))
+    return Reply(stdout=json.dumps(envpush_node.look(json.loads(shlex.split(call.command)[-1]))))
 
 
 def _push_cluster(root: Path) -> FakeTransport:
-    has_it = {**SEEN, "manifest": node_side.pack(node_side.manifest(str(root)))}
+    has_it = {**SEEN, "manifest": envpush_manifest.pack(envpush_manifest.manifest(str(root)))}
     return FakeTransport([
         FakeNode("n1", _sharing),
         FakeNode("n2", _looked_at(has_it)),
@@ -263,7 +163,7 @@ def pushed_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EnvSource:
 
     monkeypatch.setattr(envpush.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    root = _environment(tmp_path / "train", {"a.py": "a\n", "pkg/b.py": "bb\n"})
+    root = environment(tmp_path / "train", {"a.py": "a\n", "pkg/b.py": "bb\n"})
     return EnvSource(str(root), "venv", f"{root}/bin/python", "/usr/bin/python3.11")
 
 
@@ -286,7 +186,8 @@ def test_each_node_is_looked_at_once_and_what_it_needs_is_decided(pushed_root) -
     assert sorted(heard) == [f"n{i}" for i in range(1, 7)]
     assert [len(fake.commands(f"n{i}")) for i in range(1, 7)] == [1] * 6
     assert all(" look " in c.command for c in fake.calls) and fake.started == []
-    assert not list(Path(pushed_root.root).glob(f"{node_side.MARKER_PREFIX}*"))  # marker gone
+    # the shared-filesystem check leaves no marker behind
+    assert not list(Path(pushed_root.root).glob(f"{envpush_manifest.MARKER_PREFIX}*"))
 
 
 def test_nodes_that_need_nothing_are_sent_nothing(pushed_root) -> None:

@@ -13,9 +13,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from _shipped import not_loaded_before
 
 from orchestrator.prepare.preflight import probe_nodes
-from orchestrator.probe.commands import listen_request, probe_command
+from orchestrator.probe.commands import PROBE_PARTS, listen_request, probe_command
 from orchestrator.probe.facts import ProbeError, parse_facts
 
 SAMPLE = {
@@ -102,6 +103,10 @@ def test_probe_runs_locally_and_reads_metadata_without_importing_torch(tmp_path:
         ("runs", runs, None), ("ports", f"/tmp/orch-{os.getuid()}/ports", None)
     ]
     assert not [p for p in Path(runs).iterdir() if p.name.startswith(".orch-doctor-")]
+
+
+def test_every_part_of_the_probe_is_loaded_after_the_parts_it_imports() -> None:
+    assert not_loaded_before(PROBE_PARTS, "probe") == []
 
 
 def test_probe_does_not_import_torch() -> None:

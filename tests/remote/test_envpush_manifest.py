@@ -1,0 +1,57 @@
+"""`orch env push`'s manifests: what an environment holds, what a node lacks of the head's,
+and the record of the last push that spares hashing what did not change."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from _envpush_stream import environment
+
+from orchestrator.remote import envpush_manifest as em
+
+
+def test_the_manifest_names_directories_links_and_files_and_skips_caches(tmp_path: Path) -> None:
+    root = environment(tmp_path / "env", {"pkg/a.py": "a\n", "pkg/__pycache__/a.pyc": "x",
+                                          "b.pyc": "x", em.MANIFEST_NAME: "{}",
+                                          em.MARKER_PREFIX + "1": ""})  # fmt: skip
+    (root / "bin").mkdir()
+    (root / "bin" / "python").symlink_to("/usr/bin/python3")
+    os.chmod(root / "pkg" / "a.py", 0o640)
+    found = em.manifest(str(root))
+    assert found == {
+        "bin": ["d", 0, "", os.stat(root / "bin").st_mode & 0o7777],
+        "pkg": ["d", 0, "", os.stat(root / "pkg").st_mode & 0o7777],
+        "bin/python": ["l", 0, "/usr/bin/python3", 0],
+        "pkg/a.py": ["f", 2, hashlib.sha256(b"a\n").hexdigest(), 0o640],
+    }
+
+
+def test_the_record_of_the_last_push_spares_hashing_unchanged_files(tmp_path: Path) -> None:
+    root = environment(tmp_path / "env", {"a.py": "a\n", "b.py": "b\n"})
+    assert em.recorded(str(root)) == {}
+    em.record(str(root), em.manifest(str(root)))
+    kept = em.recorded(str(root))
+    assert set(kept) == {"a.py", "b.py"}
+    assert kept == em.with_mtimes(str(root), em.manifest(str(root)))
+    kept["a.py"][2] = "taken from the record"  # same size and mtime: not read again
+    (root / "b.py").write_text("bb\n")  # another size: read again
+    again = em.manifest(str(root), kept)
+    assert again["a.py"][2] == "taken from the record"
+    assert again["b.py"][2] == hashlib.sha256(b"bb\n").hexdigest()
+
+
+def test_the_delta_is_what_makes_the_nodes_manifest_the_heads() -> None:
+    head = {"bin": ["d", 0, "", 0o755], "a.py": ["f", 10, "aa", 0o644],
+            "b.py": ["f", 20, "bb", 0o644]}  # fmt: skip
+    node = {"a.py": ["f", 10, "aa", 0o644], "b.py": ["f", 20, "old", 0o644],
+            "stale.py": ["f", 5, "ss", 0o644]}  # fmt: skip
+    assert em.delta(head, node) == {"send": {"b.py": ["f", 20, "bb", 0o644]},
+                                    "remove": ["stale.py"], "dirs": {"bin": 0o755},
+                                    "bytes": 20}  # fmt: skip
+
+
+def test_a_packed_manifest_unpacks_as_it_was() -> None:
+    found = {"a.py": ["f", 10, "aa", 0o644], "bin": ["d", 0, "", 0o755]}
+    assert em.unpack(em.pack(found)) == found

@@ -1,0 +1,114 @@
+"""`orch env push`'s stream through a node: only the previous node, presenting the push's
+token, gets the port's place, whatever other users of the node connect meanwhile; the node
+keeps its own files and passes every byte on, and a lost next node stops only the passing on."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from pathlib import Path
+
+from _envpush_stream import environment, head_stream
+
+from orchestrator.remote.envpush_relay import Relay, accept_upstream, connect_downstream, open_port
+from orchestrator.remote.envpush_staging import receive
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def _accept_in_background(server: socket.socket, seconds: float) -> dict[str, object]:
+    found: dict[str, object] = {}
+
+    def accept() -> None:
+        try:
+            found["conn"] = accept_upstream(server, TOKEN, time.monotonic() + seconds,
+                                            threading.Event())  # fmt: skip
+        except (OSError, EOFError) as err:
+            found["error"] = err
+
+    found["thread"] = thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    return found
+
+
+def test_callers_that_say_nothing_or_something_else_do_not_keep_the_previous_node_out() -> None:
+    server = open_port()
+    port = server.getsockname()[1]
+    # Another user of the node got there first: 20 connections that say nothing (each
+    # allowed 5 s to say the token), and one that says something else.
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    wrong = socket.create_connection(("127.0.0.1", port))
+    wrong.sendall(b"f" * len(TOKEN))
+    found = _accept_in_background(server, seconds=4.0)
+    upstream = connect_downstream({"host": "127.0.0.1", "port": port}, TOKEN)
+    found["thread"].join(10.0)  # type: ignore[attr-defined]
+    assert "error" not in found, found.get("error")
+    conn = found["conn"]
+    assert isinstance(conn, socket.socket)
+    upstream.sendall(b"the stream")
+    assert conn.recv(64) == b"the stream"
+    # None of the others was given the stream: each is closed.
+    wrong.settimeout(5.0)
+    assert wrong.recv(1) == b""
+    for other in silent:
+        other.settimeout(5.0)
+        assert other.recv(1) == b""
+    for sock in (conn, upstream, wrong, server, *silent):
+        sock.close()
+
+
+def test_without_the_previous_node_the_port_gives_up_at_its_deadline() -> None:
+    server = open_port()
+    port = server.getsockname()[1]
+    wrong = socket.create_connection(("127.0.0.1", port))
+    wrong.sendall(b"0" * len(TOKEN))
+    found = _accept_in_background(server, seconds=1.0)
+    found["thread"].join(10.0)  # type: ignore[attr-defined]
+    assert isinstance(found.get("error"), TimeoutError)
+    assert "conn" not in found
+    wrong.close()
+    server.close()
+
+
+def test_a_node_keeps_its_own_files_and_passes_every_byte_on(tmp_path: Path) -> None:
+    """Two nodes that need different files get one stream: the first keeps what it lacks,
+    skips the rest, and passes the whole stream on, byte for byte."""
+    head = environment(tmp_path / "head", {"a.py": "a\n", "b.py": "b\n"})
+    first = environment(tmp_path / "n1" / "env", {"a.py": "a\n"})  # lacks b.py
+    stream, sha = head_stream(head, ["a.py", "b.py"])  # the second node lacks both
+    left, right = socket.socketpair()
+    relay = Relay(stream.read, left)
+    passed = io.BytesIO()
+    reader = threading.Thread(target=lambda: passed.write(_read_all(right)))
+    reader.start()
+    answer = receive(str(first), sha, relay)
+    relay.drain()
+    relay.drop()
+    reader.join(10)
+    assert answer["ok"] is True and answer["received"] == 1  # b.py only
+    assert (first / "b.py").read_text() == "b\n"
+    assert passed.getvalue() == stream.getvalue() and relay.forward_error is None
+    second = tmp_path / "n2" / "env"
+    passed.seek(0)
+    assert receive(str(second), sha, passed)["received"] == 2
+    assert sorted(p.name for p in second.iterdir()) == [".orch-manifest.json", "a.py", "b.py"]
+
+
+def test_a_lost_next_node_stops_the_passing_on_not_the_build(tmp_path: Path) -> None:
+    head = environment(tmp_path / "head", {"a.py": "a\n" * 400_000})
+    stream, sha = head_stream(head, ["a.py"])
+    left, right = socket.socketpair()
+    right.close()  # the next node is gone
+    relay = Relay(stream.read, left)
+    answer = receive(str(tmp_path / "env"), sha, relay)
+    assert answer["ok"] is True and relay.forward_error is not None
+    assert "passing the stream on failed" in relay.forward_error
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
