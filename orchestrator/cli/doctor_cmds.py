@@ -25,6 +25,7 @@ from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.options import check_port
 from orchestrator.specs.slurm import job_inventory
+from orchestrator.specs.units import format_bytes
 
 FINGERPRINT_SHOWN = 8  # hex digits of an environment's fingerprint in a table
 ENV_ROWS_SHOWN = 20  # rows of packages that differ, the most important first
@@ -66,7 +67,7 @@ def _node_table(report: DoctorReport, reached_by: str) -> Table:
                 env.fingerprint[:FINGERPRINT_SHOWN] if env is not None and facts.python_found
                 else "-",
                 str(facts.gpu_count) + (f" x {facts.gpu_model}" if facts.gpu_model else ""),
-                f"{facts.disk_free_bytes / (1 << 30):.0f} GiB"
+                format_bytes(facts.disk_free_bytes)
                 if facts.disk_free_bytes is not None
                 else "?",
             ]

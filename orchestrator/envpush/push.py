@@ -42,6 +42,7 @@ from orchestrator.remote.owned import (
     user_directory,
     write_private_file,
 )
+from orchestrator.specs.units import format_bytes
 
 PUSH_SOURCE = boot_code(boot_blob(("environment", "owned", "procs"), "envpush"))
 DISK_MARGIN_BYTES = 256 << 20  # left free on a node after the push
@@ -202,7 +203,7 @@ def refusal(
     free = int(seen.get("free_bytes") or 0)
     if need_bytes + DISK_MARGIN_BYTES > free:
         return (
-            f"{node}: {need_bytes / 2**20:.0f} MiB to receive, {free / 2**20:.0f} MiB free "
+            f"{node}: {format_bytes(need_bytes)} to receive, {format_bytes(free)} free "
             f"where {source.root} is",
             f"free disk space on {node}",
         )

@@ -22,6 +22,8 @@ import signal
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.specs.units import format_bytes
+
 TIE_S = 1.0  # ends this close are within what two clocks and a wake-up can disagree by
 # Signals a launcher's teardown sends (DeepSpeed's and torchrun's TERM then KILL, Ctrl-C).
 TEARDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
@@ -100,7 +102,7 @@ def signal_name(number: int) -> str:
 def _peak(maxrss_kb: int | None) -> str:
     if not maxrss_kb:
         return ""
-    return f", peak memory {maxrss_kb / (1024 * 1024):.1f} GiB"
+    return f", peak memory {format_bytes(maxrss_kb * 1024)}"
 
 
 # ----- clocks ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from orchestrator.specs.constants import (
     standard_config_name,
 )
 from orchestrator.specs.jobenv import redact
+from orchestrator.specs.units import format_bytes
 
 DEEPSPEED_WINDOW = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
 _AGENT_WORD_LIMIT = 200  # longer words (the inline agent) are abbreviated in the readable form
@@ -221,7 +222,7 @@ def _abbreviated(text: str) -> str:
     """An inline program (the agent, tens of KB) shown by its start and size."""
     if len(text) <= _AGENT_WORD_LIMIT:
         return text
-    return f"{text[:60]}...<{len(text) // 1024} KB: orch's inline agent>...{text[-40:]}"
+    return f"{text[:60]}...<{format_bytes(len(text))}: orch's inline agent>...{text[-40:]}"
 
 
 def _shim_real_pdsh(plan: LaunchPlan) -> str:

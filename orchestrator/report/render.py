@@ -14,6 +14,7 @@ from orchestrator.report.charts import progress_chart
 from orchestrator.report.model import ReportModel, how, since
 from orchestrator.report.read import build_report
 from orchestrator.report.timeline import timeline
+from orchestrator.specs.units import format_bytes
 
 REPORT_FILE = "report.html"
 
@@ -24,7 +25,7 @@ _ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.globals.update(since=since, how=how)
+_ENV.globals.update(since=since, how=how, format_bytes=format_bytes)
 
 
 def render_html(model: ReportModel) -> str:
