@@ -70,11 +70,9 @@ class RankEnd:
     def how(self) -> str:
         if self.code is None:
             return "ended (its exit code was not seen)"
-        if self.signal is None:
-            return f"exited with code {self.code}"
         if self.signal == signal.SIGKILL and self.oom_kill:
             return "killed by the OOM killer (SIGKILL)" + _peak(self.maxrss_kb)
-        return f"killed by {signal_name(self.signal)}"
+        return ended_by(self.code)
 
 
 @dataclass(frozen=True)
@@ -97,6 +95,12 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def ended_by(code: int) -> str:
+    """How a process ended, from its code: `exited with code 3`, or, negative (Python's
+    convention; a shell's 128 + N), the signal that killed it: `killed by SIGSEGV`."""
+    return f"exited with code {code}" if code >= 0 else f"killed by {signal_name(-code)}"
 
 
 def _peak(maxrss_kb: int | None) -> str:

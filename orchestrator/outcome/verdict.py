@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from orchestrator.outcome.rank_ends import ended_by
 from orchestrator.stacks.report import StacksResult
 
 SSH_LOST = 255  # ssh's own exit code when the connection fails
@@ -290,7 +291,7 @@ class JobVerdict:
         self.candidates.append(
             Failure(
                 node=node,
-                reason=str(fields.get("error") or _ended_by(exit_code)),
+                reason=str(fields.get("error") or ended_by(exit_code)),
                 exit_code=128 - exit_code if exit_code < 0 else exit_code,
                 rank=rank if isinstance(rank, int) else None,
                 when=_as_float(fields.get("failed_at")) or event.wall_time,
@@ -459,18 +460,6 @@ def hang_culprit(failure: Failure, stacks: StacksResult | None) -> Failure:
         rank=apart[0].rank if len(apart) == 1 else None,
         reason=f"{failure.reason}; stands apart: {named}{more}",
     )
-
-
-def _ended_by(code: int) -> str:
-    """How a process ended, from its code; negative: the signal that killed it (Python's
-    convention), whose shell exit code is 128 + the signal's number."""
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return f"killed by {name}"
 
 
 SRUN_ERROR = "srun: error: "
