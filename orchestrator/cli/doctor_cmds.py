@@ -17,12 +17,11 @@ from orchestrator.checks.model import DoctorReport, EnvironmentParity, Finding
 from orchestrator.checks.node import check_accelerate_config
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
-from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
 from orchestrator.cli.progress import node_progress
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
-from orchestrator.specs.inventory import filter_hosts, read_hostfile
+from orchestrator.specs.inventory import filter_hosts, nodes_text, read_hostfile
 from orchestrator.specs.options import check_port
 from orchestrator.specs.slurm import job_inventory
 from orchestrator.specs.units import format_bytes

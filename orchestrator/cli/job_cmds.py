@@ -15,7 +15,6 @@ from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
-from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
 from orchestrator.logs.sink import LogView
 from orchestrator.logs.view import LiveView, make_view
@@ -49,6 +48,7 @@ from orchestrator.run.pipeline import prepare_job, run_job
 from orchestrator.run.status import shown_state
 from orchestrator.run.teardown import kill_job
 from orchestrator.specs.constants import RESTART_COUNT_VAR
+from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.recipe import load_recipe
 from orchestrator.specs.units import format_bytes
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
