@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _chromium import QUIET
 from _report_job import failed_job
 
-from orchestrator.logs.progress import PROGRESS_FILE, SAMPLE_CAP
-from orchestrator.records.job import RunDir
+from orchestrator.logs.progress import SAMPLE_CAP
+from orchestrator.records.job import PROGRESS_FILE, RunDir
 from orchestrator.report import write_report
 from orchestrator.specs.units import format_bytes
 

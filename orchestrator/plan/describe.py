@@ -13,12 +13,8 @@ from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME, SHIM_DIR
 from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
 from orchestrator.remote.agent_spec import RANK_PROGRAM, node_dir_shown
-from orchestrator.specs.constants import (
-    NODE_DIR_VAR,
-    NODE_RANK_VAR,
-    PDSH_CONFIG_NAME,
-    standard_config_name,
-)
+from orchestrator.remote.procs import NODE_DIR_VAR, NODE_RANK_VAR
+from orchestrator.specs.constants import PDSH_CONFIG_NAME, standard_config_name
 from orchestrator.specs.jobenv import redact
 from orchestrator.specs.units import format_bytes
 

@@ -24,7 +24,23 @@ from orchestrator.outcome.verdict import FailureKind, JobState
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
+
+# Every name orch gives in a run directory, here alone: RunDir's paths are made of them, and
+# whatever writes or reads one of these files or folders takes its name from here.
 JOB_FILE = "job.json"
+ENV_FILE = "env.json"  # the job's environment, secrets redacted
+LOGS_DIR = "logs"  # logs/<node>.log: every rank's output as the head received it
+NODES_DIR = "nodes"  # nodes/<node>/: the raw node-local logs pulled back at the end
+STACKS_DIR = "stacks"  # stacks/<UTC time>.json: each `orch stacks` (and the teardown's)
+ATTEMPTS_DIR = "attempts"  # attempts/<number>/: an earlier attempt's own files
+REPORT_FILE = "report.html"
+PROGRESS_FILE = "progress.jsonl"  # the ranks' progress samples
+MOMENTS_FILE = "moments.jsonl"  # the job's moments for the report's timeline
+PREFLIGHT_FILE = "preflight.json"  # the pre-flight's report
+TEARDOWN_UNANSWERED_FILE = "teardown-unanswered.log"  # what nodes the teardown missed said
+KILL_MARKER = "kill-requested"  # `orch kill` leaves it, so the head reports "killed"
+SBATCH_SCRIPT_FILE = "sbatch.sh"  # a batch job's script, as submitted
+SBATCH_OUTPUT_FILE = "sbatch.out"  # a batch job's own output, as Slurm writes it
 
 # States a record can hold (and QUEUED); HEAD_DIED is derived when reading a running record.
 RUNNING_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
@@ -126,7 +142,7 @@ class AttemptRecord:
     exit_code: int | None = None
     cause: Mapping[str, str] | None = None  # {"class", "message", "decision"}
     excluded: tuple[str, ...] = ()
-    logs: str = "logs"
+    logs: str = LOGS_DIR
     stacks: str | None = None  # the stacks taken at its teardown, in the record
     # its nodes' environments (None: its pre-flight was skipped)
     environment: EnvironmentRecord | None = None
@@ -279,6 +295,8 @@ def batch_state(record: JobRecord, slurm_state: str | None) -> str:
 
 @dataclass(frozen=True)
 class RunDir:
+    """runs/<job-id>/: one job's record; its files and folders by the names above."""
+
     path: Path
 
     @property
@@ -287,12 +305,40 @@ class RunDir:
 
     @property
     def logs(self) -> Path:
-        return self.path / "logs"
+        return self.path / LOGS_DIR
 
     @property
     def node_logs(self) -> Path:
         """Raw node-local logs pulled back when the job ends."""
-        return self.path / "nodes"
+        return self.path / NODES_DIR
+
+    @property
+    def stacks(self) -> Path:
+        return self.path / STACKS_DIR
+
+    @property
+    def progress_file(self) -> Path:
+        return self.path / PROGRESS_FILE
+
+    @property
+    def preflight_file(self) -> Path:
+        return self.path / PREFLIGHT_FILE
+
+    @property
+    def teardown_unanswered(self) -> Path:
+        return self.path / TEARDOWN_UNANSWERED_FILE
+
+    @property
+    def kill_marker(self) -> Path:
+        return self.path / KILL_MARKER
+
+    @property
+    def sbatch_output(self) -> Path:
+        return self.path / SBATCH_OUTPUT_FILE
+
+    def attempt(self, number: int) -> RunDir:
+        """attempts/<number>/: where an earlier attempt's own files were moved."""
+        return RunDir(self.path / ATTEMPTS_DIR / str(number))
 
     def create(self) -> RunDir:
         """The job's directory, the user's alone: it holds the command, the environment's

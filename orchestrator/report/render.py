@@ -10,13 +10,12 @@ from pathlib import Path
 import jinja2
 
 from orchestrator.errors import OrchError
+from orchestrator.records.job import REPORT_FILE
 from orchestrator.report.charts import progress_chart
 from orchestrator.report.model import ReportModel, how, since
 from orchestrator.report.read import build_report
 from orchestrator.report.timeline import timeline
 from orchestrator.specs.units import format_bytes
-
-REPORT_FILE = "report.html"
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("orchestrator.report", "templates"),

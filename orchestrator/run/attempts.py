@@ -14,12 +14,22 @@ from pathlib import Path
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.outcome.restart_policy import AttemptFailure, Cause, RestartDecision
 from orchestrator.outcome.verdict import JobState
-from orchestrator.records.job import AttemptRecord, FirstFailure, JobRecord, RankRecord, RunDir
-from orchestrator.run.stacks import STACKS_DIR
+from orchestrator.records.job import (
+    ATTEMPTS_DIR,
+    LOGS_DIR,
+    NODES_DIR,
+    REPORT_FILE,
+    STACKS_DIR,
+    TEARDOWN_UNANSWERED_FILE,
+    AttemptRecord,
+    FirstFailure,
+    JobRecord,
+    RankRecord,
+    RunDir,
+)
 
-ATTEMPTS_DIR = "attempts"
 # What one attempt leaves in the job's directory, beside what the job keeps once.
-_PER_ATTEMPT = ("logs", "nodes", STACKS_DIR, "teardown-unanswered.log", "report.html")
+_PER_ATTEMPT = (LOGS_DIR, NODES_DIR, STACKS_DIR, TEARDOWN_UNANSWERED_FILE, REPORT_FILE)
 RECHECK_CONNECT_S, RECHECK_TIMEOUT_S = 5.0, 10.0
 
 
@@ -78,7 +88,7 @@ def keep_apart(run: RunDir, attempt: AttemptRecord) -> AttemptRecord:
         if source.exists():
             shutil.move(str(source), str(target / name))
     stacks = str(where / attempt.stacks) if attempt.stacks else None
-    return replace(attempt, logs=str(where / "logs"), stacks=stacks)
+    return replace(attempt, logs=str(where / LOGS_DIR), stacks=stacks)
 
 
 def with_attempt(run: RunDir, record: JobRecord, attempt: AttemptRecord, *,
@@ -103,4 +113,4 @@ def attempt_run_dir(run: RunDir, record: JobRecord, number: int | None) -> tuple
 
         numbers = ", ".join(str(a.number) for a in record.attempts) or "1"
         raise UsageError(f"job {record.id} has no attempt {number}", f"its attempts: {numbers}")
-    return RunDir(run.path / ATTEMPTS_DIR / str(number)), replace(record, hosts=found.nodes)
+    return run.attempt(number), replace(record, hosts=found.nodes)

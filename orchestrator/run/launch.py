@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
-from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
+from orchestrator.logs.progress import ProgressRecorder
 from orchestrator.logs.redact import Redactor, secret_values
 from orchestrator.logs.sink import HEAD_NODE, LogRouter, LogView
 from orchestrator.nodes import slurm
@@ -77,6 +77,7 @@ from orchestrator.outcome.verdict import (
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
 from orchestrator.records.job import (
+    ENV_FILE,
     AttemptRecord,
     EnvironmentRecord,
     FirstFailure,
@@ -94,7 +95,6 @@ from orchestrator.remote.logwire import ControlKind, global_rank
 from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.stacks import gather_stacks, save_stacks
 from orchestrator.run.teardown import (
-    KILL_MARKER,
     NO_ANSWER,
     UNREACHABLE,
     StopReport,
@@ -173,7 +173,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
     for planned in plan.files:
         if planned.run_dir:
             run.write_file(planned.name, planned.content)
-    run.write_file("env.json", json.dumps(plan.redacted_env, indent=2, sort_keys=True) + "\n")
+    run.write_file(ENV_FILE, json.dumps(plan.redacted_env, indent=2, sort_keys=True) + "\n")
     record = JobRecord(
         id=plan.job_id,
         state=JobState.STARTING,
@@ -376,7 +376,7 @@ class JobRunner:
         self.run_dir = run
         self.record = record
         self.settings = settings or WatchSettings()
-        self.progress = ProgressRecorder(run.path / PROGRESS_FILE, now=time.time())
+        self.progress = ProgressRecorder(run.progress_file, now=time.time())
         self.tracker = _Tracker(plan.hosts, view, self.progress)
         self.verdict = JobVerdict(
             plan.hosts, self.settings, head_launcher=bool(plan.launch.head_command)
@@ -489,7 +489,7 @@ class JobRunner:
                 events.append(HeadExited(code, now))
             if self.signal is not None and not interrupted:
                 interrupted = True
-                killed = (self.run_dir.path / KILL_MARKER).exists()
+                killed = self.run_dir.kill_marker.exists()
                 events.append(Interrupted(self.signal, killed, now))
                 self._moment(MomentKind.INTERRUPT, detail="orch kill" if killed else None)
             if self._teardown_done.is_set() and not teardown_noted:
@@ -548,7 +548,7 @@ class JobRunner:
                     grace=self.plan.job.grace,
                     timeout=self.settings.teardown_timeout,
                     not_answering=_not_answering(failure),
-                    log=self.run_dir.path / "teardown-unanswered.log",
+                    log=self.run_dir.teardown_unanswered,
                     transport=plan_transport(self.plan),
                 )
             finally:

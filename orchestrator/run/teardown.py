@@ -25,8 +25,6 @@ from orchestrator.records.job import FINAL_STATES, JobRecord, RunDir, finished, 
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.specs.slurm import ACTIVE_STATES
 
-# `orch kill` leaves this file in the run directory, so the head reports "killed".
-KILL_MARKER = "kill-requested"
 # Failure kinds of a node the teardown could not reach at all (not worth a second try).
 UNREACHABLE, NO_ANSWER, KILL_FAILED = "unreachable", "no-answer", "kill-failed"
 
@@ -167,7 +165,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
     alive = head_alive(record)
     batch = record.slurm_batch and record.slurm_job_id is not None
     if alive or batch:
-        (run.path / KILL_MARKER).touch()
+        run.kill_marker.touch()
     if batch:
         # The batch job is the job's own: Slurm signals orch inside it, which tears the job
         # down, and ends the allocation.
@@ -199,7 +197,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
     record = run.load()
     if record.state not in FINAL_STATES:
         # The head is gone (or never answered): record the kill ourselves.
-        (run.path / KILL_MARKER).touch()
+        run.kill_marker.touch()
         record = finished(record, state=JobState.KILLED, exit_code=128 + signal.SIGTERM)
         run.save(record)
     return KillOutcome(record, ok)

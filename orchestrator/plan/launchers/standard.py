@@ -20,7 +20,8 @@ from orchestrator.plan.launch_plan import (
 )
 from orchestrator.remote import program_source
 from orchestrator.remote.agent_spec import RANK_PROGRAM
-from orchestrator.specs.constants import NODE_DIR_VAR, NODE_RANK_VAR, standard_config_name
+from orchestrator.remote.procs import NODE_DIR_VAR, NODE_RANK_VAR
+from orchestrator.specs.constants import standard_config_name
 
 
 def launch(job: JobShape, head: HeadContext) -> Launch:
