@@ -23,13 +23,16 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.specs.units import format_bytes
+from orchestrator.specs.words import StrEnum
 
 TIE_S = 1.0  # ends this close are within what two clocks and a wake-up can disagree by
 # Signals a launcher's teardown sends (DeepSpeed's and torchrun's TERM then KILL, Ctrl-C).
 TEARDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
 
 
-class Role:
+class Role(StrEnum):
+    """A rank's part in the job's end, as job.json keeps it."""
+
     CAUSE = "cause"
     CONSEQUENCE = "consequence"  # failed after the cause, with the signs of a lost peer
     FAILED = "failed"  # failed after the cause, without those signs
@@ -79,7 +82,7 @@ class RankEnd:
 class RankOrder:
     cause: RankEnd | None
     consequences: tuple[RankEnd, ...] = ()
-    roles: Mapping[int, str] = field(default_factory=dict)  # rank -> Role
+    roles: Mapping[int, Role] = field(default_factory=dict)
 
     def summary(self) -> str | None:
         """'then 3 ranks failed after losing rank 3'; None when none did."""

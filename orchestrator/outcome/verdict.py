@@ -26,9 +26,9 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from orchestrator.outcome.rank_ends import ended_by
+from orchestrator.specs.words import StrEnum
 from orchestrator.stacks.report import StacksResult
 
 SSH_LOST = 255  # ssh's own exit code when the connection fails
@@ -158,15 +158,7 @@ Event = (
 
 
 # ----- decisions and the outcome -----------------------------------------------------------
-class _Word(str, Enum):
-    """An enum whose members are their words wherever they are shown or written (job.json,
-    f-strings), as the plain strings were."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class FailureKind(_Word):
+class FailureKind(StrEnum):
     RANK = "rank"  # a rank (or its node's launcher) exited non-zero
     SILENT = "silent"  # a node stopped answering, or never started
     LOST = "lost"  # a node's ssh ended, or Slurm took it out, before it reported its exit
@@ -176,7 +168,7 @@ class FailureKind(_Word):
     KILLED = "killed"  # `orch kill`
 
 
-class JobState(_Word):
+class JobState(StrEnum):
     """A job's state, as its record holds it (records/job.py)."""
 
     QUEUED = "queued"  # submitted with --sbatch, not started yet

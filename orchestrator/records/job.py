@@ -22,6 +22,7 @@ from orchestrator.errors import OrchError, UsageError
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.outcome.verdict import FailureKind, JobState
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
+from orchestrator.specs.words import Fanout
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
 
@@ -78,7 +79,7 @@ class RankRecord:
     end: float
     exit_code: int | None  # as a shell reports it: 128 + N for signal N; None: unseen
     signal: str | None  # the signal that ended it, by name
-    role: str
+    role: Role
     seen: str = "keeper"  # "keeper": reported as it happened; "scan": seen late on the node
     maxrss_kb: int | None = None
     oom_kill: bool | None = None
@@ -161,6 +162,10 @@ class AttemptRecord:
                       "environment": environment})  # fmt: skip
 
 
+def _rank_from_json(data: Mapping) -> RankRecord:
+    return RankRecord(**{**data, "role": Role(data["role"])})
+
+
 def _failure_from_json(data: Mapping) -> FirstFailure:
     lists = {name: tuple(data.get(name, ())) for name in ("last_lines", "traceback")}
     kind = FailureKind(data.get("kind", FailureKind.RANK))
@@ -188,7 +193,7 @@ class JobRecord:
     teardown_stacks: str | None = None  # the running ranks' stacks before a failure's teardown
     main_port: int | None = None  # the job's rendezvous port on node 0
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
-    fanout: str = "pdsh"  # what started the node side: pdsh, or a Slurm step (srun)
+    fanout: Fanout = Fanout.PDSH  # what started the node side: pdsh, or a Slurm step (srun)
     slurm_job_id: str | None = None  # the allocation it ran in (or --sbatch submitted)
     slurm_step: str | None = None  # <job>.<step> of the srun fan-out
     slurm_batch: bool = False  # the Slurm job is this job's own (submitted with --sbatch)
@@ -234,11 +239,11 @@ class JobRecord:
             teardown_stacks=data.get("teardown_stacks"),
             main_port=data.get("main_port"),
             main_port_chosen=bool(data.get("main_port_chosen", False)),
-            fanout=str(data.get("fanout") or "pdsh"),
+            fanout=Fanout(data.get("fanout") or Fanout.PDSH),
             slurm_job_id=data.get("slurm_job_id"),
             slurm_step=data.get("slurm_step"),
             slurm_batch=bool(data.get("slurm_batch", False)),
-            ranks=tuple(RankRecord(**rank) for rank in data.get("ranks", ())),
+            ranks=tuple(_rank_from_json(rank) for rank in data.get("ranks", ())),
             transport=str(data.get("transport") or "ssh"),
             attempt=int(data.get("attempt", 1)),
             attempt_started=data.get("attempt_started"),

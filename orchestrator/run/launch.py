@@ -75,7 +75,7 @@ from orchestrator.outcome.verdict import (
     in_slurm_words,
 )
 from orchestrator.pernode import GroupResult
-from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan, process_environment
+from orchestrator.plan.launch_plan import Destination, LaunchPlan, process_environment
 from orchestrator.records.job import (
     ENV_FILE,
     AttemptRecord,
@@ -94,12 +94,8 @@ from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.remote.logwire import ControlKind, global_rank
 from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.stacks import gather_stacks, save_stacks
-from orchestrator.run.teardown import (
-    NO_ANSWER,
-    UNREACHABLE,
-    StopReport,
-    teardown_job,
-)
+from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
+from orchestrator.specs.words import Fanout
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
 TAIL_LINES = 15
@@ -141,7 +137,7 @@ def write_private_files(plan: LaunchPlan) -> None:
     levels above it (the user's own directory and its jobs/, as head_private_dir names them)
     are made and checked first: a link, another user's or one others can write is refused."""
     private = Path(plan.job.private_dir)
-    files = [f for f in plan.files if f.where == PRIVATE]
+    files = [f for f in plan.files if f.where == Destination.PRIVATE]
     if not files:
         return
     jobs = private.parent
@@ -510,8 +506,9 @@ class JobRunner:
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
         # A node the teardown could not reach just now would only cost another timeout.
+        gone = (StopProblem.UNREACHABLE, StopProblem.NO_ANSWER)
         unreachable = {
-            r.node for r in (self.teardown or ()) if r.kind in (UNREACHABLE, NO_ANSWER)
+            r.node for r in (self.teardown or ()) if r.kind in gone
         } - self._node_logs.nodes
         for node in self.plan.hosts:
             if node not in unreachable:
@@ -626,7 +623,7 @@ class JobRunner:
         first = None
         if failure is not None and failure.kind == FailureKind.HANG:
             failure = hang_culprit(failure, self.stacks)
-        if failure is not None and self.plan.job.fanout == "srun":
+        if failure is not None and self.plan.job.fanout == Fanout.SRUN:
             failure = in_slurm_words(
                 failure, self._head_lines(), bool(self.verdict.last_seen),
                 slurm.node_problems(self.plan.hosts),
