@@ -15,6 +15,7 @@ from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport, EnvironmentParity, Finding
 from orchestrator.checks.node import check_accelerate_config
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
@@ -248,22 +249,18 @@ def doctor(
     in_allocation = hostfile is None and allocation is not None
     push = push_fix(python, hostfile=None if hostfile is None else str(hostfile),
                     slurm=in_allocation, include=include, exclude=exclude)  # fmt: skip
+    request = PreflightRequest(hosts, python=python, workdir=workdir or os.getcwd(),
+                               script=script, main_port=port, main_address=main_address,
+                               push=push, extra_findings=tuple(extra))  # fmt: skip
     with node_progress(len(hosts.names), "checking nodes") as on_node:
         report = run_preflight(
-            hosts,
-            python=python,
-            workdir=workdir or os.getcwd(),
-            script=script,
-            main_port=port,
+            request,
             timeout=timeout,
             probe_timeout=probe_timeout,
             full=deep,
-            main_address=main_address,
             accept_new_host_keys=accept_new_host_keys,
-            extra_findings=extra,
             on_node=on_node,
             transport=transport,
-            push=push,
         )
     if allocation is not None and transport.kind == SSH:
         findings = ssh_inside_allocation(report.findings, allocation.job_id)
