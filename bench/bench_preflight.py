@@ -62,10 +62,12 @@ METHODS = ("deepspeed-check", "serial-ssh", "orch-preflight", "orch-doctor")
 PREFLIGHT = """
 import json, sys
 from orchestrator.specs.inventory import read_hostfile
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.prepare.preflight import run_preflight
 hostfile, python, workdir, port, timeout = sys.argv[1:6]
-report = run_preflight(read_hostfile(hostfile), python=python, workdir=workdir, script=None,
-                       main_port=int(port), timeout=float(timeout))
+request = PreflightRequest(read_hostfile(hostfile), python=python, workdir=workdir,
+                           main_port=int(port))
+report = run_preflight(request, timeout=float(timeout))
 findings = [{"node": f.node, "severity": f.severity} for f in report.findings]
 print(json.dumps({"ok": report.ok, "findings": findings}))
 sys.exit(0 if report.ok else 1)

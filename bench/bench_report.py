@@ -38,9 +38,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _chromium import QUIET
 from _report_job import failed_job
 
-from orchestrator.logs.progress import PROGRESS_FILE, SAMPLE_CAP
-from orchestrator.records.job import RunDir
+from orchestrator.logs.progress import SAMPLE_CAP
+from orchestrator.records.job import PROGRESS_FILE, RunDir
 from orchestrator.report import write_report
+from orchestrator.specs.units import format_bytes
 
 PER_NODE = 8
 STRAGGLER_JOB = ROOT / "tests" / "jobs" / "straggler.py"
@@ -160,7 +161,7 @@ def main() -> None:
         build, page = build_seconds(run_dir, args.reps)
         shown, shown_cpu = chromium_seconds(page, profile, args.reps)
         size = page.stat().st_size
-        rows.append([label, f"{size / 1024:.0f} KB", f"{build * 1000:.0f} ms",
+        rows.append([label, format_bytes(size), f"{build * 1000:.0f} ms",
                      f"{shown:.2f} s / {shown_cpu:.2f} s",
                      f"{empty_s:.2f} s / {empty_cpu:.2f} s"])  # fmt: skip
         results.append({"page": label, "run_dir": str(run_dir), "bytes": size, "build_s": build,

@@ -50,7 +50,8 @@ def replay(data_file: str, workdir: str) -> tuple[float, bool]:
     hosts = ("n1", "n2")
     progress = None
     try:  # a tree that keeps progress samples: as JobRunner builds its tracker
-        from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
+        from orchestrator.logs.progress import ProgressRecorder
+        from orchestrator.records.job import PROGRESS_FILE
 
         progress = ProgressRecorder(Path(workdir) / PROGRESS_FILE, now=time.time())
         tracker = Tracker(hosts, None, progress)

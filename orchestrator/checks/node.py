@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.checks.environment import PushFix, with_push
 from orchestrator.checks.model import CLUSTER, Finding, NodeProbe, Severity, with_facts
 from orchestrator.pernode import ShellStartup
+from orchestrator.specs.units import format_bytes
 
 if TYPE_CHECKING:
     from orchestrator.probe.facts import NodeFacts
@@ -245,7 +246,7 @@ def check_disk(probes: Sequence[NodeProbe]) -> list[Finding]:
                 Finding(
                     f.node,
                     "disk",
-                    f"only {free / GIB:.1f} GiB free in {f.disk_path} on {f.node}",
+                    f"only {format_bytes(free)} free in {f.disk_path} on {f.node}",
                     "free space there (checkpoints and logs need room)",
                     severity,
                 )

@@ -3,11 +3,11 @@ Pure: `orchestrator.prepare.preflight` gathers the facts and calls `build_report
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.checks.collective import check_collective
-from orchestrator.checks.environment import PushFix, environment_findings, environment_parity
+from orchestrator.checks.environment import environment_findings, environment_parity
 from orchestrator.checks.model import (
     CHECK_GROUPS,
     CollectiveResult,
@@ -36,10 +36,10 @@ from orchestrator.checks.node import (
     check_stacks,
 )
 from orchestrator.checks.parity import check_parity
+from orchestrator.checks.request import PreflightRequest
 
 if TYPE_CHECKING:
     from orchestrator.probe.facts import Environment
-    from orchestrator.specs.inventory import Hostfile
 
 
 # ----- the report ---------------------------------------------------------------------------------
@@ -64,26 +64,21 @@ def _node_groups(
 
 
 def build_report(
-    hostfile: Hostfile,
+    request: PreflightRequest,
     probes: Sequence[NodeProbe],
     *,
-    python: str,
-    workdir: str | None,
-    script: str | None,
-    env: Mapping[str, str],
     head_script_sha256: str | None = None,
-    main_address: str | None = None,
-    main_port: int | None = None,
     deep: Sequence[CollectiveResult] = (),
-    extra: Sequence[Finding] = (),
     head_environment: Environment | None = None,
     script_packages: frozenset[str] = frozenset(),
-    push: PushFix | None = None,
 ) -> DoctorReport:
-    """head_environment: the job's interpreter on the head (None: the head has no such
-    path; node 0 is the reference then); script_packages: the distributions the script
-    imports, compared right after the launchers' packages; push: how the head's environment
-    could be copied to the nodes, named where a node's environment is not the head's."""
+    """The findings on what was gathered for `request` (its fields as they are: run_preflight
+    passes it filled in on the head). head_environment: the job's interpreter on the head
+    (None: the head has no such path; node 0 is the reference then); script_packages: the
+    distributions the script imports, compared right after the launchers' packages."""
+    hostfile, python, push = request.hostfile, request.python, request.push
+    workdir, script = request.workdir, request.script
+    main_address, main_port = request.main_address, request.main_port
     names = list(hostfile.names)
     slots = {h.host: h.slots for h in hostfile.hosts}
     parity_rows, parity_findings = check_parity(probes, python)
@@ -101,12 +96,12 @@ def build_report(
         *check_resolution(probes, names),
         *check_hostnames(probes),
         *check_main_port(probes, main_address, main_port),
-        *check_nccl_env(probes, env),
+        *check_nccl_env(probes, request.env or {}),
         *check_gpus(probes, slots),
         *check_disk(probes),
         *check_stacks(probes, python),
         *check_collective(deep, probes),
-        *extra,
+        *request.extra_findings,
     ]  # fmt: skip
     groups = (*CHECK_GROUPS, "deep") if deep else CHECK_GROUPS
     nodes = tuple(

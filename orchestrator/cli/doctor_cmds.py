@@ -15,16 +15,17 @@ from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport, EnvironmentParity, Finding
 from orchestrator.checks.node import check_accelerate_config
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
-from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
 from orchestrator.cli.progress import node_progress
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
-from orchestrator.specs.inventory import filter_hosts, read_hostfile
+from orchestrator.specs.inventory import filter_hosts, nodes_text, read_hostfile
 from orchestrator.specs.options import check_port
 from orchestrator.specs.slurm import job_inventory
+from orchestrator.specs.units import format_bytes
 
 FINGERPRINT_SHOWN = 8  # hex digits of an environment's fingerprint in a table
 ENV_ROWS_SHOWN = 20  # rows of packages that differ, the most important first
@@ -66,7 +67,7 @@ def _node_table(report: DoctorReport, reached_by: str) -> Table:
                 env.fingerprint[:FINGERPRINT_SHOWN] if env is not None and facts.python_found
                 else "-",
                 str(facts.gpu_count) + (f" x {facts.gpu_model}" if facts.gpu_model else ""),
-                f"{facts.disk_free_bytes / (1 << 30):.0f} GiB"
+                format_bytes(facts.disk_free_bytes)
                 if facts.disk_free_bytes is not None
                 else "?",
             ]
@@ -248,22 +249,18 @@ def doctor(
     in_allocation = hostfile is None and allocation is not None
     push = push_fix(python, hostfile=None if hostfile is None else str(hostfile),
                     slurm=in_allocation, include=include, exclude=exclude)  # fmt: skip
+    request = PreflightRequest(hosts, python=python, workdir=workdir or os.getcwd(),
+                               script=script, main_port=port, main_address=main_address,
+                               push=push, extra_findings=tuple(extra))  # fmt: skip
     with node_progress(len(hosts.names), "checking nodes") as on_node:
         report = run_preflight(
-            hosts,
-            python=python,
-            workdir=workdir or os.getcwd(),
-            script=script,
-            main_port=port,
+            request,
             timeout=timeout,
             probe_timeout=probe_timeout,
             full=deep,
-            main_address=main_address,
             accept_new_host_keys=accept_new_host_keys,
-            extra_findings=extra,
             on_node=on_node,
             transport=transport,
-            push=push,
         )
     if allocation is not None and transport.kind == SSH:
         findings = ssh_inside_allocation(report.findings, allocation.job_id)

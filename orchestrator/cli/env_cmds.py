@@ -19,6 +19,7 @@ from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.slurm import job_inventory
+from orchestrator.specs.units import format_bytes
 
 env_app = typer.Typer(help="The job's Python environment on every node.")
 app.add_typer(env_app, name="env")
@@ -143,7 +144,7 @@ class _progress:
         columns = (
             TextColumn("pushing"),
             BarColumn(),
-            DownloadColumn(),
+            DownloadColumn(binary_units=True),
             TextColumn("{task.fields[nodes]} node(s) done"),
             TimeElapsedColumn(),
         )
@@ -170,10 +171,6 @@ class _progress:
             self.bar.__exit__(None, None, None)
 
 
-def _size(count: int) -> str:
-    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
-
-
 def _print(doc: dict, dry_run: bool) -> None:
     console = Console(highlight=False)
     verb = "would receive" if dry_run else "received"
@@ -189,15 +186,15 @@ def _print(doc: dict, dry_run: bool) -> None:
             came = f" from {'the head' if came == 'head' else came}" if came else ""
             console.print(
                 f"{node['node']}: {verb} {node['sent_files']} file(s) "
-                f"({_size(node['sent_bytes'])}){came}; removed "
+                f"({format_bytes(node['sent_bytes'])}){came}; removed "
                 f"{node['removed_files']}; fingerprint {node['fingerprint'] or '-'}"
             )
     ok = sum(1 for n in doc["nodes"] if n["ok"])
     console.print(
-        f"{doc['root']} ({doc['payload_bytes'] / 2**20:.0f} MiB, fingerprint "
+        f"{doc['root']} ({format_bytes(doc['payload_bytes'])}, fingerprint "
         f"{doc['fingerprint']}): {ok}/{len(doc['nodes'])} node(s) "
         f"{'checked' if dry_run else 'up to date'}; the head sent "
-        f"{_size(doc['head_sent_bytes'])}"
+        f"{format_bytes(doc['head_sent_bytes'])}"
     )
     if os.environ.get("ORCH_DEBUG"):
         console.print(doc)

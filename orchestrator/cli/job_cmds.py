@@ -15,7 +15,6 @@ from rich.table import Table
 
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
-from orchestrator.cli.folding import nodes_text
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView, make_view
@@ -51,7 +50,9 @@ from orchestrator.run.plan_files import head_private_dir
 from orchestrator.run.status import shown_state
 from orchestrator.run.teardown import kill_job
 from orchestrator.specs.constants import RESTART_COUNT_VAR
+from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.recipe import load_recipe
+from orchestrator.specs.units import format_bytes
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
 
 _ENV = typer.Option(
@@ -221,7 +222,7 @@ class _PipelinePrinter:
 
     def environment_pushed(self, done: PushDone) -> None:
         _err().print(f"--push-env: pushed {done.root} (fingerprint {done.fingerprint[:8]}) to "
-                     f"{len(done.nodes)} node(s): {done.sent_bytes / 2**20:.1f} MiB sent in "
+                     f"{len(done.nodes)} node(s): {format_bytes(done.sent_bytes)} sent in "
                      f"{done.seconds:.0f} s; checking again", markup=False)  # fmt: skip
 
     def started(self, plan: LaunchPlan, run: RunDir) -> None:
@@ -365,7 +366,7 @@ def environment_line(kept: EnvironmentRecord | None) -> str:
         parts.append("the head's" if same else f"the head's is {kept.reference[:8]}")
     text = "environment: " + ", ".join(parts)
     if kept.pushed:
-        text += f"; pushed to {nodes_text(kept.pushed)} ({kept.pushed_bytes / 2**20:.1f} MiB)"
+        text += f"; pushed to {nodes_text(kept.pushed)} ({format_bytes(kept.pushed_bytes)})"
     return text
 
 

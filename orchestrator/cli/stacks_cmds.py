@@ -10,7 +10,6 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.folding import nodes_text
 from orchestrator.errors import OrchError
 from orchestrator.nodes.transport import reaching
 from orchestrator.records.job import (
@@ -23,6 +22,7 @@ from orchestrator.records.job import (
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.run.stacks import DEFAULT_RATE, gather_stacks, save_stacks
 from orchestrator.run.status import shown_state
+from orchestrator.specs.inventory import nodes_text
 from orchestrator.stacks.fold import StackBlock, rank_ranges
 from orchestrator.stacks.model import RankStacks
 from orchestrator.stacks.profile import STRAGGLER_MARGIN

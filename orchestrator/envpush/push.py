@@ -42,6 +42,7 @@ from orchestrator.remote.owned import (
     user_directory,
     write_private_file,
 )
+from orchestrator.specs.units import format_bytes
 
 # The node side, with what it imports loaded before it (a part after those it imports).
 PUSH_PARTS = ("environment", "owned", "procs", "digest", "envpush_manifest", "envpush_staging",
@@ -205,7 +206,7 @@ def refusal(
     free = int(seen.get("free_bytes") or 0)
     if need_bytes + DISK_MARGIN_BYTES > free:
         return (
-            f"{node}: {need_bytes / 2**20:.0f} MiB to receive, {free / 2**20:.0f} MiB free "
+            f"{node}: {format_bytes(need_bytes)} to receive, {format_bytes(free)} free "
             f"where {source.root} is",
             f"free disk space on {node}",
         )

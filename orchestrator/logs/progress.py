@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from orchestrator.records.job import PROGRESS_FILE
 from orchestrator.records.moments import Moment, MomentKind, json_lines, open_private
 from orchestrator.remote.logwire import global_rank
 
-PROGRESS_FILE = "progress.jsonl"
 SAMPLE_INTERVAL_S = 1.0
 SAMPLE_CAP = 50_000  # about 4 MB: 1000 ranks keep at least 25 samples each, however long
 

@@ -22,12 +22,17 @@ import signal
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.specs.units import format_bytes
+from orchestrator.specs.words import StrEnum
+
 TIE_S = 1.0  # ends this close are within what two clocks and a wake-up can disagree by
 # Signals a launcher's teardown sends (DeepSpeed's and torchrun's TERM then KILL, Ctrl-C).
 TEARDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
 
 
-class Role:
+class Role(StrEnum):
+    """A rank's part in the job's end, as job.json keeps it."""
+
     CAUSE = "cause"
     CONSEQUENCE = "consequence"  # failed after the cause, with the signs of a lost peer
     FAILED = "failed"  # failed after the cause, without those signs
@@ -68,18 +73,16 @@ class RankEnd:
     def how(self) -> str:
         if self.code is None:
             return "ended (its exit code was not seen)"
-        if self.signal is None:
-            return f"exited with code {self.code}"
         if self.signal == signal.SIGKILL and self.oom_kill:
             return "killed by the OOM killer (SIGKILL)" + _peak(self.maxrss_kb)
-        return f"killed by {signal_name(self.signal)}"
+        return ended_by(self.code)
 
 
 @dataclass(frozen=True)
 class RankOrder:
     cause: RankEnd | None
     consequences: tuple[RankEnd, ...] = ()
-    roles: Mapping[int, str] = field(default_factory=dict)  # rank -> Role
+    roles: Mapping[int, Role] = field(default_factory=dict)
 
     def summary(self) -> str | None:
         """'then 3 ranks failed after losing rank 3'; None when none did."""
@@ -97,10 +100,16 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def ended_by(code: int) -> str:
+    """How a process ended, from its code: `exited with code 3`, or, negative (Python's
+    convention; a shell's 128 + N), the signal that killed it: `killed by SIGSEGV`."""
+    return f"exited with code {code}" if code >= 0 else f"killed by {signal_name(-code)}"
+
+
 def _peak(maxrss_kb: int | None) -> str:
     if not maxrss_kb:
         return ""
-    return f", peak memory {maxrss_kb / (1024 * 1024):.1f} GiB"
+    return f", peak memory {format_bytes(maxrss_kb * 1024)}"
 
 
 # ----- clocks ----------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """The words a job's end is told in: its states, the kinds of failure, and the exit codes and
 phrases the verdict, the records, the report, the restart policy and the CLI share.
 
-Str enums whose members are the very words `job.json` holds. Pure: no imports of orch.
+Str enums whose members are the very words `job.json` holds. Pure.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from orchestrator.specs.words import StrEnum
 
 SSH_LOST = 255  # ssh's own exit code when the connection fails
 # A node's ssh ended with another code before its agent ran (no such interpreter, say): the
@@ -15,15 +15,7 @@ REMOTE_COMMAND_FAILED = "the remote command failed with exit code"
 HANG_EXIT_CODE = 124  # a job that hung, as `timeout` reports a command that ran too long
 
 
-class _Word(str, Enum):
-    """An enum whose members are their words wherever they are shown or written (job.json,
-    f-strings), as the plain strings were."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class FailureKind(_Word):
+class FailureKind(StrEnum):
     RANK = "rank"  # a rank (or its node's launcher) exited non-zero
     SILENT = "silent"  # a node stopped answering, or never started
     LOST = "lost"  # a node's ssh ended, or Slurm took it out, before it reported its exit
@@ -33,7 +25,7 @@ class FailureKind(_Word):
     KILLED = "killed"  # `orch kill`
 
 
-class JobState(_Word):
+class JobState(StrEnum):
     """A job's state, as its record holds it (records/job.py)."""
 
     QUEUED = "queued"  # submitted with --sbatch, not started yet

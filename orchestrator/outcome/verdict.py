@@ -40,6 +40,7 @@ from orchestrator.outcome.events import (
     Tick,
     WatchSettings,
 )
+from orchestrator.outcome.rank_ends import ended_by
 from orchestrator.outcome.states import (
     HANG_EXIT_CODE,
     REMOTE_COMMAND_FAILED,
@@ -156,7 +157,7 @@ class JobVerdict:
         self.candidates.append(
             Failure(
                 node=node,
-                reason=str(fields.get("error") or _ended_by(exit_code)),
+                reason=str(fields.get("error") or ended_by(exit_code)),
                 exit_code=128 - exit_code if exit_code < 0 else exit_code,
                 rank=rank if isinstance(rank, int) else None,
                 when=_as_float(fields.get("failed_at")) or event.wall_time,
@@ -325,18 +326,6 @@ def hang_culprit(failure: Failure, stacks: StacksResult | None) -> Failure:
         rank=apart[0].rank if len(apart) == 1 else None,
         reason=f"{failure.reason}; stands apart: {named}{more}",
     )
-
-
-def _ended_by(code: int) -> str:
-    """How a process ended, from its code; negative: the signal that killed it (Python's
-    convention), whose shell exit code is 128 + the signal's number."""
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return f"killed by {name}"
 
 
 SRUN_ERROR = "srun: error: "

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.errors import UsageError
 from orchestrator.plan.launch_plan import (
-    FANOUTS,
     HeadContext,
     JobShape,
     Launch,
@@ -23,6 +22,7 @@ from orchestrator.specs.constants import HOSTFILE_NAME, Transport
 from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
 from orchestrator.specs.jobenv import build_job_env
 from orchestrator.specs.options import check_launcher, check_port
+from orchestrator.specs.words import Fanout, fanout_named
 
 LAUNCHERS: dict[str, Callable[[JobShape, HeadContext], Launch]] = {
     "pdsh": pdsh.launch,
@@ -38,8 +38,8 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
     in for those the spec leaves open."""
     hostfile = place.hostfile
     _check_launch_inputs(spec.launcher, hostfile, spec.script, place.main_port)
-    _check_fanout(place.fanout, spec.launcher, place.slurm_job)
-    _check_transport(place.transport, place.fanout, spec.launcher)
+    fanout = _check_fanout(place.fanout, spec.launcher, place.slurm_job)
+    _check_transport(place.transport, fanout, spec.launcher)
     counts = ranks_per_node(hostfile, spec.nproc_per_node)
     _check_uneven(hostfile, counts, spec.launcher)
     env = build_job_env(place.job_id, dict(spec.env), spec.passthrough, head.environ,
@@ -48,7 +48,7 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
         job_id=place.job_id, launcher=spec.launcher, hostfile=hostfile, ranks_per_node=counts,
         script=spec.script, args=spec.args, python=spec.python or head.orch_python,
         workdir=spec.workdir or head.cwd, main_port=place.main_port, env=env,
-        run_dir=place.run_dir, private_dir=head.private_dir, fanout=place.fanout,
+        run_dir=place.run_dir, private_dir=head.private_dir, fanout=fanout,
         slurm_job=place.slurm_job, accelerate=spec.accelerate,
         torchrun_args=spec.torchrun_args, rdzv_id=spec.rdzv_id or "",
         private_nonce=head.private_nonce,
@@ -78,11 +78,10 @@ def _check_launch_inputs(launcher: str, hostfile: Hostfile, script: str, main_po
     check_port(main_port)
 
 
-def _check_fanout(fanout: str, launcher: str, slurm_job: str) -> None:
-    if fanout not in FANOUTS:
-        raise UsageError(f"unknown fan-out {fanout!r}", f"choose one of: {', '.join(FANOUTS)}")
-    if fanout != "srun":
-        return
+def _check_fanout(word: str, launcher: str, slurm_job: str) -> Fanout:
+    fanout = fanout_named(word)
+    if fanout != Fanout.SRUN:
+        return fanout
     if not slurm_job:
         raise UsageError(
             "--fanout srun runs inside a Slurm allocation, and there is none",
@@ -94,9 +93,10 @@ def _check_fanout(fanout: str, launcher: str, slurm_job: str) -> None:
             "are started by DeepSpeed's runner (through pdsh)",
             "use --launcher standard or torchrun with srun, or --fanout pdsh",
         )
+    return fanout
 
 
-def _check_transport(transport: Transport, fanout: str, launcher: str) -> None:
+def _check_transport(transport: Transport, fanout: Fanout, launcher: str) -> None:
     """Nodes reached through Slurm only: srun must start them, not pdsh (SSH)."""
     if transport != Transport.SLURM:
         return
@@ -106,7 +106,7 @@ def _check_transport(transport: Transport, fanout: str, launcher: str) -> None:
             "started by DeepSpeed's runner over SSH",
             "use --launcher standard or torchrun: srun starts their nodes",
         )
-    if fanout != "srun":
+    if fanout != Fanout.SRUN:
         raise UsageError(
             f"the nodes are reached through Slurm only, but --fanout {fanout} starts them "
             "over SSH",

@@ -8,18 +8,21 @@ import json
 import shlex
 
 from orchestrator.plan.agent_command import kill_command
-from orchestrator.plan.launch_plan import HEAD_LAUNCHER_NAME, NODE, PRIVATE, LaunchPlan, PlannedFile
+from orchestrator.plan.launch_plan import (
+    HEAD_LAUNCHER_NAME,
+    Destination,
+    LaunchPlan,
+    PlannedFile,
+)
 from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME, SHIM_DIR
 from orchestrator.plan.launchers.standard import standard_spec_name
 from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
 from orchestrator.remote.agent_spec import RANK_PROGRAM, node_dir_shown
-from orchestrator.specs.constants import (
-    NODE_DIR_VAR,
-    NODE_RANK_VAR,
-    PDSH_CONFIG_NAME,
-    standard_config_name,
-)
+from orchestrator.remote.procs import NODE_DIR_VAR, NODE_RANK_VAR
+from orchestrator.specs.constants import PDSH_CONFIG_NAME, standard_config_name
 from orchestrator.specs.jobenv import redact
+from orchestrator.specs.units import format_bytes
+from orchestrator.specs.words import Fanout
 
 DEEPSPEED_WINDOW = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
 _AGENT_WORD_LIMIT = 200  # longer words (the inline agent) are abbreviated in the readable form
@@ -185,7 +188,7 @@ def plan_text(plan: LaunchPlan) -> str:
         lines.append(f"  (nodes other than {plan.main_host} start once its port answers)")
     teardown = kill_command(plan.python, plan.job_id, plan.job.grace)
     lines += ["", "teardown (every node, by job id):", f"  {_abbreviated(teardown)}"]
-    if plan.job.fanout == "srun":
+    if plan.job.fanout == Fanout.SRUN:
         step = f"{plan.job.slurm_job}.<step>"
         lines.append(f"  then `scancel {step}`: what Slurm still runs of the step")
     lines += ["", "(--dry-run --json prints the whole plan, every file and command line in full)"]
@@ -194,8 +197,8 @@ def plan_text(plan: LaunchPlan) -> str:
 
 def _file_place(plan: LaunchPlan, planned: PlannedFile) -> str:
     note = {
-        PRIVATE: " (private, removed when the job ends)",
-        NODE: " (also sent to every node, in its agent's spec)",
+        Destination.PRIVATE: " (private, removed when the job ends)",
+        Destination.NODE: " (also sent to every node, in its agent's spec)",
     }.get(planned.where, "")
     return f"{plan.file_path(planned)}{note}"
 
@@ -221,7 +224,7 @@ def _abbreviated(text: str) -> str:
     """An inline program (the agent, tens of KB) shown by its start and size."""
     if len(text) <= _AGENT_WORD_LIMIT:
         return text
-    return f"{text[:60]}...<{len(text) // 1024} KB: orch's inline agent>...{text[-40:]}"
+    return f"{text[:60]}...<{format_bytes(len(text))}: orch's inline agent>...{text[-40:]}"
 
 
 def _shim_real_pdsh(plan: LaunchPlan) -> str:

@@ -31,32 +31,38 @@ from orchestrator.specs.constants import STOP_GRACE_S, Transport
 from orchestrator.specs.inventory import Hostfile
 from orchestrator.specs.jobenv import REDACTED, is_secret
 from orchestrator.specs.recipe import AccelerateOptions
+from orchestrator.specs.words import Fanout, StrEnum
 
 HEAD_LAUNCHER_NAME = "accelerate_head.py"  # the pdsh and standard launchers' config writer
 
-RECORD, PRIVATE, NODE = "record", "private", "node"
-FANOUTS = ("pdsh", "srun")  # what starts the node side: pdsh over ssh, or one Slurm step
+
+
+class Destination(StrEnum):
+    """Where a planned file goes."""
+
+    RECORD = "record"  # kept in runs/<id>/
+    PRIVATE = "private"  # the job's private directory on the head, removed when it ends
+    NODE = "node"  # kept in the record, and sent to every node in the agent's spec
 
 
 @dataclass(frozen=True)
 class PlannedFile:
-    """A file the launch writes. `where`: RECORD, kept in runs/<id>/; PRIVATE, in the
-    job's private directory on the head (secrets, the shim), removed when the job ends;
-    NODE, kept in the record and sent to every node in the agent's spec, which writes it
-    to the node's directory."""
+    """A file the launch writes, `where` its Destination: the job's record, the job's
+    private directory on the head (secrets, the shim), or the record and every node (the
+    agent writes it to the node's directory)."""
 
     name: str
     content: str
-    where: str = RECORD
+    where: Destination = Destination.RECORD
     mode: int = 0o644
 
     @property
     def run_dir(self) -> bool:
-        return self.where in (RECORD, NODE)
+        return self.where in (Destination.RECORD, Destination.NODE)
 
     @property
     def ship(self) -> bool:
-        return self.where == NODE
+        return self.where == Destination.NODE
 
 
 @dataclass(frozen=True)
@@ -103,14 +109,14 @@ class HeadContext:
 @dataclass(frozen=True)
 class Placement:
     """Where and as what a job runs: its id, hosts, record and main port, and what starts
-    its nodes (FANOUTS) in which Slurm allocation."""
+    its nodes (a Fanout word, checked when the plan is built) in which Slurm allocation."""
 
     job_id: str
     hostfile: Hostfile
     run_dir: str  # runs/<id>/ on the head
     main_port: int
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
-    fanout: str = "pdsh"
+    fanout: str = Fanout.PDSH
     slurm_job: str = ""  # the Slurm allocation the job runs in, if any
     slurm_batch: bool = False  # that allocation is the job's own (orch submit --sbatch)
     transport: Transport = Transport.SSH  # how orch's own commands reach the nodes
@@ -133,9 +139,9 @@ class JobShape:
     main_port: int
     env: Mapping[str, str]  # the job's environment on every node (ORCH_JOB_ID included)
     run_dir: str
-    private_dir: str  # the job's private directory on the head (PRIVATE files)
+    private_dir: str  # the job's private directory on the head (its PRIVATE files)
     grace: float = STOP_GRACE_S  # TERM -> KILL on each node
-    fanout: str = "pdsh"  # FANOUTS
+    fanout: Fanout = Fanout.PDSH
     slurm_job: str = ""
     accelerate: AccelerateOptions = field(default_factory=AccelerateOptions)
     torchrun_args: tuple[str, ...] = ()
@@ -256,8 +262,8 @@ class LaunchPlan:
         raise KeyError(name)
 
     def file_path(self, planned: PlannedFile) -> str:
-        """Where a RECORD, NODE or PRIVATE file lives on the head."""
-        base = self.job.private_dir if planned.where == PRIVATE else self.job.run_dir
+        """Where a planned file lives on the head."""
+        base = self.job.private_dir if planned.where == Destination.PRIVATE else self.job.run_dir
         return f"{base}/{planned.name}"
 
 
@@ -283,7 +289,7 @@ def agent_spec(
     no word the user typed. It runs `node_command`, or its node rank's command of
     `per_node` when the nodes' differ (none on the pdsh launcher: the shim adds it)."""
     private = node_private_text(job)
-    srun = job.fanout == "srun"
+    srun = job.fanout == Fanout.SRUN
     return AgentSpec(
         job_id=job.job_id,
         workdir=job.workdir,
@@ -315,7 +321,7 @@ def node_side(
     """standard and torchrun: orch's pdsh runs the agent on every node, which runs
     `node_command`, or its node rank's command of `per_node` when the nodes' differ."""
     spec = agent_spec(job, node_files, wait_for_main, node_command, per_node)
-    if job.fanout == "srun":
+    if job.fanout == Fanout.SRUN:
         argv = build_srun_argv(
             job.hostfile.names,
             agent_argv(job.python, spec),

@@ -10,9 +10,6 @@ from dataclasses import dataclass
 from orchestrator.errors import UsageError
 from orchestrator.plan.request import JobRequest
 
-SCRIPT_NAME = "sbatch.sh"
-OUTPUT_NAME = "sbatch.out"
-
 
 @dataclass(frozen=True)
 class BatchRequest:

@@ -16,21 +16,21 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.checks.collective import nccl_transport
-from orchestrator.checks.environment import PushFix, script_distributions, script_imports
+from orchestrator.checks.environment import script_distributions, script_imports
 from orchestrator.checks.model import (
     CollectiveResult,
     DoctorReport,
-    Finding,
     NodeError,
     NodeProbe,
 )
 from orchestrator.checks.report import build_report
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.nodes.transport import NodeTransport, SshTransport
 from orchestrator.pernode import NodeResult, failed, succeeded
 from orchestrator.probe.commands import (
@@ -49,7 +49,6 @@ from orchestrator.probe.facts import (
 )
 from orchestrator.remote.digest import sha256_of
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
-from orchestrator.specs.inventory import Hostfile
 from orchestrator.ssh import CommandResult
 
 PROBE_TIMEOUT_S = 120.0  # the probe's own time on a node that answered
@@ -259,48 +258,38 @@ def _sha256(path: str | None) -> str | None:
 
 
 def run_preflight(
-    hostfile: Hostfile,
+    request: PreflightRequest,
     *,
-    python: str | None = None,
-    workdir: str | None = None,
-    script: str | None = None,
-    main_port: int = DEFAULT_MAIN_PORT,
     timeout: float = 10.0,
     probe_timeout: float = PROBE_TIMEOUT_S,
     full: bool = False,
-    main_address: str | None = None,
-    env: Mapping[str, str] | None = None,
     accept_new_host_keys: bool = False,
-    extra_findings: Sequence[Finding] = (),
     on_node: NodeDone | None = None,
     transport: NodeTransport | None = None,
-    push: PushFix | None = None,
 ) -> DoctorReport:
-    """Every check doctor makes, over every node of the hostfile.
+    """Every check doctor makes, over every node of the request's hostfile (`full`: the
+    collective too).
 
-    python and workdir default to the head's (as a launch uses them); the main
-    address defaults to node 0's name as the hostfile gives it, which is what
-    the other nodes will connect to. `push`: how the head's environment could be copied to
-    the nodes, for the fixes.
+    What the request leaves open is the head's (as a launch uses them: its interpreter,
+    working directory and environment); the main address defaults to node 0's name as the
+    hostfile gives it, which is what the other nodes will connect to.
     """
     started = time.monotonic()
-    python = python or sys.executable
-    workdir = workdir or os.getcwd()
-    if script and not os.path.isabs(script):
-        script = os.path.join(workdir, script)  # the job runs in workdir on every node
-    names = list(hostfile.names)
-    env = os.environ if env is None else env
-    address = main_address or names[0]
+    request = request.on_head(python=sys.executable, cwd=os.getcwd(), environ=os.environ)
+    python, script = request.python, request.script
+    # on_head filled both in; these only say so to the type checker
+    address = request.main_address or request.hostfile.names[0]
+    port = DEFAULT_MAIN_PORT if request.main_port is None else request.main_port
     with ThreadPoolExecutor(2) as head:  # the head's environment, while the nodes answer
         head_env = head.submit(head_environment, python, probe_timeout)
         imports = head.submit(script_packages, script)
         probes = probe_nodes(
-            names,
+            list(request.hostfile.names),
             python=python,
-            workdir=workdir,
+            workdir=request.workdir,
             script=script,
             main_address=address,
-            main_port=main_port,
+            main_port=port,
             timeout=timeout,
             probe_timeout=probe_timeout,
             accept_new_host_keys=accept_new_host_keys,
@@ -309,22 +298,14 @@ def run_preflight(
         )
     deep: list[CollectiveResult] = []
     if full:
-        deep = run_collective(probes, python=python, address=address, port=main_port,
+        deep = run_collective(probes, python=python, address=address, port=port,
                               timeout=max(timeout, 30.0), transport=transport)  # fmt: skip
     report = build_report(
-        hostfile,
+        request,
         probes,
-        python=python,
-        workdir=workdir,
-        script=script,
-        env=env,
         head_script_sha256=_sha256(script),
-        main_address=address,
-        main_port=main_port,
         deep=deep,
-        extra=extra_findings,
         head_environment=head_env.result(),
         script_packages=imports.result(),
-        push=push,
     )
     return replace(report, seconds=time.monotonic() - started)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from orchestrator.checks.environment import PushFix
 from orchestrator.checks.model import DoctorReport
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.errors import OrchError
 from orchestrator.nodes.transport import SLURM, plan_transport
 from orchestrator.pernode import GroupResult
@@ -213,12 +214,6 @@ def _push_fix(plan: LaunchPlan, options: PipelineOptions) -> PushFix | None:
 def _checked(plan: LaunchPlan, fix: PushFix | None) -> DoctorReport:
     from orchestrator.prepare.preflight import run_preflight
 
-    return run_preflight(
-        plan.hostfile,
-        python=plan.python,
-        workdir=plan.workdir,
-        script=plan.job.script,
-        main_port=plan.main_port,
-        transport=plan_transport(plan),
-        push=fix,
-    )
+    request = PreflightRequest(plan.hostfile, python=plan.python, workdir=plan.workdir,
+                               script=plan.job.script, main_port=plan.main_port, push=fix)
+    return run_preflight(request, transport=plan_transport(plan))

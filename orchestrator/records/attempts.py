@@ -10,13 +10,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.outcome.states import JobState
-from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
+from orchestrator.records.job import (
+    ATTEMPTS_DIR,
+    LOGS_DIR,
+    NODES_DIR,
+    REPORT_FILE,
+    STACKS_DIR,
+    TEARDOWN_UNANSWERED_FILE,
+    AttemptRecord,
+    JobRecord,
+    RunDir,
+)
 
-ATTEMPTS_DIR = "attempts"
-# What one attempt leaves in the job's directory, beside what the job keeps once: its logs
-# (RunDir.logs), raw node logs (RunDir.node_logs), stacks (run/stacks.py's STACKS_DIR, which
-# records/ cannot import), the teardown's unanswered nodes and its page (report/'s REPORT_FILE).
-PER_ATTEMPT = ("logs", "nodes", "stacks", "teardown-unanswered.log", "report.html")
+# What one attempt leaves in the job's directory, beside what the job keeps once.
+PER_ATTEMPT = (LOGS_DIR, NODES_DIR, STACKS_DIR, TEARDOWN_UNANSWERED_FILE, REPORT_FILE)
 
 
 def keep_apart(run: RunDir, attempt: AttemptRecord) -> AttemptRecord:
@@ -30,7 +37,7 @@ def keep_apart(run: RunDir, attempt: AttemptRecord) -> AttemptRecord:
         if source.exists():
             shutil.move(str(source), str(target / name))
     stacks = str(where / attempt.stacks) if attempt.stacks else None
-    return replace(attempt, logs=str(where / "logs"), stacks=stacks)
+    return replace(attempt, logs=str(where / LOGS_DIR), stacks=stacks)
 
 
 def with_attempt(run: RunDir, record: JobRecord, attempt: AttemptRecord, *,
@@ -55,4 +62,4 @@ def attempt_run_dir(run: RunDir, record: JobRecord, number: int | None) -> tuple
 
         numbers = ", ".join(str(a.number) for a in record.attempts) or "1"
         raise UsageError(f"job {record.id} has no attempt {number}", f"its attempts: {numbers}")
-    return RunDir(run.path / ATTEMPTS_DIR / str(number)), replace(record, hosts=found.nodes)
+    return run.attempt(number), replace(record, hosts=found.nodes)

@@ -22,9 +22,26 @@ from orchestrator.errors import OrchError, UsageError
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
+from orchestrator.specs.words import Fanout
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
+
+# Every name orch gives in a run directory, here alone: RunDir's paths are made of them, and
+# whatever writes or reads one of these files or folders takes its name from here.
 JOB_FILE = "job.json"
+ENV_FILE = "env.json"  # the job's environment, secrets redacted
+LOGS_DIR = "logs"  # logs/<node>.log: every rank's output as the head received it
+NODES_DIR = "nodes"  # nodes/<node>/: the raw node-local logs pulled back at the end
+STACKS_DIR = "stacks"  # stacks/<UTC time>.json: each `orch stacks` (and the teardown's)
+ATTEMPTS_DIR = "attempts"  # attempts/<number>/: an earlier attempt's own files
+REPORT_FILE = "report.html"
+PROGRESS_FILE = "progress.jsonl"  # the ranks' progress samples
+MOMENTS_FILE = "moments.jsonl"  # the job's moments for the report's timeline
+PREFLIGHT_FILE = "preflight.json"  # the pre-flight's report
+TEARDOWN_UNANSWERED_FILE = "teardown-unanswered.log"  # what nodes the teardown missed said
+KILL_MARKER = "kill-requested"  # `orch kill` leaves it, so the head reports "killed"
+SBATCH_SCRIPT_FILE = "sbatch.sh"  # a batch job's script, as submitted
+SBATCH_OUTPUT_FILE = "sbatch.out"  # a batch job's own output, as Slurm writes it
 
 # States a record can hold (and QUEUED); HEAD_DIED is derived when reading a running record.
 RUNNING_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
@@ -62,7 +79,7 @@ class RankRecord:
     end: float
     exit_code: int | None  # as a shell reports it: 128 + N for signal N; None: unseen
     signal: str | None  # the signal that ended it, by name
-    role: str
+    role: Role
     seen: str = "keeper"  # "keeper": reported as it happened; "scan": seen late on the node
     maxrss_kb: int | None = None
     oom_kill: bool | None = None
@@ -126,7 +143,7 @@ class AttemptRecord:
     exit_code: int | None = None
     cause: Mapping[str, str] | None = None  # {"class", "message", "decision"}
     excluded: tuple[str, ...] = ()
-    logs: str = "logs"
+    logs: str = LOGS_DIR
     stacks: str | None = None  # the stacks taken at its teardown, in the record
     # its nodes' environments (None: its pre-flight was skipped)
     environment: EnvironmentRecord | None = None
@@ -143,6 +160,10 @@ class AttemptRecord:
         environment = EnvironmentRecord.from_json(data.get("environment"))
         return cls(**{**data, **lists, "cause": dict(cause) if cause else None,
                       "environment": environment})  # fmt: skip
+
+
+def _rank_from_json(data: Mapping) -> RankRecord:
+    return RankRecord(**{**data, "role": Role(data["role"])})
 
 
 def _failure_from_json(data: Mapping) -> FirstFailure:
@@ -172,7 +193,7 @@ class JobRecord:
     teardown_stacks: str | None = None  # the running ranks' stacks before a failure's teardown
     main_port: int | None = None  # the job's rendezvous port on node 0
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
-    fanout: str = "pdsh"  # what started the node side: pdsh, or a Slurm step (srun)
+    fanout: Fanout = Fanout.PDSH  # what started the node side: pdsh, or a Slurm step (srun)
     slurm_job_id: str | None = None  # the allocation it ran in (or --sbatch submitted)
     slurm_step: str | None = None  # <job>.<step> of the srun fan-out
     slurm_batch: bool = False  # the Slurm job is this job's own (submitted with --sbatch)
@@ -218,11 +239,11 @@ class JobRecord:
             teardown_stacks=data.get("teardown_stacks"),
             main_port=data.get("main_port"),
             main_port_chosen=bool(data.get("main_port_chosen", False)),
-            fanout=str(data.get("fanout") or "pdsh"),
+            fanout=Fanout(data.get("fanout") or Fanout.PDSH),
             slurm_job_id=data.get("slurm_job_id"),
             slurm_step=data.get("slurm_step"),
             slurm_batch=bool(data.get("slurm_batch", False)),
-            ranks=tuple(RankRecord(**rank) for rank in data.get("ranks", ())),
+            ranks=tuple(_rank_from_json(rank) for rank in data.get("ranks", ())),
             transport=str(data.get("transport") or "ssh"),
             attempt=int(data.get("attempt", 1)),
             attempt_started=data.get("attempt_started"),
@@ -279,6 +300,8 @@ def batch_state(record: JobRecord, slurm_state: str | None) -> str:
 
 @dataclass(frozen=True)
 class RunDir:
+    """runs/<job-id>/: one job's record; its files and folders by the names above."""
+
     path: Path
 
     @property
@@ -287,12 +310,40 @@ class RunDir:
 
     @property
     def logs(self) -> Path:
-        return self.path / "logs"
+        return self.path / LOGS_DIR
 
     @property
     def node_logs(self) -> Path:
         """Raw node-local logs pulled back when the job ends."""
-        return self.path / "nodes"
+        return self.path / NODES_DIR
+
+    @property
+    def stacks(self) -> Path:
+        return self.path / STACKS_DIR
+
+    @property
+    def progress_file(self) -> Path:
+        return self.path / PROGRESS_FILE
+
+    @property
+    def preflight_file(self) -> Path:
+        return self.path / PREFLIGHT_FILE
+
+    @property
+    def teardown_unanswered(self) -> Path:
+        return self.path / TEARDOWN_UNANSWERED_FILE
+
+    @property
+    def kill_marker(self) -> Path:
+        return self.path / KILL_MARKER
+
+    @property
+    def sbatch_output(self) -> Path:
+        return self.path / SBATCH_OUTPUT_FILE
+
+    def attempt(self, number: int) -> RunDir:
+        """attempts/<number>/: where an earlier attempt's own files were moved."""
+        return RunDir(self.path / ATTEMPTS_DIR / str(number))
 
     def create(self) -> RunDir:
         """The job's directory, the user's alone: it holds the command, the environment's

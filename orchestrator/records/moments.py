@@ -19,8 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
 
-MOMENTS_FILE = "moments.jsonl"
-PREFLIGHT_FILE = "preflight.json"
+from orchestrator.records.job import MOMENTS_FILE, PREFLIGHT_FILE
 
 
 class MomentKind(str, Enum):

@@ -30,6 +30,11 @@ NODE_VAR = "ORCH_NODE"
 RANK_VAR = "RANK"
 KEEPER_VAR = "ORCH_RANK_KEEPER"  # as remote/rank.py sets it
 KEPT_VAR = "ORCH_RANKS_KEPT"  # set by the agent for its launcher: every rank has a keeper
+# What the agent tells each node's command about where it runs (the head plans commands with
+# them too): the node's rank in the hostfile and its private directory. remote/rank.py and
+# remote/rank_site.py run alone on a node and carry copies, held equal by a test.
+NODE_RANK_VAR = "ORCH_NODE_RANK"
+NODE_DIR_VAR = "ORCH_NODE_DIR"
 PROC = "/proc"
 
 

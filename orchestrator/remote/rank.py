@@ -44,7 +44,7 @@ START_DIR = "bin"  # under the node directory: start-up files, not logs, so neve
 COMMAND_FILE = os.path.join(START_DIR, "rank.json")
 SITE_DIR = os.path.join(START_DIR, "site")  # sitecustomize.py: stacks without ptrace
 SITE_DIR_VAR = "ORCH_RANK_SITE"
-NODE_DIR_VAR = "ORCH_NODE_DIR"
+NODE_DIR_VAR = "ORCH_NODE_DIR"  # procs.NODE_DIR_VAR: this program runs alone on the node
 # Set by the keeper in its rank's environment to its own pid: remote/procs.py tells the
 # rank (whose parent is that pid) from its keeper and from the rank's own children.
 KEEPER_VAR = "ORCH_RANK_KEEPER"

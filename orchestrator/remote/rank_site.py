@@ -33,8 +33,8 @@ import sys
 
 STACK_SIGNAL = signal.SIGUSR2
 SITE_DIR_VAR = "ORCH_RANK_SITE"  # this file's directory, set by orch-rank
-NODE_DIR_VAR = "ORCH_NODE_DIR"
-STACKS_DIR = "stacks"
+NODE_DIR_VAR = "ORCH_NODE_DIR"  # procs.NODE_DIR_VAR: this file runs alone in each rank
+STACKS_DIR = "stacks"  # in the node directory: a rank's faulthandler dumps, <pid>.txt
 
 _handle = None  # kept open for faulthandler, for the life of the rank
 

@@ -9,6 +9,6 @@ from __future__ import annotations
 
 from orchestrator.report.model import ReportModel
 from orchestrator.report.read import build_report
-from orchestrator.report.render import REPORT_FILE, render_html, write_report
+from orchestrator.report.render import render_html, write_report
 
-__all__ = ["REPORT_FILE", "ReportModel", "build_report", "render_html", "write_report"]
+__all__ = ["ReportModel", "build_report", "render_html", "write_report"]

@@ -16,8 +16,16 @@ from orchestrator.checks.model import CHECK_GROUPS
 from orchestrator.logs.progress import read_samples
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.outcome.states import JobState
-from orchestrator.records.job import FirstFailure, JobRecord, RankRecord, RunDir
-from orchestrator.records.moments import PREFLIGHT_FILE, MomentKind, read_moments
+from orchestrator.records.job import (
+    LOGS_DIR,
+    PREFLIGHT_FILE,
+    STACKS_DIR,
+    FirstFailure,
+    JobRecord,
+    RankRecord,
+    RunDir,
+)
+from orchestrator.records.moments import MomentKind, read_moments
 from orchestrator.report.model import (
     TAIL_LINES,
     Cause,
@@ -34,7 +42,6 @@ from orchestrator.stacks.model import Frame
 
 TAIL_BYTES = 64 * 1024  # a log's tail is read from its end: logs run to gigabytes
 RAW_FILES_SHOWN = 12  # links to a node's pulled-back raw logs, at most
-STACKS_DIR = "stacks"
 
 
 def build_report(run_dir: Path) -> ReportModel:
@@ -59,7 +66,7 @@ def build_report(run_dir: Path) -> ReportModel:
         stacks=read_stacks(run, record.teardown_stacks or _latest(kept, "dump")),
         moments=moments, series=series, slowest=slowest_rank(series),
         profile=read_profile(run, _latest(kept, "profile")),
-        parity=read_parity(run.path / PREFLIGHT_FILE), attempts=record.attempts,
+        parity=read_parity(run.preflight_file), attempts=record.attempts,
         environment=record.environment,
     )  # fmt: skip
 
@@ -92,7 +99,7 @@ def _node_row(
     return NodeRow(
         node=node, exit_code=record.node_exit_codes.get(node),
         ranks=tuple(rank for rank in ranks if rank.node == node),
-        last_lines=tail_lines(log), log_href=f"logs/{node}.log" if log.is_file() else None,
+        last_lines=tail_lines(log), log_href=f"{LOGS_DIR}/{node}.log" if log.is_file() else None,
         is_cause=cause is not None and cause.node == node,
         raw_logs=raw if raw not in (None, "ok") else None, raw_files=raw_files(run, node),
     )  # fmt: skip
@@ -205,7 +212,7 @@ def read_parity(path: Path) -> Parity | None:
 
 # ----- stacks and profiles (the JSON `orch stacks` keeps: stacks/report.py) ---------------
 def _stack_files(run: RunDir) -> list[str]:
-    folder = run.path / STACKS_DIR
+    folder = run.stacks
     try:
         return sorted(f"{STACKS_DIR}/{p.name}" for p in folder.glob("*.json") if p.is_file())
     except OSError:

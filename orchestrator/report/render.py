@@ -10,12 +10,12 @@ from pathlib import Path
 import jinja2
 
 from orchestrator.errors import OrchError
+from orchestrator.records.job import REPORT_FILE
 from orchestrator.report.charts import progress_chart
 from orchestrator.report.model import ReportModel, how, since
 from orchestrator.report.read import build_report
 from orchestrator.report.timeline import timeline
-
-REPORT_FILE = "report.html"
+from orchestrator.specs.units import format_bytes
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("orchestrator.report", "templates"),
@@ -24,7 +24,7 @@ _ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.globals.update(since=since, how=how)
+_ENV.globals.update(since=since, how=how, format_bytes=format_bytes)
 
 
 def render_html(model: ReportModel) -> str:

@@ -12,14 +12,15 @@ from pathlib import Path
 from orchestrator.nodes.slurm import submit_batch
 from orchestrator.outcome.states import JobState
 from orchestrator.plan.request import JobRequest, check_sbatch_hosts
-from orchestrator.plan.sbatch_script import (
-    OUTPUT_NAME,
-    SCRIPT_NAME,
-    render_batch_script,
-    request_batch,
-    submit_argv,
+from orchestrator.plan.sbatch_script import render_batch_script, request_batch, submit_argv
+from orchestrator.records.job import (
+    SBATCH_SCRIPT_FILE,
+    JobRecord,
+    new_job_id,
+    now_iso,
+    run_dir,
+    runs_root,
 )
-from orchestrator.records.job import JobRecord, new_job_id, now_iso, run_dir, runs_root
 from orchestrator.specs.slurm import chosen_fanout
 
 
@@ -42,7 +43,7 @@ def submit_batch_job(request: JobRequest, *, dry_run: bool) -> BatchJob:
     job_id = new_job_id()
     root = runs_root(request.runs_dir)
     run = run_dir(root, job_id)
-    output = run.path / OUTPUT_NAME
+    output = run.sbatch_output
     command = submit_argv(request, python=sys.executable, job_id=job_id, runs_dir=str(root),
                           recipe=str(Path(request.spec.recipe).resolve()))  # fmt: skip
     batch = request_batch(request, job_id=job_id, cwd=os.getcwd(), output=str(output),
@@ -51,7 +52,7 @@ def submit_batch_job(request: JobRequest, *, dry_run: bool) -> BatchJob:
     if dry_run:
         return BatchJob(job_id, text, batch.nodes, output)
     run.create()
-    script = run.write_file(SCRIPT_NAME, text)
+    script = run.write_file(SBATCH_SCRIPT_FILE, text)
     slurm_job = submit_batch(str(script), cwd=batch.workdir)
     launcher = request.spec.launcher
     record = JobRecord(

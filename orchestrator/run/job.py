@@ -37,6 +37,7 @@ from orchestrator.records.moments import note_attempt, save_preflight
 from orchestrator.run.launch import JobRunner, LaunchResult
 from orchestrator.run.plan_files import prepare_run
 from orchestrator.run.recheck import unreachable_nodes
+from orchestrator.specs.words import Fanout
 
 
 def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> LaunchResult:
@@ -120,7 +121,7 @@ class _Recovery:
         restarts_done = record.attempt - 1
         pool = job.pool.names if job.pool is not None else job.plan.hosts
         # The re-check costs a few seconds: only when a restart may follow, over ssh.
-        recheck = self.policy.max_restarts > restarts_done and job.plan.job.fanout == "pdsh"
+        recheck = self.policy.max_restarts > restarts_done and job.plan.job.fanout == Fanout.PDSH
         left = [n for n in pool if n not in self.dropped]
         unreachable = unreachable_nodes(left) if recheck else ()
         facts = attempt_failure(first, record.ranks, unreachable)
@@ -139,7 +140,7 @@ def _healthy_start(job: PreparedJob, wanted: int, minimum: int) -> PreparedJob:
     """With spares in the pool (--nodes below its size), the first `wanted` nodes that
     answer; without, the job's own nodes as they are (the pre-flight checks them)."""
     pool = job.pool
-    if pool is None or len(pool.hosts) <= wanted or job.plan.job.fanout != "pdsh":
+    if pool is None or len(pool.hosts) <= wanted or job.plan.job.fanout != Fanout.PDSH:
         return job
     unreachable = unreachable_nodes(pool.names)
     nodes = next_nodes(pool.names, (), unreachable, wanted=wanted, minimum=minimum)

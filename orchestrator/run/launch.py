@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
-from orchestrator.logs.progress import PROGRESS_FILE, ProgressRecorder
+from orchestrator.logs.progress import ProgressRecorder
 from orchestrator.logs.redact import Redactor, secret_values
 from orchestrator.logs.router import LogRouter, LogView
 from orchestrator.logs.tracker import OutputTracker
@@ -68,13 +68,8 @@ from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.plan_files import remove_private_files, write_private_files
 from orchestrator.run.stacks import gather_stacks, save_stacks
-from orchestrator.run.teardown import (
-    KILL_MARKER,
-    NO_ANSWER,
-    UNREACHABLE,
-    StopReport,
-    teardown_job,
-)
+from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
+from orchestrator.specs.words import Fanout
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
 _PULL_CONNECT_S, _PULL_TIMEOUT_S = 5.0, 60.0  # pulling one node's raw logs back
@@ -121,7 +116,7 @@ class JobRunner:
         self.run_dir = run
         self.record = record
         self.settings = settings or WatchSettings()
-        self.progress = ProgressRecorder(run.path / PROGRESS_FILE, now=time.time())
+        self.progress = ProgressRecorder(run.progress_file, now=time.time())
         self.tracker = OutputTracker(plan.hosts, view, self.progress)
         self.verdict = JobVerdict(
             plan.hosts, self.settings, head_launcher=bool(plan.launch.head_command)
@@ -234,7 +229,7 @@ class JobRunner:
                 events.append(HeadExited(code, now))
             if self.signal is not None and not interrupted:
                 interrupted = True
-                killed = (self.run_dir.path / KILL_MARKER).exists()
+                killed = self.run_dir.kill_marker.exists()
                 events.append(Interrupted(self.signal, killed, now))
                 self._moment(MomentKind.INTERRUPT, detail="orch kill" if killed else None)
             if self._teardown_done.is_set() and not teardown_noted:
@@ -255,8 +250,9 @@ class JobRunner:
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
         # A node the teardown could not reach just now would only cost another timeout.
+        gone = (StopProblem.UNREACHABLE, StopProblem.NO_ANSWER)
         unreachable = {
-            r.node for r in (self.teardown or ()) if r.kind in (UNREACHABLE, NO_ANSWER)
+            r.node for r in (self.teardown or ()) if r.kind in gone
         } - self._node_logs.nodes
         for node in self.plan.hosts:
             if node not in unreachable:
@@ -293,7 +289,7 @@ class JobRunner:
                     grace=self.plan.job.grace,
                     timeout=self.settings.teardown_timeout,
                     not_answering=_not_answering(failure),
-                    log=self.run_dir.path / "teardown-unanswered.log",
+                    log=self.run_dir.teardown_unanswered,
                     transport=plan_transport(self.plan),
                 )
             finally:
@@ -325,7 +321,7 @@ class JobRunner:
         stacks taken, an srun fan-out's failure in Slurm's words."""
         if failure is not None and failure.kind == FailureKind.HANG:
             failure = hang_culprit(failure, self.stacks)
-        if failure is not None and self.plan.job.fanout == "srun":
+        if failure is not None and self.plan.job.fanout == Fanout.SRUN:
             failure = in_slurm_words(
                 failure, self.tracker.head_lines(), bool(self.verdict.last_seen),
                 slurm.node_problems(self.plan.hosts),

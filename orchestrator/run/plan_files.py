@@ -13,8 +13,9 @@ from pathlib import Path
 
 from orchestrator.errors import OrchError
 from orchestrator.outcome.states import JobState
-from orchestrator.plan.launch_plan import PRIVATE, LaunchPlan
+from orchestrator.plan.launch_plan import Destination, LaunchPlan
 from orchestrator.records.job import (
+    ENV_FILE,
     EnvironmentRecord,
     JobRecord,
     RunDir,
@@ -40,7 +41,7 @@ def write_private_files(plan: LaunchPlan) -> None:
     levels above it (the user's own directory and its jobs/, as head_private_dir names them)
     are made and checked first: a link, another user's or one others can write is refused."""
     private = Path(plan.job.private_dir)
-    files = [f for f in plan.files if f.where == PRIVATE]
+    files = [f for f in plan.files if f.where == Destination.PRIVATE]
     if not files:
         return
     jobs = private.parent
@@ -77,7 +78,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
     for planned in plan.files:
         if planned.run_dir:
             run.write_file(planned.name, planned.content)
-    run.write_file("env.json", json.dumps(plan.redacted_env, indent=2, sort_keys=True) + "\n")
+    run.write_file(ENV_FILE, json.dumps(plan.redacted_env, indent=2, sort_keys=True) + "\n")
     record = JobRecord(
         id=plan.job_id,
         state=JobState.STARTING,

@@ -16,6 +16,7 @@ from pathlib import Path
 from orchestrator.nodes.transport import NodeTransport, SshTransport
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import stacks_command
+from orchestrator.records.job import STACKS_DIR
 from orchestrator.remote.stacks import STARTUP_SLACK_S
 from orchestrator.ssh import CommandResult
 from orchestrator.stacks.model import (
@@ -28,7 +29,6 @@ from orchestrator.stacks.model import (
     parse_node_report,
 )
 
-STACKS_DIR = "stacks"
 DEFAULT_RATE = 50  # samples per second and rank: cheap enough for many ranks on few cores
 _CONNECT_TIMEOUT_S = 10.0
 

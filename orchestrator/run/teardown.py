@@ -25,11 +25,15 @@ from orchestrator.records.job import FINAL_STATES, JobRecord, RunDir, finished, 
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.remote.procs import SLURM_NODE
 from orchestrator.specs.slurm import ACTIVE_STATES
+from orchestrator.specs.words import StrEnum
 
-# `orch kill` leaves this file in the run directory, so the head reports "killed".
-KILL_MARKER = "kill-requested"
-# Failure kinds of a node the teardown could not reach at all (not worth a second try).
-UNREACHABLE, NO_ANSWER, KILL_FAILED = "unreachable", "no-answer", "kill-failed"
+
+class StopProblem(StrEnum):
+    """Why the teardown has no report from a node (a NodeResult's kind)."""
+
+    UNREACHABLE = "unreachable"  # not reached at all: not worth a second try
+    NO_ANSWER = "no-answer"  # reached, or asked in the background, and never answered
+    KILL_FAILED = "kill-failed"  # the kill program ran and failed
 
 
 @dataclass(frozen=True)
@@ -96,17 +100,17 @@ def _teardown_through(transport: NodeTransport, hosts: Sequence[str], sent: Sequ
             found[host] = succeeded(host, report)
         elif answer.value is None:
             found[host] = failed(host, answer.problem or f"{host}: no answer", _STOPS_ITSELF,
-                                 UNREACHABLE)  # fmt: skip
+                                 StopProblem.UNREACHABLE)  # fmt: skip
         else:
             found[host] = failed(host, f"{host}: kill failed (exit {answer.value.exit_code})",
-                                 "run `orch kill` again", KILL_FAILED)  # fmt: skip
+                                 "run `orch kill` again", StopProblem.KILL_FAILED)  # fmt: skip
     return GroupResult(tuple(found[h] for h in hosts))
 
 
 def _not_waited_for(host: str, log: Path | None) -> NodeResult[StopReport]:
     where = f"; pdsh's answer goes to {log}" if log is not None else ""
     return failed(host, f"{host}: stopped answering; stop request sent, not waited for{where}",
-                  _STOPS_ITSELF, NO_ANSWER)  # fmt: skip
+                  _STOPS_ITSELF, StopProblem.NO_ANSWER)  # fmt: skip
 
 
 def stop_results(
@@ -127,7 +131,7 @@ def stop_results(
     for host in hosts:
         if host not in found:
             why = "no answer (timed out)" if timed_out else "no answer"
-            found[host] = failed(host, f"{host}: {why}", _STOPS_ITSELF, NO_ANSWER)
+            found[host] = failed(host, f"{host}: {why}", _STOPS_ITSELF, StopProblem.NO_ANSWER)
     return GroupResult(tuple(found[h] for h in hosts))
 
 
@@ -144,11 +148,12 @@ def _stop_report(line: str) -> StopReport | None:
 
 def _ssh_failure(node: str, code: int) -> NodeResult[StopReport]:
     if code == 255:
-        return failed(node, f"{node}: unreachable (ssh exit 255)", _STOPS_ITSELF, UNREACHABLE)
+        return failed(node, f"{node}: unreachable (ssh exit 255)", _STOPS_ITSELF,
+                      StopProblem.UNREACHABLE)  # fmt: skip
     return failed(
         node, f"{node}: kill failed (exit {code})",
         f"run `orch kill` again; if it fails again, check that {node} has a working python3 "
-        f"(`ssh {node} python3 -V`)", KILL_FAILED,
+        f"(`ssh {node} python3 -V`)", StopProblem.KILL_FAILED,
     )  # fmt: skip
 
 
@@ -169,7 +174,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
     alive = head_alive(record)
     batch = record.slurm_batch and record.slurm_job_id is not None
     if alive or batch:
-        (run.path / KILL_MARKER).touch()
+        run.kill_marker.touch()
     if batch:
         # The batch job is the job's own: Slurm signals orch inside it, which tears the job
         # down, and ends the allocation.
@@ -201,7 +206,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
     record = run.load()
     if record.state not in FINAL_STATES:
         # The head is gone (or never answered): record the kill ourselves.
-        (run.path / KILL_MARKER).touch()
+        run.kill_marker.touch()
         record = finished(record, state=JobState.KILLED, exit_code=128 + signal.SIGTERM)
         run.save(record)
     return KillOutcome(record, ok)

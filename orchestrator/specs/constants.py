@@ -53,8 +53,3 @@ def standard_config_name(machine_rank: int | str) -> str:
 
 # Seconds between TERM and KILL when a job's processes are stopped on a node.
 STOP_GRACE_S = 5.0
-
-# What the agent tells each node's command about where it runs (remote/agent.py has its own
-# copies, held equal by a test): the node's rank in the hostfile and its private directory.
-NODE_RANK_VAR = "ORCH_NODE_RANK"
-NODE_DIR_VAR = "ORCH_NODE_DIR"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException, RangeSetParseError
@@ -250,6 +250,18 @@ def fold_nodeset(names: Iterable[str]) -> str:
         if problem is not None:
             raise UsageError(problem)
     return str(NodeSet.fromlist(names))
+
+
+def nodes_text(nodes: Sequence[str]) -> str:
+    """Many node names in the width of a table cell (`node[01-32,40]`): words that are no
+    host names (`the head`) first, names fold_nodeset refuses as they are."""
+    plain = [n for n in nodes if " " in n]
+    names = [n for n in nodes if " " not in n]
+    try:
+        folded = fold_nodeset(names) if names else ""
+    except Exception:  # a name that cannot be folded is shown, not refused: this is for reading
+        folded = ",".join(names)
+    return ", ".join([*plain, folded] if folded else plain)
 
 
 def filter_hosts(

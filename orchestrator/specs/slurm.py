@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from orchestrator.errors import UsageError
 from orchestrator.specs.inventory import Hostfile, expand_nodeset, make_hostfile
+from orchestrator.specs.words import Fanout, fanout_named
 
 JOB_ID_VAR = "SLURM_JOB_ID"
 NODELIST_VAR = "SLURM_JOB_NODELIST"
@@ -168,9 +169,9 @@ def job_inventory(
     return allocation_hostfile(allocation, nproc_per_node=nproc_per_node), allocation
 
 
-def chosen_fanout(fanout: str | None, launcher: str, in_allocation: bool) -> str:
+def chosen_fanout(fanout: str | None, launcher: str, in_allocation: bool) -> Fanout:
     """--fanout as given; else srun inside an allocation (for the launchers whose nodes orch
     starts itself), pdsh otherwise."""
     if fanout:
-        return fanout
-    return "srun" if in_allocation and launcher != "pdsh" else "pdsh"
+        return fanout_named(fanout)
+    return Fanout.SRUN if in_allocation and launcher != "pdsh" else Fanout.PDSH

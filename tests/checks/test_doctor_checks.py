@@ -33,6 +33,7 @@ from orchestrator.checks.node import (
 )
 from orchestrator.checks.parity import check_parity, majority_value
 from orchestrator.checks.report import build_report
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.probe.facts import GpuInfo, NodeFacts, OwnDirectory
 from orchestrator.specs.inventory import parse_hostfile
 
@@ -47,9 +48,9 @@ def cluster(**per_node: dict[str, object]) -> list[NodeProbe]:
 
 def test_identical_nodes_give_no_findings() -> None:
     hostfile = parse_hostfile("n1 slots=2\nn2 slots=2\nn3 slots=2\n")
-    report = build_report(
-        hostfile, cluster(), python=PY, workdir="/work", script="/work/train.py", env={}
-    )
+    request = PreflightRequest(hostfile, python=PY, workdir="/work", script="/work/train.py",
+                               env={})  # fmt: skip
+    report = build_report(request, cluster())
     assert report.ok
     assert report.findings == ()
     assert [n.groups["ssh"] for n in report.nodes] == ["ok", "ok", "ok"]
@@ -302,7 +303,7 @@ def test_report_marks_unreachable_nodes_and_serialises() -> None:
         NodeProbe("n1", facts("n1", nccl_env={"NCCL_DEBUG": "INFO", "NCCL_IB_KEY": "s3cret"})),
         NodeProbe("n2", None, NodeError("auth", "n2: authentication rejected", "ssh-copy-id")),
     ]
-    report = build_report(hostfile, items, python=PY, workdir="/work", script=None, env={})
+    report = build_report(PreflightRequest(hostfile, python=PY, workdir="/work", env={}), items)
     assert not report.ok
     assert report.nodes[1].groups["ssh"] == "error"
     assert report.nodes[1].groups["parity"] == "-"
@@ -383,8 +384,8 @@ def test_a_node_whose_own_directory_cannot_be_used_fails_naming_path_owner_mode_
     assert "/tmp/orch-1000/runs" in finding.problem and "mallory (uid 1001)" in finding.problem
     assert "mode 0755" in finding.problem and "node directory" in finding.problem
     assert finding.fix == f"on n2: {fix}"
-    report = build_report(parse_hostfile("n1 slots=1\nn2 slots=1\nn3 slots=1\n"), probes,
-                          python=PY, workdir=None, script=None, env={})  # fmt: skip
+    hostfile = parse_hostfile("n1 slots=1\nn2 slots=1\nn3 slots=1\n")
+    report = build_report(PreflightRequest(hostfile, python=PY, env={}), probes)
     assert finding in report.findings
 
 

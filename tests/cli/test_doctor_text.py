@@ -11,6 +11,7 @@ from rich.console import Console
 
 from orchestrator.checks.model import NodeProbe
 from orchestrator.checks.report import build_report
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.cli.doctor_cmds import print_report
 from orchestrator.probe.facts import Environment
 from orchestrator.specs.inventory import parse_hostfile
@@ -34,8 +35,8 @@ def test_64_nodes_differences_grouped_and_folded_within_the_width() -> None:
 
     probes_ = [facts(n, environment=which(n), resolved={}) for n in NAMES]
     hostfile = parse_hostfile("".join(f"{n} slots=8\n" for n in NAMES))
-    report = build_report(hostfile, [NodeProbe(f.node, f) for f in probes_], python=PY,
-                          workdir="/work", script=None, env={}, head_environment=head)  # fmt: skip
+    request = PreflightRequest(hostfile, python=PY, workdir="/work", env={})
+    report = build_report(request, [NodeProbe(f.node, f) for f in probes_], head_environment=head)
     out = io.StringIO()
     print_report(report, Console(file=out, width=WIDTH, highlight=False, color_system=None))
     text = out.getvalue()
@@ -56,7 +57,7 @@ def test_parity_rows_fold_the_nodes_of_each_value() -> None:
     hostfile = parse_hostfile("".join(f"{n} slots=8\n" for n in NAMES))
     cuda = {n: "12.1" for n in NAMES[40:]}
     probes_ = [NodeProbe(n, replace(facts(n, resolved={}), torch_cuda=cuda.get(n))) for n in NAMES]
-    report = build_report(hostfile, probes_, python=PY, workdir="/work", script=None, env={})
+    report = build_report(PreflightRequest(hostfile, python=PY, workdir="/work", env={}), probes_)
     out = io.StringIO()
     print_report(report, Console(file=out, width=WIDTH, highlight=False, color_system=None))
     assert "12.1 on gpu[41-64]" in out.getvalue()

@@ -57,7 +57,7 @@ def test_delta_sends_what_differs_and_removes_what_the_head_has_not() -> None:
          "orch job j-20261125-1 (pids 4242, 4243) run from"),
         ({**SEEN, "mount_point": True, "real_root": "/opt/envs/train"}, 0,
          "/opt/envs/train is a mount point"),
-        (SEEN, 11 << 30, "11264 MiB to receive, 10240 MiB free"),
+        (SEEN, 11 << 30, "11.0 GiB to receive, 10.0 GiB free"),
     ],
 )
 def test_a_node_that_cannot_take_the_environment_is_refused(seen, needs, text) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.state import SandboxState
+from orchestrator.specs.units import format_bytes
 
 pytestmark = pytest.mark.sandbox
 
@@ -231,11 +232,11 @@ def test_a_node_whose_disk_is_too_small_is_refused_naming_what_is_needed(
     need = sum(p.stat().st_size for p in files)  # the links are sent as links
     entry, shown = refused(cluster, "disk")
     assert entry["problem"] == (
-        f"{node}: {need / 2**20:.0f} MiB to receive, {SMALL_DISK >> 20} MiB free where "
+        f"{node}: {format_bytes(need)} to receive, {format_bytes(SMALL_DISK)} free where "
         f"{cluster.root} is"
     )
     assert entry["fix"] == f"free disk space on {node}"
-    assert f"{PAYLOAD >> 20} MiB to receive, 1 MiB free" in shown
+    assert f"{format_bytes(need)} to receive, {format_bytes(SMALL_DISK)} free" in shown
 
 
 # ----- a conda environment ----------------------------------------------------------------

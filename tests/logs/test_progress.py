@@ -9,12 +9,12 @@ import json
 import pytest
 
 from orchestrator.logs.progress import (
-    PROGRESS_FILE,
     ProgressRecorder,
     bar_sample,
     line_sample,
     read_samples,
 )
+from orchestrator.records.job import PROGRESS_FILE
 from orchestrator.records.moments import MomentKind
 
 

@@ -12,6 +12,7 @@ from orchestrator.outcome.rank_ends import (
     Role,
     after_a_fault,
     end_hint,
+    ended_by,
     last_python_frame,
     order_ends,
     rank_end_from_fields,
@@ -52,6 +53,16 @@ def test_a_signal_is_the_jobs_exit_code_as_a_shell_reports_it():
     assert order.roles[0] == Role.CONSEQUENCE
     segv = end(4, 1.0, -signal.SIGSEGV)
     assert (segv.exit_code, segv.how()) == (139, "killed by SIGSEGV")
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [(0, "exited with code 0"), (7, "exited with code 7"), (-signal.SIGSEGV, "killed by SIGSEGV"),
+     (-33, "killed by signal 33")],
+)
+def test_how_a_process_ended_is_told_one_way_for_a_rank_and_for_a_node(code, words):
+    assert ended_by(code) == words
+    assert end(0, 1.0, code).how() == words
 
 
 def test_a_later_failure_without_the_signs_of_a_lost_peer_is_listed_as_its_own():

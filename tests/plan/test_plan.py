@@ -21,7 +21,7 @@ from orchestrator.plan.build import build_plan
 from orchestrator.plan.describe import plan_summary, plan_text, rendered_pdsh_config
 from orchestrator.plan.launch_plan import (
     HEAD_LAUNCHER_NAME,
-    PRIVATE,
+    Destination,
     HeadContext,
     Placement,
     process_environment,
@@ -212,7 +212,7 @@ def test_node_side_launchers_plan_the_exact_pdsh_argv_and_what_the_agent_runs(la
     assert json.loads(plan.node_private)["env"] == dict(plan.job.env)
     assert launch.agent_spec.env == ()  # the job's env is in node_private only
     assert ("PDSH_RCMD_TYPE", "ssh") in plan.launch.head_process.set_env
-    assert not any(f.where == PRIVATE for f in plan.files)
+    assert not any(f.where == Destination.PRIVATE for f in plan.files)
 
 
 def test_pdsh_launcher_plans_the_head_process_its_environment_and_the_shim():

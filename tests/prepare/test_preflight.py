@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.checks.model import DoctorReport
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.nodes.fake import FakeCall, FakeNode, FakeTransport, Reply
 from orchestrator.prepare.preflight import run_preflight, script_packages
 from orchestrator.specs.inventory import Hostfile, HostSlots
@@ -49,8 +50,8 @@ def _probe(call: FakeCall) -> Reply:
 
 def _preflight(fake: FakeTransport) -> DoctorReport:
     hosts = Hostfile(tuple(HostSlots(name, 1) for name in fake.nodes))
-    return run_preflight(hosts, python=PY, workdir="/work", timeout=5.0, probe_timeout=5.0,
-                         env={}, transport=fake)  # fmt: skip
+    request = PreflightRequest(hosts, python=PY, workdir="/work", env={})
+    return run_preflight(request, timeout=5.0, probe_timeout=5.0, transport=fake)
 
 
 def test_a_node_that_does_not_answer_is_named_and_the_others_are_still_checked() -> None:

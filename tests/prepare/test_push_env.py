@@ -14,6 +14,7 @@ from _doctor_facts import PY, facts
 
 from orchestrator.checks.model import DoctorReport, NodeError, NodeProbe
 from orchestrator.checks.report import build_report
+from orchestrator.checks.request import PreflightRequest
 from orchestrator.plan.request import JobRequest, WatchRequest, check_push_env, recipe_spec
 from orchestrator.prepare.push_env import (
     PushDone,
@@ -38,8 +39,8 @@ def env(fingerprint: str, **dists: str) -> Environment:
 
 
 def report(head: Environment | None, *probes: NodeProbe) -> DoctorReport:
-    return build_report(HOSTS, probes, python=PY, workdir="/work", script=None, env={},
-                        head_environment=head)  # fmt: skip
+    request = PreflightRequest(HOSTS, python=PY, workdir="/work", env={})
+    return build_report(request, probes, head_environment=head)
 
 
 def probe(node: str, environment: Environment | None = None, **changes: object) -> NodeProbe:

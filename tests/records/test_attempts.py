@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.outcome.states import JobState
-from orchestrator.records.attempts import PER_ATTEMPT, attempt_run_dir, keep_apart, with_attempt
+from orchestrator.records.attempts import attempt_run_dir, keep_apart, with_attempt
 from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
 
 
@@ -39,10 +39,3 @@ def test_an_attempts_logs_and_stacks_move_apart_and_are_found_by_number(tmp_path
     with pytest.raises(UsageError, match="has no attempt 5"):
         attempt_run_dir(run, again, 5)
 
-
-def test_every_folder_an_attempt_leaves_moves_with_it():
-    # records/ cannot import the names run/ and report/ give these files: they must agree.
-    from orchestrator.report.render import REPORT_FILE
-    from orchestrator.run.stacks import STACKS_DIR
-
-    assert {STACKS_DIR, REPORT_FILE} <= set(PER_ATTEMPT)

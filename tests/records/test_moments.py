@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
+from orchestrator.records.job import MOMENTS_FILE, PREFLIGHT_FILE
 from orchestrator.records.moments import (
-    MOMENTS_FILE,
-    PREFLIGHT_FILE,
     Moment,
     MomentKind,
     append_moments,

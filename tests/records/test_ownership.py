@@ -11,9 +11,9 @@ import pytest
 
 from orchestrator.errors import OrchError
 from orchestrator.records import ownership
-from orchestrator.records.job import JobRecord, RunDir
+from orchestrator.records.job import KILL_MARKER, JobRecord, RunDir
 from orchestrator.remote.owned import owner_name
-from orchestrator.run.teardown import KILL_MARKER, kill_job
+from orchestrator.run.teardown import kill_job
 
 JOB = "20261121-230000-abc123"
 ME = 1000

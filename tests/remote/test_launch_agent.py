@@ -193,5 +193,5 @@ def test_the_agent_command_for_256_standard_configs_fits_in_one_argument():
 def test_the_agent_names_the_variables_the_head_plans_with():
     # The agent is shipped without orch, so it carries its own copies of these names.
     assert procs.JOB_ID_VAR == agent.JOB_ID_VAR == constants.JOB_ID_VAR
-    assert agent.NODE_RANK_VAR == constants.NODE_RANK_VAR
-    assert agent.NODE_DIR_VAR == constants.NODE_DIR_VAR
+    assert agent.NODE_RANK_VAR == procs.NODE_RANK_VAR
+    assert agent.NODE_DIR_VAR == procs.NODE_DIR_VAR

@@ -10,10 +10,12 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.errors import UsageError
+from orchestrator.outcome.rank_ends import Role
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.records.job import (
     FirstFailure,
     JobRecord,
+    RankRecord,
     RunDir,
     find_job,
     list_jobs,
@@ -21,6 +23,7 @@ from orchestrator.records.job import (
     run_dir,
 )
 from orchestrator.run.status import shown_state
+from orchestrator.specs.words import Fanout
 
 
 def _record(job_id: str, **kw) -> JobRecord:
@@ -53,6 +56,22 @@ def test_job_json_holds_states_and_kinds_as_the_plain_words_they_always_were(tmp
     assert loaded.state is JobState.FAILED and loaded.first_failure.kind is FailureKind.LOST
     shown = f"job {loaded.id}: {loaded.state} ({loaded.first_failure.kind})"
     assert shown == "job j1: failed (lost)"
+
+
+def test_job_json_holds_roles_and_the_fan_out_as_words_and_reads_them_back_as_members(tmp_path):
+    rank = RankRecord(node="n1", rank=0, local_rank=0, pid=9, start=1.0, end=2.0, exit_code=7,
+                      signal=None, role=Role.CAUSE)  # fmt: skip
+    record = _record("j1", state=JobState.FAILED, ranks=(rank,), fanout=Fanout.SRUN)
+    run = RunDir(tmp_path / "j1").create()
+    run.save(record)
+    written = json.loads(run.job_file.read_text())
+    assert (written["fanout"], written["ranks"][0]["role"]) == ("srun", "cause")
+    loaded = run.load()
+    assert loaded == record
+    assert loaded.fanout is Fanout.SRUN and loaded.ranks[0].role is Role.CAUSE
+    written["fanout"] = None  # a record from before the fan-out was kept: pdsh
+    run.job_file.write_text(json.dumps(written))
+    assert run.load().fanout is Fanout.PDSH
 
 
 def test_running_job_with_a_live_head_is_running_and_a_dead_head_is_shown(tmp_path):

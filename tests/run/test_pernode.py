@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from orchestrator.pernode import GroupResult, failed, for_each_node, succeeded
-from orchestrator.run.teardown import NO_ANSWER, UNREACHABLE, StopReport, stop_results
+from orchestrator.run.teardown import StopProblem, StopReport, stop_results
 
 
 def test_a_group_keeps_order_and_tells_success_from_failure():
@@ -48,10 +48,11 @@ def test_teardown_reads_each_nodes_answer_and_names_the_ones_it_could_not_reach(
     group = stop_results(("n1", "n2", "n3", "n4"), output, timed_out=True)
     assert group["n1"].value == StopReport(found=3, killed=1, left=0)
     assert str(group["n1"].value) == "stopped 3 process(es), 1 with KILL"
-    assert group["n2"].kind == UNREACHABLE
+    assert group["n2"].kind == StopProblem.UNREACHABLE == "unreachable"
     assert group["n2"].problem == "n2: unreachable (ssh exit 255)"
     assert group["n3"].problem == "n3: kill failed (exit 1)" and "python3" in group["n3"].hint
-    assert group["n4"].kind == NO_ANSWER and group["n4"].problem == "n4: no answer (timed out)"
+    assert group["n4"].kind == StopProblem.NO_ANSWER == "no-answer"
+    assert group["n4"].problem == "n4: no answer (timed out)"
     assert [r.node for r in group.failed] == ["n2", "n3", "n4"]
 
 

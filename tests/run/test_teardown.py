@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.nodes.fake import FakeCall, FakeNode, FakeTransport, Reply
 from orchestrator.remote.procs import JOB_ID_VAR, NODE_VAR
-from orchestrator.run.teardown import KILL_FAILED, NO_ANSWER, UNREACHABLE, StopReport, teardown_job
+from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
 
 STOPPED = Reply(stdout='{"found": 2, "killed": 1, "left": 0}\n')
 
@@ -40,9 +40,9 @@ def test_the_kill_program_goes_to_every_node_and_each_answer_is_reported() -> No
         not_answering=["n4"], transport=fake,
     )  # fmt: skip
     assert stopped.value == StopReport(found=2, killed=1, left=0)
-    assert (gone.kind, gone.problem) == (UNREACHABLE, "n2: unreachable")
-    assert (broken.kind, broken.problem) == (KILL_FAILED, "n3: kill failed (exit 1)")
-    assert silent.kind == NO_ANSWER
+    assert (gone.kind, gone.problem) == (StopProblem.UNREACHABLE, "n2: unreachable")
+    assert (broken.kind, broken.problem) == (StopProblem.KILL_FAILED, "n3: kill failed (exit 1)")
+    assert silent.kind == StopProblem.NO_ANSWER
     assert silent.problem == "n4: stopped answering; stop request sent, not waited for"
     assert _sent_within(fake, "n4") == fake.commands("n1")  # sent, though not waited for
     for node in ("n1", "n2", "n3"):
@@ -56,7 +56,8 @@ def test_a_node_whose_program_does_not_end_in_time_is_named_and_the_others_still
     late, stopped = teardown_job(["n1", "n2"], "job-1", "python3", grace=1.0, timeout=1.0,
                                  transport=fake)  # fmt: skip
     # a node gets at least the grace and 5 s
-    assert late.kind == UNREACHABLE and late.problem == "n1: command did not finish within 6s"
+    assert late.kind == StopProblem.UNREACHABLE
+    assert late.problem == "n1: command did not finish within 6s"
     assert stopped.ok and stopped.value is not None and stopped.value.found == 2
 
 

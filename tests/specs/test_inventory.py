@@ -22,6 +22,7 @@ from orchestrator.specs.inventory import (
     filter_hosts,
     fold_nodeset,
     make_hostfile,
+    nodes_text,
     parse_hostfile,
     read_hostfile,
     render_hostfile,
@@ -153,6 +154,14 @@ def test_expand_keeps_written_order_and_drops_duplicates() -> None:
     assert expand_nodeset("z[1-2],a[3,5]") == ["z1", "z2", "a3", "a5"]
     assert expand_nodeset("gpu[01-04]!gpu02") == ["gpu01", "gpu03", "gpu04"]
     assert fold_nodeset(["gpu01", "gpu02", "gpu03", "x"]) == "gpu[01-03],x"
+
+
+def test_node_names_for_reading_fold_and_keep_what_is_no_host_name() -> None:
+    assert nodes_text(["gpu03", "gpu01", "gpu02", "x"]) == "gpu[01-03],x"
+    assert nodes_text(["the head", "n2", "n1"]) == "the head, n[1-2]"
+    assert nodes_text(["the head"]) == "the head"
+    assert nodes_text([]) == ""
+    assert nodes_text(["a;b", "n1"]) == "a;b,n1"  # no host name: shown, not refused
 
 
 @pytest.mark.parametrize("expr", ["", "a[", "a[3-1]", "a,,b", "@gpus", "a[1-99999]", "a;b"])

@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 from orchestrator.plan.accel_config import cluster_config_fields, config_header
 from orchestrator.plan.launch_plan import (
     HEAD_LAUNCHER_NAME,
-    PRIVATE,
+    Destination,
     HeadContext,
     HeadProcess,
     JobShape,
@@ -45,10 +45,10 @@ def launch(job: JobShape, head: HeadContext) -> Launch:
         PlannedFile(HEAD_LAUNCHER_NAME, program_source("accelerate_head")),
         PlannedFile(PDSH_SPEC_NAME, json.dumps(config_spec, indent=2, sort_keys=True) + "\n"),
         PlannedFile(f"{SHIM_DIR}/{SHIM_CONFIG_NAME}", json.dumps(shim_config, indent=2) + "\n",
-                    where=PRIVATE, mode=0o600),
+                    where=Destination.PRIVATE, mode=0o600),
         PlannedFile(f"{SHIM_DIR}/{SHIM_NAME}",
                     shim_script(f"{shim_dir}/{SHIM_CONFIG_NAME}", head.orch_python),
-                    where=PRIVATE, mode=0o755),
+                    where=Destination.PRIVATE, mode=0o755),
     )  # fmt: skip
     # accelerate copies the head's whole environment into DeepSpeed's env file, whose lines
     # the runner exports on pdsh's command line: the file is /dev/null (not a regular file,

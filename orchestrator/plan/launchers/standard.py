@@ -11,7 +11,7 @@ import shlex
 from orchestrator.plan.accel_config import cluster_config_fields, config_header
 from orchestrator.plan.launch_plan import (
     HEAD_LAUNCHER_NAME,
-    NODE,
+    Destination,
     HeadContext,
     JobShape,
     Launch,
@@ -20,7 +20,8 @@ from orchestrator.plan.launch_plan import (
 )
 from orchestrator.remote import program_source
 from orchestrator.remote.agent_spec import RANK_PROGRAM
-from orchestrator.specs.constants import NODE_DIR_VAR, NODE_RANK_VAR, standard_config_name
+from orchestrator.remote.procs import NODE_DIR_VAR, NODE_RANK_VAR
+from orchestrator.specs.constants import standard_config_name
 
 
 def launch(job: JobShape, head: HeadContext) -> Launch:
@@ -64,6 +65,7 @@ def _node_files(job: JobShape) -> tuple[PlannedFile, ...]:
             "fields": fields,
         }
         text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
-        specs.append(PlannedFile(standard_spec_name(rank), text, where=NODE))
-    launcher = PlannedFile(HEAD_LAUNCHER_NAME, program_source("accelerate_head"), where=NODE)
+        specs.append(PlannedFile(standard_spec_name(rank), text, where=Destination.NODE))
+    launcher = PlannedFile(HEAD_LAUNCHER_NAME, program_source("accelerate_head"),
+                           where=Destination.NODE)  # fmt: skip
     return (launcher, *specs)
