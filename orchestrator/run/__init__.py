@@ -1,3 +1,2 @@
-"""I/O that carries out a plan: pre-flight, sync, launch (executor + pure verdict), pdsh,
-teardown, log collection and the job records.
-"""
+"""A prepared job run to its end: the attempts loop, the runner (launch.py), teardown and
+`orch kill`, raw logs, stacks, the re-check between attempts, --sbatch, the state shown."""
