@@ -53,7 +53,9 @@ if ! .venv/bin/python -c 'import deepspeed' 2>/dev/null; then
     DS_BUILD_OPS=0 "${PIP[@]}" install --no-build-isolation "$DEEPSPEED_SPEC"
 fi
 log "installing orch and its dependencies"
-"${PIP[@]}" install -e ".[train,test]"
+# Until 0.1 the distribution was named "orch" (another project's name on the index).
+"${PIP[@]}" uninstall -y orch >/dev/null 2>&1 || true
+"${PIP[@]}" install -e ".[train,test,docs]"
 # Without a GPU, DeepSpeed's CPU accelerator JIT-compiles its shared-memory op on
 # the first run of every fresh machine (minutes on 2 cores). Build it once here,
 # into the cache recipes/scripts/cpu_smoke.py uses, with the venv's ninja.
