@@ -9,6 +9,8 @@ dropped and the interval doubles, so the file never holds more than `cap` sample
 job of any length is drawn from its start to its end, evenly (this happens about log2 of
 its length times, each a rewrite of at most `cap` short lines). When the job ends, each
 rank's last line or frame gives one more sample, so the chart ends where the rank did.
+The furthest step each rank showed in a sample is kept too: how far the attempt got, for
+the restart policy (outcome/restart_policy.py).
 
 It also notes when each rank and node was first and last heard from, and each node's last
 heartbeat: the timeline's moments (records/moments.py), written when the job ends.
@@ -122,6 +124,7 @@ class ProgressRecorder:
         self._file: TextIO | None = None
         self.samples = 0
         self.problem: str | None = None  # why sampling stopped
+        self.steps: dict[int, int] = {}  # the furthest step each rank showed in a sample
 
     def line(self, node: str, rank: str, data: bytes) -> None:
         source = self._sources.get(rank or node) or self._source(node, rank)
@@ -188,6 +191,8 @@ class ProgressRecorder:
 
     def _write(self, source: _Source, t: float, found: _Found) -> None:
         n, total, rate = found
+        if source.rank is not None and n > self.steps.get(source.rank, -1):
+            self.steps[source.rank] = n
         rate_text = "null" if rate is None else f"{rate:.4g}"
         try:
             if self._file is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,10 @@ from orchestrator.specs.units import format_bytes
 from orchestrator.specs.words import StrEnum
 
 TIE_S = 1.0  # ends this close are within what two clocks and a wake-up can disagree by
+# Heartbeats a node's clock offset is the smallest of: about 30 s at remote/channel.py's one
+# every 2 s; long enough to meet a message that waited on nothing, short enough to follow a
+# clock that steps or drifts.
+CLOCK_WINDOW = 15
 # Signals a launcher's teardown sends (DeepSpeed's and torchrun's TERM then KILL, Ctrl-C).
 TEARDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
 
@@ -116,15 +121,21 @@ def _peak(maxrss_kb: int | None) -> str:
 class ClockOffsets:
     """Each node's clock against the head's. A message stamped `node_time` by the node
     arrives at `head_time`: head - node is the offset plus the message's delay, so the
-    smallest seen is the closest to the offset itself."""
+    smallest seen is the closest to the offset itself. The smallest of the last `window`
+    heartbeats, not of all time: a clock that NTP steps back (or that drifts) is followed
+    once the heartbeats from before the step have left the window."""
 
-    def __init__(self) -> None:
-        self.offsets: dict[str, float] = {}
+    def __init__(self, window: int = CLOCK_WINDOW) -> None:
+        self.window = max(window, 1)
+        self.offsets: dict[str, float] = {}  # each node's offset: the window's smallest
+        self._seen: dict[str, deque[float]] = {}
 
     def note(self, node: str, node_time: float, head_time: float) -> None:
-        seen = head_time - node_time
-        if seen < self.offsets.get(node, float("inf")):
-            self.offsets[node] = seen
+        seen = self._seen.get(node)
+        if seen is None:
+            seen = self._seen[node] = deque(maxlen=self.window)
+        seen.append(head_time - node_time)
+        self.offsets[node] = min(seen)
 
     def to_head(self, node: str, node_time: float) -> float:
         return node_time + self.offsets.get(node, 0.0)

@@ -20,7 +20,11 @@ teardown. They fall in one of these classes:
 - `stopped`: interrupted on the head or `orch kill`: never restarted.
 
 The same root cause at the same file and line on two attempts in a row ends the job
-whatever the policy: an error that comes back at the same place is not a passing fault.
+whatever the policy, when the second attempt got no further than the first: an error that
+comes back at the same place at once is not a passing fault. One that comes back after the
+job went on (its ranks reached a later step, or it ran LONG_ATTEMPT_S) is: NCCL's and gloo's
+faults all stand at torch's own line, whichever node or link failed. A fatal signal at the
+same Python frame is judged alike.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from orchestrator.outcome.states import REMOTE_COMMAND_FAILED, FailureKind
 # to clear (a port in TIME_WAIT, a node's memory being freed) gets it.
 PAUSE_STEP_S = 2.0
 PAUSE_MAX_S = 30.0
+# An attempt that ran this long before its fault came back at the same place is no crash
+# loop: the fault took a good while to come back, as a passing one does.
+LONG_ATTEMPT_S = 600.0
 
 _RESTARTABLE_SIGNALS = frozenset(
     {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGTERM}
@@ -94,6 +101,18 @@ class AttemptFailure:
     traceback: tuple[str, ...] = ()  # the root cause's traceback block
     unreachable: tuple[str, ...] = ()  # nodes that did not answer the re-check
     hint: str | None = None  # what a fatal signal's end means ("SIGSEGV ... at x.py:12 in f")
+
+
+@dataclass(frozen=True)
+class AttemptProgress:
+    """How far an attempt got: the furthest step any of its ranks showed (a progress bar's
+    count or a `step N` line, logs/progress.py; None: none showed one) and how long it ran."""
+
+    furthest_step: int | None = None
+    duration_s: float = 0.0
+
+
+NO_PROGRESS = AttemptProgress()
 
 
 @dataclass(frozen=True)
@@ -184,15 +203,43 @@ _MEANING = {
 }
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def got_further(progress: AttemptProgress, before: AttemptProgress) -> str | None:
+    """How an attempt got further than the one before, in words; None: it did not."""
+    step, was = progress.furthest_step, before.furthest_step
+    if step is not None and (was is None or step > was):
+        earlier = "showed no step" if was is None else f"reached step {was}"
+        return f"it reached step {step}, the attempt before {earlier}"
+    if progress.duration_s >= LONG_ATTEMPT_S:
+        return f"it ran {_duration(progress.duration_s)} first"
+    return None
+
+
+def _no_further(progress: AttemptProgress, before: AttemptProgress) -> str:
+    """What an attempt that got no further than the one before showed, in words."""
+    step, was = progress.furthest_step, before.furthest_step
+    ran = f"it ran {_duration(progress.duration_s)}"
+    if step is None and was is None:
+        return f"no rank showed a step; {ran}"
+    reached = "showed no step" if step is None else f"reached step {step}"
+    return f"it {reached}, the attempt before step {was}; {ran}"
+
+
 def decide(
     failure: AttemptFailure,
     policy: RestartPolicy,
     *,
     restarts_done: int,
     previous: Cause | None = None,
+    progress: AttemptProgress = NO_PROGRESS,
+    previous_progress: AttemptProgress = NO_PROGRESS,
 ) -> RestartDecision:
     """Whether to start another attempt after this failed one. `restarts_done`: the attempts
-    so far minus one; `previous`: the cause of the attempt before this one, if it failed."""
+    so far minus one; `previous`: the cause of the attempt before this one, if it failed;
+    `progress`, `previous_progress`: how far this attempt and that one got."""
     cause = classify(failure)
     cls = cause.failure_class
     head = f"{cls}: {_MEANING[cls]}"
@@ -203,10 +250,12 @@ def decide(
                "restarts it too)")
         return RestartDecision(cause, False, why)
     same = previous is not None and cause.where is not None and previous.where == cause.where
-    if same and cause.where is not None:
+    further = got_further(progress, previous_progress) if same else None
+    if same and cause.where is not None and further is None:
         what, where = cause.where
-        why = (f"{head}; not restarted: {what} at {where} on two attempts in a row is not a "
-               "passing fault")
+        why = (f"{head}; not restarted: {what} at {where} on two attempts in a row with no "
+               f"progress in between ({_no_further(progress, previous_progress)}) is not a "
+               "passing fault")  # fmt: skip
         return RestartDecision(cause, False, why)
     if restarts_done >= policy.max_restarts:
         if policy.max_restarts == 0:
@@ -214,7 +263,11 @@ def decide(
         why = f"{head}; not restarted: all {policy.max_restarts} restart(s) used"
         return RestartDecision(cause, False, why)
     left = policy.max_restarts - restarts_done
-    return RestartDecision(cause, True, f"{head}; restarting ({left} restart(s) left)")
+    why = f"{head}; restarting ({left} restart(s) left)"
+    if further is not None and cause.where is not None:
+        what, where = cause.where
+        why += f": {what} at {where} again, but the job got further ({further})"
+    return RestartDecision(cause, True, why)
 
 
 def short_of_nodes(decision: RestartDecision, problem: str) -> RestartDecision:

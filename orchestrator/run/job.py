@@ -17,6 +17,8 @@ from typing import Protocol
 from orchestrator.errors import OrchError, RestartNotStarted
 from orchestrator.logs.router import LogView
 from orchestrator.outcome.restart_policy import (
+    NO_PROGRESS,
+    AttemptProgress,
     Cause,
     RestartDecision,
     RestartPolicy,
@@ -80,7 +82,8 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
         record = run.load()
         if result.state == JobState.SUCCEEDED or result.first_failure is None:
             return _ended(run, record, result, None)
-        decision, excluded, nodes = state.after(job, record, result.first_failure)
+        decision, excluded, nodes = state.after(job, record, result.first_failure,
+                                                result.progress)  # fmt: skip
         if not decision.restart:  # nothing is dropped: no attempt follows
             return _ended(run, record, result, decision)
         reporter.attempt_ended(run.path)  # its page, kept with its logs
@@ -113,11 +116,14 @@ class _Recovery:
     minimum: int  # --min-nodes, else every one of them
     dropped: list[str] = field(default_factory=list)  # excluded after earlier attempts
     previous: Cause | None = None  # the last failed attempt's cause
+    previous_progress: AttemptProgress = NO_PROGRESS  # and how far it got
 
-    def after(self, job: PreparedJob, record: JobRecord, first: FirstFailure) -> tuple[
+    def after(self, job: PreparedJob, record: JobRecord, first: FirstFailure,
+              progress: AttemptProgress) -> tuple[
         RestartDecision, tuple[str, ...], tuple[str, ...]
-    ]:
-        """The decision after a failed attempt, the nodes it drops, the next one's nodes."""
+    ]:  # fmt: skip
+        """The decision after a failed attempt (`progress`: how far it got), the nodes it
+        drops, the next one's nodes."""
         restarts_done = record.attempt - 1
         pool = job.pool.names if job.pool is not None else job.plan.hosts
         # The re-check costs a few seconds: only when a restart may follow, over ssh.
@@ -125,14 +131,15 @@ class _Recovery:
         left = [n for n in pool if n not in self.dropped]
         unreachable = unreachable_nodes(left) if recheck else ()
         facts = attempt_failure(first, record.ranks, unreachable)
-        decision = decide(facts, self.policy, restarts_done=restarts_done, previous=self.previous)
+        decision = decide(facts, self.policy, restarts_done=restarts_done, previous=self.previous,
+                          progress=progress, previous_progress=self.previous_progress)  # fmt: skip
         excluded = tuple(dict.fromkeys((*decision.cause.at_fault, *unreachable)))
         nodes = next_nodes(pool, job.plan.hosts, [*self.dropped, *excluded], wanted=self.wanted,
                            minimum=self.minimum)  # fmt: skip
         if decision.restart and nodes.problem is not None:
             decision = short_of_nodes(decision, nodes.problem)
         self.dropped += excluded
-        self.previous = decision.cause
+        self.previous, self.previous_progress = decision.cause, progress
         return decision, excluded, nodes.nodes
 
 

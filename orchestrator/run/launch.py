@@ -28,6 +28,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,6 +51,7 @@ from orchestrator.outcome.events import (
     WatchSettings,
 )
 from orchestrator.outcome.explanation import Explanation, explain
+from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.outcome.verdict import Failure, JobVerdict, Outcome, hang_culprit, in_slurm_words
 from orchestrator.pernode import GroupResult
@@ -89,6 +91,16 @@ class LaunchResult:
     stacks_file: Path | None = None  # where they are kept in the record
     stacks_problem: str | None = None  # why they were not taken
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt of the job, this one last
+    progress: AttemptProgress = NO_PROGRESS  # how far this attempt got, for a restart
+
+
+def attempt_progress(steps: Mapping[int, int], started: float | None,
+                     ended: float) -> AttemptProgress:  # fmt: skip
+    """How far an attempt got: the furthest step any rank showed (`steps`, each rank's, as
+    the progress recorder kept them) and how long it ran, from its start to its first
+    failure (or its end), on the head's monotonic clock; never started: 0 s."""
+    duration = max(0.0, ended - started) if started is not None else 0.0
+    return AttemptProgress(max(steps.values(), default=None), duration)
 
 
 def _not_answering(failure: Failure) -> tuple[str, ...]:
@@ -127,6 +139,8 @@ class JobRunner:
         self.stacks_file: Path | None = None
         self.stacks_problem: str | None = None
         self.tails_at_failure: dict[str, tuple[str, ...]] | None = None
+        self._started: float | None = None  # on the monotonic clock: how long it ran
+        self._failed_at: float | None = None
         self._teardown_thread: threading.Thread | None = None
         self._teardown_done = threading.Event()
         # A node whose agent has exited has written its last byte: its logs come back
@@ -164,6 +178,7 @@ class JobRunner:
         except BaseException:
             remove_private_files(self.plan)
             raise
+        self._started = time.monotonic()
         self._moment(MomentKind.START)
         chunks: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
         reader = threading.Thread(target=_read_into, args=(process.stdout, chunks), daemon=True)
@@ -271,6 +286,7 @@ class JobRunner:
     def _begin_teardown(self, failure: Failure) -> None:
         # The lines before the failure, not the teardown's own noise that follows it.
         self.tails_at_failure = self.tracker.node_tails()
+        self._failed_at = time.monotonic()
         self.record = replace(self.record, state=JobState.STOPPING)
         self.run_dir.save(self.record)
         if failure.kind == FailureKind.HANG:
@@ -364,7 +380,12 @@ class JobRunner:
             stacks=self.stacks,
             stacks_file=self.stacks_file,
             stacks_problem=self.stacks_problem,
+            progress=self._progress(),
         )
+
+    def _progress(self) -> AttemptProgress:
+        failed_at = self._failed_at if self._failed_at is not None else time.monotonic()
+        return attempt_progress(self.progress.steps, self._started, failed_at)
 
 
 def _first_failure(why: Explanation) -> FirstFailure:

@@ -92,6 +92,38 @@ def test_node_clocks_are_put_on_the_heads():
     assert order_ends([late_clock, other]).cause == other
 
 
+def test_a_node_clock_that_steps_back_a_second_still_orders_the_ranks_rightly():
+    # n1's clock is the head's; n2's is 2 s behind, and NTP steps it back another second
+    # after a few heartbeats. Messages take 10 to 50 ms to arrive; one every 2 s.
+    clocks = ClockOffsets()
+    behind = 2.0
+    for beat in range(40):
+        head = 100.0 + 2.0 * beat
+        if beat == 5:
+            behind = 3.0
+        delay = 0.01 + 0.04 * (beat % 3) / 2
+        clocks.note("n1", head, head + delay)
+        clocks.note("n2", head - behind, head + delay)
+    # Rank 0 on n1 fails first, at 200.0 on the head's clock; rank 3 on n2 half a second
+    # later, stamped on n2's clock as it now is.
+    first = rank_end_from_fields("n1", {"rank": 0, "end": 200.0, "code": 7}, clocks)
+    later = rank_end_from_fields("n2", {"rank": 3, "end": 200.5 - 3.0, "code": 1}, clocks)
+    assert first is not None and later is not None
+    order = order_ends([later, first])
+    assert order.cause is not None and order.cause.rank == 0
+    assert order.roles == {0: Role.CAUSE, 3: Role.FAILED}
+    assert clocks.to_head("n2", 500.0) == pytest.approx(503.01)
+
+
+def test_a_clock_offset_forgets_only_what_left_the_window():
+    clocks = ClockOffsets(window=3)
+    for seen in (5.0, 9.0, 9.0):
+        clocks.note("n1", 0.0, seen)
+    assert clocks.to_head("n1", 0.0) == 5.0  # the quick message is still in the window
+    clocks.note("n1", 0.0, 9.5)
+    assert clocks.to_head("n1", 0.0) == 9.0
+
+
 def test_a_rank_end_message_read_back():
     fields = {"rank": 5, "local_rank": 1, "pid": 42, "start": 1.0, "end": 2.5, "code": -9,
               "forwarded": [15], "maxrss_kb": 2 * 1024 * 1024, "oom_kill": True}

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.outcome.restart_policy import (
+    LONG_ATTEMPT_S,
     AttemptFailure,
+    AttemptProgress,
     FailureClass,
     RestartPolicy,
     classify,
@@ -157,6 +159,103 @@ def test_a_segfault_at_the_same_python_frame_twice_stops():
     assert first.restart and first.cause.where == ("SIGSEGV", "/w/train.py:88")
     again = decide(crash, INFRA, restarts_done=1, previous=first.cause)
     assert not again.restart and "SIGSEGV at /w/train.py:88 on two attempts" in again.why
+
+
+TORCH_C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def _nccl_at_torchs_line(node: str, rank: int, error: str) -> AttemptFailure:
+    """An NCCL fault as every one is raised: at torch's own line, whatever went wrong."""
+    exception = (f"torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:"
+                 f"1970, {error}, NCCL version 2.21.5")  # fmt: skip
+    return _rank_failure(node=node, rank=rank, exception=exception, traceback=(
+        "Traceback (most recent call last):",
+        '  File "/w/train.py", line 60, in <module>',
+        "    dist.all_reduce(loss)",
+        f'  File "{TORCH_C10D}", line 2501, in all_reduce',
+        "    work = group.allreduce([tensor], opts)",
+        exception,
+    ))  # fmt: skip
+
+
+REMOTE_ON_N2 = _nccl_at_torchs_line("n2", 3, "remote process exited (ncclRemoteError)")
+SYSTEM_ON_N1 = _nccl_at_torchs_line("n1", 0, "unhandled system error (ncclSystemError)")
+FIVE = RestartPolicy(max_restarts=5)
+
+
+def test_nccl_faults_at_torchs_line_with_progress_in_between_are_restarted():
+    first = decide(REMOTE_ON_N2, FIVE, restarts_done=0, progress=AttemptProgress(400, 95.0))
+    assert first.restart and first.cause.where == ("DistBackendError", f"{TORCH_C10D}:2501")
+    again = decide(SYSTEM_ON_N1, FIVE, restarts_done=1, previous=first.cause,
+                   progress=AttemptProgress(812, 90.0),
+                   previous_progress=AttemptProgress(400, 95.0))  # fmt: skip
+    assert again.restart
+    assert again.why == (
+        "transient: a known transient fault of the communication stack or GPU; restarting "
+        f"(4 restart(s) left): DistBackendError at {TORCH_C10D}:2501 again, but the job got "
+        "further (it reached step 812, the attempt before reached step 400)"
+    )
+
+
+def test_nccl_faults_at_torchs_line_with_no_progress_in_between_end_the_job():
+    first = decide(REMOTE_ON_N2, FIVE, restarts_done=0, progress=AttemptProgress(400, 95.0))
+    again = decide(SYSTEM_ON_N1, FIVE, restarts_done=1, previous=first.cause,
+                   progress=AttemptProgress(400, 40.0),
+                   previous_progress=AttemptProgress(400, 95.0))  # fmt: skip
+    assert not again.restart
+    assert again.why == (
+        "transient: a known transient fault of the communication stack or GPU; not "
+        f"restarted: DistBackendError at {TORCH_C10D}:2501 on two attempts in a row with no "
+        "progress in between (it reached step 400, the attempt before step 400; it ran 40 s) "
+        "is not a passing fault"
+    )
+    silent = decide(SYSTEM_ON_N1, FIVE, restarts_done=1, previous=first.cause,
+                    progress=AttemptProgress(None, 3.0))  # fmt: skip
+    assert not silent.restart
+    assert "(no rank showed a step; it ran 3 s)" in silent.why
+
+
+def test_an_attempt_that_ran_a_good_while_is_not_a_repeat_whatever_its_step():
+    # No checkpoint: the second attempt started again from step 0 and failed before 400.
+    before = AttemptProgress(400, 95.0)
+    long_run = AttemptProgress(250, LONG_ATTEMPT_S + 60)
+    first = decide(REMOTE_ON_N2, FIVE, restarts_done=0, progress=before)
+    again = decide(SYSTEM_ON_N1, FIVE, restarts_done=1, previous=first.cause,
+                   progress=long_run, previous_progress=before)  # fmt: skip
+    assert again.restart and again.why.endswith("again, but the job got further (it ran 11 min "
+                                                "first)")  # fmt: skip
+    short_run = AttemptProgress(250, LONG_ATTEMPT_S - 60)
+    assert not decide(SYSTEM_ON_N1, FIVE, restarts_done=1, previous=first.cause,
+                      progress=short_run, previous_progress=before).restart  # fmt: skip
+
+
+def test_a_first_step_after_an_attempt_that_showed_none_is_progress():
+    first = decide(REMOTE_ON_N2, FIVE, restarts_done=0)  # failed while setting up
+    again = decide(SYSTEM_ON_N1, FIVE, restarts_done=1, previous=first.cause,
+                   progress=AttemptProgress(3, 20.0))  # fmt: skip
+    assert again.restart and "(it reached step 3, the attempt before showed no step)" in again.why
+
+
+def test_progress_does_not_lift_the_restart_limit():
+    first = decide(REMOTE_ON_N2, FIVE, restarts_done=4, progress=AttemptProgress(400, 95.0))
+    last = decide(SYSTEM_ON_N1, FIVE, restarts_done=5, previous=first.cause,
+                  progress=AttemptProgress(812, 90.0),
+                  previous_progress=AttemptProgress(400, 95.0))  # fmt: skip
+    assert not last.restart and "all 5 restart(s) used" in last.why
+
+
+def test_a_segfault_at_the_same_python_frame_after_progress_is_restarted():
+    crash = _rank_failure(exit_code=139, reason="killed by SIGSEGV", signal="SIGSEGV",
+                          hint="SIGSEGV in native code at /w/train.py:88 in forward")  # fmt: skip
+    first = decide(crash, INFRA, restarts_done=0, progress=AttemptProgress(100, 50.0))
+    again = decide(crash, INFRA, restarts_done=1, previous=first.cause,
+                   progress=AttemptProgress(180, 50.0),
+                   previous_progress=AttemptProgress(100, 50.0))  # fmt: skip
+    assert again.restart and "SIGSEGV at /w/train.py:88 again, but the job got" in again.why
+    stuck = decide(crash, INFRA, restarts_done=1, previous=first.cause,
+                   progress=AttemptProgress(100, 50.0),
+                   previous_progress=AttemptProgress(100, 50.0))  # fmt: skip
+    assert not stuck.restart and "SIGSEGV at /w/train.py:88 on two attempts" in stuck.why
 
 
 def test_two_lost_nodes_in_a_row_are_not_the_same_error():
