@@ -24,10 +24,11 @@ import os
 import sys
 from collections.abc import Mapping
 
-# orch's own ssh options for pdsh (ssh_config-like words with spaces): pdsh reads them on
-# the head, nothing exports them to a node. accelerate copies the whole environment into
-# DeepSpeed's env file (a private /dev/null here) and warns of each value with a space.
-_OWN_PDSH_VARIABLE = "WARNING: Skipping PDSH_SSH_ARGS_APPEND="
+# accelerate copies the head's whole environment into DeepSpeed's env file and warns, value
+# and all, of each variable it leaves out (one holding a space: SSH_CLIENT and SSH_CONNECTION
+# in every SSH login, orch's own PDSH_SSH_ARGS_APPEND, any the user exported). With orch's
+# pdsh launcher that file is /dev/null: the job's variables reach the nodes another way.
+_SKIPPED_VARIABLE = "WARNING: Skipping "
 
 
 def config_text(fields: Mapping[str, object], header: str = "") -> str:
@@ -67,15 +68,29 @@ def without_runners_path_entry(env: dict[str, str], workdir: str) -> dict[str, s
     return env
 
 
-class _NotOrchsOwnVariable(logging.Filter):
+class _NothingOfTheHeadsEnvironment(logging.Filter):
+    """Drops accelerate's warnings about the env file's lines: each carries a variable's
+    value, unmasked, into the terminal and the job's logs."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(_OWN_PDSH_VARIABLE)
+        return not str(record.getMessage()).startswith(_SKIPPED_VARIABLE)
 
 
-def _quiet_about_orchs_own_settings() -> None:
+def no_env_file_lines(current_env: Mapping[str, str]) -> list[str]:
+    """accelerate's env-file writer when DeepSpeed's env file is /dev/null: no line."""
+    return []
+
+
+def _quiet_about_the_heads_environment() -> None:
     import accelerate.commands.launch as launch
 
-    logging.getLogger("accelerate.utils.environment").addFilter(_NotOrchsOwnVariable())
+    logging.getLogger("accelerate.utils.environment").addFilter(_NothingOfTheHeadsEnvironment())
+    # The lines would go to /dev/null: not building them is what keeps accelerate quiet (the
+    # filter is for an accelerate that builds them elsewhere).
+    if os.environ.get("DS_ENV_FILE") == os.devnull and hasattr(
+        launch, "convert_dict_to_env_variables"
+    ):
+        launch.convert_dict_to_env_variables = no_env_file_lines
     prepare = getattr(launch, "prepare_deepspeed_cmd_env", None)
     if prepare is None:  # another accelerate: its lines stay as they are
         return
@@ -94,7 +109,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: accelerate_head.py SPEC.json ACCELERATE-LAUNCH-ARGS...\n")
         return 2
     write_config(argv[0])
-    _quiet_about_orchs_own_settings()
+    _quiet_about_the_heads_environment()
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     # What `accelerate launch` itself does with its arguments.

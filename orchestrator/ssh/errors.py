@@ -13,6 +13,7 @@ FAILURE_KINDS = (
     "auth",
     "hostkey-unknown",
     "hostkey-changed",
+    "hostkey-revoked",
     "command",
     "other",
 )

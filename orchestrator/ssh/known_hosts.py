@@ -1,5 +1,7 @@
 """known_hosts with OpenSSH's rules (hashed entries, `[host]:port`, patterns, @revoked) and
-the verdict on a host key: a key is never accepted silently."""
+the verdict on a host key: a key is never accepted silently, and a key (or the authority
+that signed its certificate) marked @revoked in any of the files is refused, whatever
+another file says."""
 
 from __future__ import annotations
 
@@ -16,13 +18,16 @@ from pathlib import Path
 import paramiko
 
 from orchestrator.ssh.config import SSHTarget
-from orchestrator.ssh.errors import ssh_error
-
+from orchestrator.ssh.errors import SSHError, ssh_error
 
 # ----- known_hosts, with OpenSSH's matching rules --------------------------------
+REVOKED, CERT_AUTHORITY = "@revoked", "@cert-authority"
+MARKERS = (REVOKED, CERT_AUTHORITY)
+
+
 @dataclass(frozen=True)
 class KnownHostEntry:
-    marker: str | None  # None, "@revoked" or "@cert-authority"
+    marker: str | None  # None, REVOKED or CERT_AUTHORITY
     patterns: tuple[str, ...]
     keytype: str
     key_base64: str
@@ -40,7 +45,9 @@ def parse_known_hosts(text: str, source: str = "<known_hosts>") -> list[KnownHos
         marker = None
         if fields[0].startswith("@"):
             marker, fields = fields[0], fields[1:]
-        if len(fields) < 3:
+        # OpenSSH skips a line with a marker it does not know (they are case-sensitive):
+        # taken for a plain entry, `@Revoked host key` would make that key trusted.
+        if (marker is not None and marker not in MARKERS) or len(fields) < 3:
             continue
         entries.append(
             KnownHostEntry(
@@ -90,34 +97,42 @@ def _keytype_family(keytype: str) -> str:
 @dataclass(frozen=True)
 class HostKeyVerdict:
     status: str  # "known" | "unknown" | "changed" | "revoked" | "other-type"
-    entry: KnownHostEntry | None = None
+    entry: KnownHostEntry | None = None  # the @revoked, known or differing entry
     known_types: tuple[str, ...] = ()
+    listed_by: KnownHostEntry | None = None  # for a revoked key: a plain entry listing it
 
 
 def check_host_key(
-    entries: Sequence[KnownHostEntry], name: str, keytype: str, key_base64: str
+    entries: Sequence[KnownHostEntry],
+    name: str,
+    keytype: str,
+    key_base64: str,
+    signer_base64: str | None = None,
 ) -> HostKeyVerdict:
-    """Decide as OpenSSH does whether a server key is trusted for `name`."""
+    """Decide as OpenSSH does whether a server key is trusted for `name`. `signer_base64`
+    is the key of the authority that signed the server's certificate, if it sent one.
+
+    Revocation is looked for in every entry before any is trusted: the files are read
+    user's first, so a first-match rule would let the user's own line for a key outweigh
+    the administrator's @revoked for it. @cert-authority entries never vouch for a key
+    themselves (orch does not accept host certificates on an authority's word)."""
+    matching = [entry for entry in entries if host_matches(entry.patterns, name)]
+    plain = [entry for entry in matching if entry.marker is None]
+    revoked_keys = {key_base64, signer_base64} - {None}
+    for entry in matching:
+        if entry.marker == REVOKED and entry.key_base64 in revoked_keys:
+            listed = next((e for e in plain if e.key_base64 == key_base64), None)
+            return HostKeyVerdict("revoked", entry, listed_by=listed)
     family = _keytype_family(keytype)
-    same_type: list[KnownHostEntry] = []
-    other_types: set[str] = set()
-    for entry in entries:
-        if entry.marker == "@cert-authority" or not host_matches(entry.patterns, name):
-            continue
-        if entry.marker == "@revoked":
-            if entry.key_base64 == key_base64:
-                return HostKeyVerdict("revoked", entry)
-            continue
-        if _keytype_family(entry.keytype) == family:
-            if entry.key_base64 == key_base64:
-                return HostKeyVerdict("known", entry)
-            same_type.append(entry)
-        else:
-            other_types.add(entry.keytype)
+    same_type = [entry for entry in plain if _keytype_family(entry.keytype) == family]
+    other_types = tuple(sorted({entry.keytype for entry in plain} - {e.keytype for e in same_type}))
+    known = next((entry for entry in same_type if entry.key_base64 == key_base64), None)
+    if known is not None:
+        return HostKeyVerdict("known", known)
     if same_type:
-        return HostKeyVerdict("changed", same_type[0], tuple(sorted(other_types)))
+        return HostKeyVerdict("changed", same_type[0], other_types)
     if other_types:
-        return HostKeyVerdict("other-type", None, tuple(sorted(other_types)))
+        return HostKeyVerdict("other-type", None, other_types)
     return HostKeyVerdict("unknown")
 
 
@@ -130,8 +145,44 @@ def load_known_hosts(files: Sequence[str]) -> list[KnownHostEntry]:
 
 
 def fingerprint(key: paramiko.PKey) -> str:
-    digest = hashlib.sha256(key.asbytes()).digest()
+    return _blob_fingerprint(key.asbytes())
+
+
+def _blob_fingerprint(blob: bytes) -> str:
+    digest = hashlib.sha256(blob).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+# How many public-key fields a certificate carries between its nonce and its serial
+# (PROTOCOL.certkeys), by the type of the key it certifies.
+_CERTIFIED_KEY_FIELDS = {"ssh-rsa": 2, "ssh-dss": 4, "ssh-ed25519": 1,
+                         "ecdsa-sha2-nistp256": 2, "ecdsa-sha2-nistp384": 2,
+                         "ecdsa-sha2-nistp521": 2}  # fmt: skip
+_CERT_SUFFIX = "-cert-v01@openssh.com"
+
+
+def certificate_signer(key: paramiko.PKey) -> str | None:
+    """The base64 key of the authority that signed the server's host certificate, or None
+    when the server sent a plain key (paramiko keeps a certificate as `public_blob`)."""
+    blob = getattr(key, "public_blob", None)
+    if blob is None or not blob.key_type.endswith(_CERT_SUFFIX):
+        return None
+    fields = _CERTIFIED_KEY_FIELDS.get(blob.key_type.removesuffix(_CERT_SUFFIX))
+    if fields is None:
+        return None
+    message = paramiko.Message(blob.key_blob)
+    message.get_text()  # the certificate's type
+    for _ in range(1 + fields):  # the nonce, then the key's numbers
+        message.get_string()
+    message.get_int64()  # serial
+    message.get_int()  # certificate type
+    for _ in range(2):  # key id, principals
+        message.get_string()
+    message.get_int64()  # valid after
+    message.get_int64()  # valid before
+    for _ in range(3):  # critical options, extensions, reserved
+        message.get_string()
+    return base64.b64encode(message.get_string()).decode()
 
 
 _known_hosts_lock = threading.Lock()
@@ -157,18 +208,14 @@ def preferred_host_key_types(entries: Sequence[KnownHostEntry], name: str) -> li
 def verify_host_key(target: SSHTarget, key: paramiko.PKey) -> None:
     name = target.host_key_name
     entries = load_known_hosts(target.known_hosts_files)
-    verdict = check_host_key(entries, name, key.get_name(), key.get_base64())
+    signer = certificate_signer(key)
+    verdict = check_host_key(entries, name, key.get_name(), key.get_base64(), signer)
     fp = f"{key.get_name()} {fingerprint(key)}"
     node = target.node
     if verdict.status == "known":
         return
-    if verdict.status == "revoked":
-        raise ssh_error(
-            node,
-            "hostkey-changed",
-            f"{node}: host key {fp} is marked @revoked in {verdict.entry.source}",
-            "the key was revoked on purpose; ask the machine's administrator",
-        )
+    if verdict.status == "revoked" and verdict.entry is not None:
+        raise _revoked_error(target, key, verdict.entry, verdict.listed_by)
     if verdict.status == "changed":
         entry = verdict.entry
         raise ssh_error(
@@ -197,4 +244,32 @@ def verify_host_key(target: SSHTarget, key: paramiko.PKey) -> None:
         f"`ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().removeprefix('ssh-')}_key.pub`), "
         f"then add it: `ssh-keyscan -p {target.port} {target.hostname} >> ~/.ssh/known_hosts`, "
         "or pass --accept-new-host-keys to record keys never seen before",
+    )
+
+
+def _revoked_error(
+    target: SSHTarget, key: paramiko.PKey, revoked: KnownHostEntry, listed_by: KnownHostEntry | None
+) -> SSHError:
+    """A revoked key refuses the node, as with OpenSSH, even where another file lists it."""
+    node, name, where = target.node, target.host_key_name, f"{revoked.source}:{revoked.line}"
+    fp = f"{key.get_name()} {fingerprint(key)}"
+    if revoked.key_base64 == key.get_base64():
+        what = f"host key {fp} of {name} is REVOKED: {where} marks it @revoked"
+    else:
+        signer = _blob_fingerprint(base64.b64decode(revoked.key_base64))
+        what = (f"host key {fp} of {name} comes with a certificate signed by a REVOKED "
+                f"authority ({revoked.keytype} {signer}): {where} marks it @revoked")  # fmt: skip
+    listed = f" (though {listed_by.source}:{listed_by.line} lists the key)" if listed_by else ""
+    forget = (
+        f"remove the old line (`ssh-keygen -R '{name}' -f {listed_by.source}`), then "
+        if listed_by
+        else ""
+    )
+    return ssh_error(
+        node,
+        "hostkey-revoked",
+        f"{node}: {what}{listed}; OpenSSH refuses this node, and so does orch",
+        "a revoked key must never be trusted again (it leaked, or the node was compromised): "
+        "leave the node out until its administrator gives it a new host key; "
+        f"{forget}record the new key once you have checked its fingerprint with them",
     )

@@ -144,6 +144,29 @@ def change_host_key(state: SandboxState, name: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+REVOKING_FILE = "ssh_known_hosts"  # the sandbox's stand-in for /etc/ssh/ssh_known_hosts
+
+
+def revoke_host_key(state: SandboxState, name: str) -> None:
+    """The administrator revokes the node's key in a machine-wide file; the user's own
+    known_hosts still lists it (as OpenSSH, orch must refuse the node all the same)."""
+    keys = [line.split()[1:3] for line in Path(state.known_hosts).read_text().splitlines()
+            if _names(line, name)]  # fmt: skip
+    machine_wide = Path(state.directory) / REVOKING_FILE
+    revoked = "".join(f"@revoked * {keytype} {key}\n" for keytype, key in keys)
+    machine_wide.write_text(f"# {name} was compromised\n{revoked}")
+    config = Path(state.ssh_config)
+    block = f"Host {name}\n"
+    text = config.read_text()
+    assert keys and block in text
+    config.write_text(text.replace(block, f"{block}    GlobalKnownHostsFile {machine_wide}\n"))
+
+
+def _names(known_hosts_line: str, name: str) -> bool:
+    hosts = known_hosts_line.split()[0].split(",")
+    return any(h == name or h.startswith(f"[{name}]:") for h in hosts)
+
+
 def stop_sshd(box: Sandbox, state: SandboxState, name: str) -> None:
     for pid in box.node_pids(name):
         with contextlib.suppress(ProcessLookupError):
@@ -154,15 +177,16 @@ def stop_sshd(box: Sandbox, state: SandboxState, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def faulty(sandbox_factory) -> Iterator[tuple[SandboxState, dict[str, str]]]:
-    """Five nodes: one healthy, then one per SSH fault."""
-    box, state = sandbox_factory(5, 1)
-    good, refused, changed, stopped, frozen = (n.name for n in state.nodes)
+    """Six nodes: one healthy, then one per SSH fault."""
+    box, state = sandbox_factory(6, 1)
+    good, refused, changed, stopped, frozen, revoked = (n.name for n in state.nodes)
     refuse_key(box, state, refused)
     change_host_key(state, changed)
+    revoke_host_key(state, revoked)
     stop_sshd(box, state, stopped)
     box.freeze(frozen)
     roles = {"good": good, "auth": refused, "hostkey": changed, "stopped": stopped,
-             "frozen": frozen}  # fmt: skip
+             "frozen": frozen, "revoked": revoked}  # fmt: skip
     try:
         yield state, roles
     finally:
@@ -176,6 +200,7 @@ def faulty(sandbox_factory) -> Iterator[tuple[SandboxState, dict[str, str]]]:
         ("hostkey", "HOST KEY CHANGED"),
         ("stopped", "connection refused"),
         ("frozen", "timed out"),
+        ("revoked", "is REVOKED"),
     ],
 )
 def test_ssh_fault_on_one_node(faulty, tmp_path: Path, role: str, kind_text: str) -> None:
@@ -194,6 +219,22 @@ def test_ssh_fault_on_one_node(faulty, tmp_path: Path, role: str, kind_text: str
     assert elapsed < LIMIT
 
 
+def test_revoked_host_key_refuses_the_node_though_known_hosts_lists_it(
+    faulty, tmp_path: Path
+) -> None:
+    state, roles = faulty
+    hostfile = write_hostfile(tmp_path, [roles["revoked"]])
+    code, report, _ = doctor(hostfile, port=free_port(state.nodes[0].address))
+    assert code == 1 and isinstance(report, dict)
+    [finding] = findings_for(report, roles["revoked"])
+    assert finding["check"] == "ssh" and finding["severity"] == "error"
+    problem = finding["problem"]
+    assert f"{Path(state.directory) / REVOKING_FILE}:2 marks it @revoked" in problem
+    assert f"{state.known_hosts}:" in problem  # the user's line that still lists the key
+    assert re.search(r"ssh-ed25519 SHA256:[A-Za-z0-9+/]{43} ", problem), problem
+    assert "new host key" in finding["fix"] and "ssh-keygen -R" in finding["fix"]
+
+
 def test_every_fault_at_once_each_named_none_hiding_another(faulty, tmp_path: Path) -> None:
     state, _ = faulty
     names = [n.name for n in state.nodes]
@@ -202,7 +243,7 @@ def test_every_fault_at_once_each_named_none_hiding_another(faulty, tmp_path: Pa
     assert code == 1
     assert isinstance(report, str)
     for text in ("authentication rejected", "HOST KEY CHANGED", "connection refused",
-                 "timed out", "ssh-copy-id", "ssh-keygen -R"):  # fmt: skip
+                 "timed out", "ssh-copy-id", "ssh-keygen -R", "is REVOKED"):  # fmt: skip
         assert text in report, text
     for name in names:
         assert name in report

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator.remote.accelerate_head import _NotOrchsOwnVariable, without_runners_path_entry
+from orchestrator.remote.accelerate_head import (
+    _NothingOfTheHeadsEnvironment,
+    no_env_file_lines,
+    without_runners_path_entry,
+)
 
 
 def test_the_working_directory_is_left_to_deepspeeds_runner() -> None:
@@ -20,12 +24,19 @@ def test_the_working_directory_is_left_to_deepspeeds_runner() -> None:
     }
 
 
-def test_only_the_warning_about_orchs_own_pdsh_variable_is_dropped() -> None:
+def test_no_warning_naming_a_variable_of_the_head_is_let_through() -> None:
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord("accelerate.utils.environment", logging.WARNING, "", 0,
                                  message, (), None)  # fmt: skip
 
-    keep = _NotOrchsOwnVariable()
+    keep = _NothingOfTheHeadsEnvironment()
     ours = "WARNING: Skipping PDSH_SSH_ARGS_APPEND=-o BatchMode=yes as it contains forbidden"
     assert not keep.filter(record(ours))
-    assert keep.filter(record("WARNING: Skipping MY_VAR=a b as it contains forbidden characters"))
+    # The user's own, and the ones every SSH login has: their values are not to be printed.
+    assert not keep.filter(record("WARNING: Skipping MY_VAR=a b as it contains forbidden"))
+    assert not keep.filter(record("WARNING: Skipping SSH_CONNECTION=10.0.0.1 4 10.0.0.2 22 as"))
+    assert keep.filter(record("Using RTX 4000 series which doesn't support faster communication"))
+
+
+def test_deepspeeds_env_file_gets_no_line_of_the_heads_environment() -> None:
+    assert no_env_file_lines({"MY_VAR": "a b", "PATH": "/usr/bin"}) == []

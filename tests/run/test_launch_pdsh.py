@@ -36,11 +36,14 @@ def pair(sandbox_factory):
 
 
 @pytest.mark.slow
-def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path):
+def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path, monkeypatch):
     _box, state = pair
     names = [n.name for n in state.nodes]
     home_env = Path.home() / ".deepspeed_env"
     home_before = home_env.read_text() if home_env.exists() else None
+    # Exported on the head, words with spaces (as SSH_CONNECTION in every SSH login).
+    note = "orch-test a phrase of several words"
+    monkeypatch.setenv("ORCH_TEST_NOTE", note)
     result = _submit(state.hostfile, tmp_path, "--steps", "6")
     assert result.returncode == 0, result.stderr[-3000:]
     [job_id] = job_ids(tmp_path)
@@ -57,7 +60,11 @@ def test_cpu_smoke_recipe_trains_through_deepspeeds_pdsh_runner(pair, tmp_path):
     assert run.stat().st_mode & 0o777 == 0o700  # the record is its user's alone
     # The fan-out's own lines read clean: nothing orch set is warned of or written twice.
     head = (run / "logs" / "_head.log").read_text()
-    assert "Skipping PDSH_SSH_ARGS_APPEND" not in head
+    assert "Skipping" not in head and "Skipping" not in result.stderr + result.stdout
+    # Nothing of the head's environment is printed: not in the terminal, nor in any log.
+    assert note not in result.stderr + result.stdout
+    for log in run.rglob("*"):
+        assert not log.is_file() or note not in log.read_text(errors="replace"), log
     [runner_line] = [line for line in head.splitlines() if "cmd = pdsh" in line]
     # DeepSpeed's runner puts the working directory first, then what the user had: once each.
     users = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]

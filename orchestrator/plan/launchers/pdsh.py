@@ -52,7 +52,8 @@ def launch(job: JobShape, head: HeadContext) -> Launch:
     )  # fmt: skip
     # accelerate copies the head's whole environment into DeepSpeed's env file, whose lines
     # the runner exports on pdsh's command line: the file is /dev/null (not a regular file,
-    # so the runner reads nothing back), and secret-named variables stay out of the head
+    # so the runner reads nothing back; the head launcher builds no line for it, so nothing
+    # of the head's variables is printed), and secret-named variables stay out of the head
     # launcher's environment. The job's own variables reach the nodes in node_private.
     environ = head.environ
     dropped = tuple(sorted(name for name in environ if is_secret(name)))
