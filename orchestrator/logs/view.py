@@ -11,7 +11,9 @@ Not a terminal (`PlainView`: CI, `| tee`): plain `node: text` lines, no escape
 codes, and progress frames throttled to one per node every `frame_interval`
 seconds so the output stays readable. A frame shown waits up to `frame_hold` seconds
 before it is printed: when the bar's own final line (tqdm's close) follows with the same
-count, only that line is printed, not the same 100% twice.
+count, only that line is printed, not the same 100% twice. Each rank's frame waits for that
+rank's next line: another rank's output between them (a node runs several) prints nothing
+early.
 
 Both take bytes from the log router (see logs/router.py's LogView) and must be closed.
 """
@@ -90,7 +92,9 @@ class PlainView:
         self._frame_hold = frame_hold
         self._clock = clock
         self._last_frame: dict[str, float] = {}
-        self._held: dict[str, _HeldFrame] = {}  # node -> the frame it shows next
+        # (node, rank) -> the frame it shows next: each rank's own, as each rank's bar has
+        # its own close to wait for.
+        self._held: dict[tuple[str, str], _HeldFrame] = {}
         self._lock = threading.Lock()
         self._prefixes: dict[tuple[str, str], bytes] = {}
         self._dirty = False
@@ -114,7 +118,7 @@ class PlainView:
         if b"\x1b" in data or b"\r" in data:
             data = strip_terminal_codes(data)
         with self._lock:
-            held = self._held.pop(node, None)
+            held = self._held.pop((node, rank), None)
             if held is not None and not _closes(held, (rank, stream), data):
                 self._write(held.text)
             self._write(self._prefix(node, rank) + data + b"\n")
@@ -130,18 +134,19 @@ class PlainView:
         data = strip_terminal_codes(data)
         held = _HeldFrame((rank, stream), data, self._prefix(node, rank) + data + b"\n", now)
         with self._lock:
-            earlier = self._held.pop(node, None)
-            if earlier is not None:
+            earlier = self._held.pop((node, rank), None)
+            # The same count drawn again (tqdm's close redraws its last update): one is enough.
+            if earlier is not None and not _closes(earlier, (rank, stream), data):
                 self._write(earlier.text)
-            self._held[node] = held
+            self._held[(node, rank)] = held
 
     def _print_held(self, older_than: float | None) -> None:
         """Print the held frames (those held longer than `older_than` seconds)."""
         now = self._clock()
         with self._lock:
-            for node, held in list(self._held.items()):
+            for source, held in list(self._held.items()):
                 if older_than is None or now - held.since >= older_than:
-                    del self._held[node]
+                    del self._held[source]
                     self._write(held.text)
 
     def control(self, node: str, kind: str, fields: dict) -> None:
@@ -185,7 +190,8 @@ class PlainView:
 
 
 def _closes(held: _HeldFrame, source: tuple[str, str], line: bytes) -> bool:
-    """The line is the held bar's own last render (tqdm's close): same rank, stream, count."""
+    """The line (or frame) is the held bar's own last render (tqdm's close): same rank,
+    stream, count."""
     return held.source == source and held.position is not None and (
         _bar_position(line) == held.position
     )

@@ -147,7 +147,8 @@ class NodeLogWriter:
     def write_wire(self, kind: int, stream: int, data: bytes, rank: bytes = b"") -> bytes | None:
         """One wire record, already unescaped (see logwire.parse_wire); `rank` the label of
         the rank that wrote it (b"3/1"), b"" for the node's launcher. Returns the line or
-        frame it completes, its chunks rejoined; None for a chunk."""
+        frame it completes as the file has it (its chunks rejoined; a bar's frame for the
+        blank line that ends it); None for a chunk."""
         # A stream's state is looked up inline: this runs once per line of the job.
         state = self._streams.get((rank, stream)) or self._new_state(rank, stream)
         if state is None:
@@ -165,7 +166,7 @@ class NodeLogWriter:
         if kind == KIND_FRAME:
             self._on_frame(state, data)
         elif kind in (KIND_LINE, KIND_PARTIAL):
-            self._on_line(state, data)
+            data = self._on_line(state, data)
         return data
 
     def write_plain(self, data: bytes) -> None:
@@ -222,7 +223,8 @@ class NodeLogWriter:
         state.frame = None
         state.last_written_frame = None
 
-    def _on_line(self, state: _StreamState, data: bytes) -> None:
+    def _on_line(self, state: _StreamState, data: bytes) -> bytes:
+        """Write the line; returns its text (a bar's frame for the blank line ending it)."""
         if state.frame is not None and not data.strip(_BLANK):
             data = state.frame  # "frame\r\n": the line is the frame it shows
         tag = state.tag
@@ -232,6 +234,7 @@ class NodeLogWriter:
         state.frame = None
         state.last_written_frame = None
         self._write(tag, data)
+        return data
 
     # -- output -----------------------------------------------------------
 

@@ -4,8 +4,8 @@ STANDARD LIBRARY ONLY (shipped inline beside the agent, plan/agent_command.py).
 
 The workers' agents release their launchers as soon as anything answers on node 0's main
 port, and their ranks rendezvous with whatever listens there: another user who binds the
-port first becomes the job's unauthenticated rendezvous endpoint (torchrun's own launcher on
-node 0 even falls back to being a client of it when its bind fails). Node 0's agent looks
+port first becomes the job's unauthenticated rendezvous endpoint (torchrun on node 0, told it
+hosts the store, fails when its bind does rather than become a client). Node 0's agent looks
 before starting its launcher (the port must be free, or the job's) and watches it afterwards:
 a listener on the port is the job's when its uid is the agent's and a process of the job on
 this machine holds the socket (/proc/<pid>/fd/* -> socket:[inode]). Otherwise the job fails

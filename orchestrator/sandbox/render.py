@@ -86,7 +86,7 @@ def _ssh_config(directory: Path, names: Sequence[str], addresses: Sequence[str],
         blocks.append(
             "\n".join(
                 [
-                    f"Host {name}",
+                    f"Host {name} {address}",  # a hostfile may name it either way
                     f"    HostName {address}",
                     f"    Port {port}",
                     f"    User {user}",

@@ -182,3 +182,17 @@ def test_the_view_takes_a_huge_line_from_its_start_and_the_file_all_of_it(tmp_pa
     router.close()
     assert [data for node, stream, data in view.seen if stream == "out"] == [line[:VIEW_LINE_MAX]]
     assert (b"out", line) in read_log(tmp_path / "n1.log")
+
+
+def test_a_bar_ended_by_a_blank_line_reaches_the_view_as_the_line_the_log_has(tmp_path) -> None:
+    # `print(bar, end="\\r")` then `print()`: the frame, then an empty line that ends it.
+    view = RecordingView()
+    router = LogRouter(tmp_path, view=view)
+    framer = WireFramer("err", "0/0")
+    for data in (b" 90%|######### | 9/10\r", b"100%|##########| 10/10\r", b"\n"):
+        router.feed(b"".join(b"n1: " + wire for wire in framer.feed(data)))
+    router.close()
+    assert read_log(tmp_path / "n1.log") == [(b"r0/0 err", b"100%|##########| 10/10")]
+    assert [seen for seen in view.seen if seen[1] == "err"] == [
+        ("n1", "err", b"100%|##########| 10/10")
+    ]  # fmt: skip

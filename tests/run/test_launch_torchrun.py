@@ -203,3 +203,23 @@ def test_uneven_slots_run_each_nodes_own_count(sandbox_factory, tmp_path):
     assert {world for found in ups.values() for _rank, world in found} == {"5"}
     # every rank summed 1+2+3+4+5 in its all_reduce
     assert all("sum 15" in log_text(tmp_path, job_id, node) for node in names)
+
+
+def test_a_hostfile_of_loopback_addresses_has_node_0_host_the_store(sandbox_factory, tmp_path):
+    # Left to guess, every torchrun of a loopback endpoint hosts the store: the first to bind
+    # the port wins. Node 0 starting late lets node 1's win, and node 0's agent then finds
+    # the main port held by no process of the job it can see (another PID namespace).
+    box, state = sandbox_factory(2, 1)
+    addresses = [node.address for node in state.nodes]
+    box.shell_startup(state.nodes[0].name, "sleep 3\n")
+    hostfile = tmp_path / "by-address"
+    hostfile.write_text("".join(f"{address} slots=1\n" for address in addresses))
+    result = run_orch(launch_args(hostfile, "torchrun", "--steps", "2"), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "is not this job's" not in result.stderr
+    [job_id] = job_ids(tmp_path)
+    record = job_json(tmp_path, job_id)
+    assert record["hosts"] == addresses and record["state"] == "succeeded"
+    assert "--rdzv_conf=is_host=true" in record["command"]
+    for rank, address in enumerate(addresses):
+        assert f" r{rank}/0 out rank {rank} step 1 sum 3\n" in log_text(tmp_path, job_id, address)
