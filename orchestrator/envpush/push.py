@@ -157,7 +157,7 @@ def _command(runner: str, step: str, argument: str = "") -> str:
 class Delta:
     send: Mapping[str, list[Any]]  # relative path -> manifest entry
     remove: tuple[str, ...]
-    dirs: Mapping[str, int]  # new directories -> mode
+    dirs: Mapping[str, int]  # directories to make, or to give another mode -> the head's mode
     send_bytes: int
 
 
@@ -177,6 +177,8 @@ def refusal(
     force: bool,
 ) -> tuple[str, str] | None:
     """(problem, fix) when the node cannot take the environment; None when it can."""
+    if seen.get("refused"):  # the node's own words: its root or record is not the user's own
+        return f"{node}: {seen['refused']['problem']}", seen["refused"]["fix"]
     interp, plat = seen.get("interpreter") or {}, seen.get("platform") or {}
     if source.kind == "venv" and interp.get("version") != head.python_version:
         return (
@@ -286,11 +288,8 @@ def _received(result: NodeResult[Received], change: Delta) -> NodeResult[NodePus
         return result  # type: ignore[return-value]
     node, answer = result.node, result.value.answer
     if not result.value.ok:
-        return failed(
-            node,
-            f"{node}: the push failed, the previous environment is kept: {answer.get('error')}",
-            "check the node and push again",
-        )
+        kept = f"{node}: the push failed, the previous environment is kept: {answer.get('error')}"
+        return failed(node, kept, answer.get("fix") or "check the node and push again")
     return succeeded(node, NodePush(
         node, sent_files=int(answer.get("received", 0)),
         sent_bytes=int(answer.get("received_bytes", 0)), removed_files=len(change.remove),

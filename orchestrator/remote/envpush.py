@@ -11,8 +11,9 @@ environment will run on.
   interpreter's version, ABI and platform, the free disk where the root is (or would be),
   whether the root is a mount point, the processes (and orch jobs) running from it, and the
   manifest of what the root holds now (zlib + base64 JSON: relative path -> [kind, size,
-  sha256 or link target, mode]). Hashes of files whose size and mtime match the manifest of
-  the last push are taken from it rather than read again.
+  sha256 or link target, mode]). Hashes of files whose size, mtime and inode match the
+  manifest of the last push are taken from it rather than read again; a root or record
+  that is not the user's own is refused instead ("refused": {"problem", "fix"}).
 - receive: lines on stdin, lines on stdout. (1) {"root", "manifest_sha256", "token",
   "listen"}: takes the push's lock for the root (one push at a time per user and root),
   removes what an interrupted push left, opens a TCP port when asked, and says
@@ -22,16 +23,19 @@ environment will run on.
   arrives. The stream is a tar: first the head's whole manifest (checked against the
   sha256 the head sent over its own channel), then every file some node of the push needs.
   This node computes its own delta from that manifest, keeps only its files (each checked
-  against its sha256), builds the new environment in a sibling directory (hard links for
-  what did not change) and swaps it in with one rename (renameat2 RENAME_EXCHANGE): a
+  against its sha256), builds the head's tree in a sibling directory (hard links for what
+  did not change) and swaps it in with one rename (renameat2 RENAME_EXCHANGE): a
   process starting meanwhile sees the old environment or the new one, never half of each.
   It passes the stream on even when its own build fails, so one bad node does not cut the
   chain. Anything wrong (a hash, a stream that ends early, the head going away) removes the
-  sibling and leaves the root as it was. (3) The answer, one JSON line.
+  sibling and leaves the root as it was; the head going away (stdin's end, a signal) only
+  stops the build, and the main thread removes it or, past the last check, swaps it in.
+  (3) The answer, one JSON line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -99,16 +103,21 @@ def look(request: dict[str, Any]) -> dict[str, Any]:
         "running": _running_from(root) if exists else [],
         "manifest": None,
     }
-    if exists and not shared:
-        found = envpush_manifest.manifest(root, envpush_manifest.recorded(root))
+    refused = envpush_manifest.root_problem(root) if exists and not shared else None
+    if refused is not None:
+        answer["refused"] = {"problem": refused.message, "fix": refused.fix}
+    elif exists and not shared:
+        found = envpush_manifest.manifest(root, envpush_manifest.recorded(root),
+                                          owner=os.getuid())  # fmt: skip
         answer["manifest"] = envpush_manifest.pack(found)
     return answer
 
 
 # ----- receive: the stream, from the head or the previous node, on to the next -------------
 def _say(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
+    with contextlib.suppress(OSError):  # the head may be gone
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
 
 
 def _watch_stdin(
@@ -118,11 +127,12 @@ def _watch_stdin(
     staging: envpush_staging.Staging,
 ) -> None:
     """With the stream on a port, stdin only says the head is there: its end before the
-    answer (the head's channel closed) abandons the push."""
+    answer (the head's channel closed) abandons the push. It only says so: the main thread
+    stops its build and removes it (or has swapped it in already)."""
     stdin.read()
     gone.set()
     if not finished.is_set():
-        staging.abandon(1)
+        staging.stop(1)
 
 
 def relay_main(stdin: io.BufferedReader) -> int:
@@ -143,7 +153,7 @@ def relay_main(stdin: io.BufferedReader) -> int:
         return 1  # the head went away before the stream
     staging = envpush_staging.Staging(root)
     staging.on_signals()
-    gone, finished = threading.Event(), threading.Event()
+    gone, finished = staging.stopped, threading.Event()  # a signal, too, ends the wait
     upstream = None
     try:
         if route["source"] == "tcp":
@@ -151,9 +161,9 @@ def relay_main(stdin: io.BufferedReader) -> int:
             threading.Thread(target=_watch_stdin, args=watch, daemon=True).start()
             deadline = time.monotonic() + envpush_relay.STALL_S
             upstream = envpush_relay.accept_upstream(server, request["token"], deadline, gone)
-            read = upstream.recv
+            read = staging.guard(upstream.recv)
         else:
-            read = stdin.read1
+            read = staging.guard(stdin.read1)
     except (OSError, EOFError) as err:
         os.close(lock)
         _say({"ok": False, "upstream_lost": True, "error": str(err)})
@@ -169,7 +179,8 @@ def relay_main(stdin: io.BufferedReader) -> int:
     stream = envpush_relay.Relay(read, downstream)
     answer = envpush_staging.receive(root, request["manifest_sha256"], stream, staging)
     cut = stream.read_error  # a stream that only ended early is told by the head
-    stream.drain()
+    with contextlib.suppress(envpush_staging.Abandoned), staging.interruptible():
+        stream.drain()
     stream.drop()
     if upstream is not None:
         upstream.close()
@@ -181,6 +192,8 @@ def relay_main(stdin: io.BufferedReader) -> int:
     finished.set()
     os.close(lock)  # before the answer: the head may start the next round at once
     _say(answer)
+    if staging.stopped.is_set():
+        return staging.code
     return 0 if answer["ok"] else 1
 
 

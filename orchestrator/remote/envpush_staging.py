@@ -1,10 +1,14 @@
 """`orch env push` on a node, the new environment: built in a sibling directory of the root
-(hard links for what did not change, this node's files from the stream, each checked
-against the head's manifest) and swapped in with one rename (renameat2 RENAME_EXCHANGE),
-so that a process starting meanwhile sees the old environment or the new one, never half of
-each; one push at a time per user and root (a lock in the user's own directory), and what an
-interrupted push left removed. Anything wrong removes the sibling and leaves the root as it
-was. STANDARD LIBRARY ONLY, shipped beside remote/envpush.py (as orch_envpush_staging).
+under umask 077, from the head's manifest (each directory and file with the head's mode,
+each link with its target; hard links for the files that did not change, checked again
+just before the swap since a write in place reaches both trees; this node's files from the
+stream, each checked against the manifest) and swapped in with one rename (renameat2
+RENAME_EXCHANGE), so that a process starting meanwhile sees the old environment or the new
+one, never half of each. The swap and the removal of the sibling happen in one thread
+under one lock; the head going away only says so. One push at a time per user and root (a
+lock in the user's own directory), and what an interrupted push left removed. Anything
+wrong removes the sibling and leaves the root as it was. STANDARD LIBRARY ONLY, shipped
+beside remote/envpush.py (as orch_envpush_staging).
 """
 
 from __future__ import annotations
@@ -21,43 +25,104 @@ import signal
 import stat
 import subprocess
 import tarfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 try:  # on a node, loaded beside the program
+    import orch_digest as digest
     import orch_environment as environment
     import orch_envpush_manifest as envpush_manifest
     import orch_owned as owned
 except ImportError:
-    from orchestrator.remote import environment, envpush_manifest, owned
+    from orchestrator.remote import digest, environment, envpush_manifest, owned
 
 STAGING_INFIX = ".orch-new-"
 _CHUNK = 1 << 20  # the stream's buffer, and what a received file is written at a time
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+_PRIVATE_UMASK = 0o077  # everything is made the user's alone, then given the head's mode
+_WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class Abandoned(Exception):
+    """The head went away (its channel closed, or a signal): the build stops, the root is
+    kept as it was."""
 
 
 class Staging:
-    """The sibling directory the new environment is built in; removed unless it was swapped
-    in (on any error, and, with `on_signals`, on SIGHUP/SIGTERM/SIGINT: the head went away)."""
+    """The sibling directory the new environment is built in, swapped in or removed by one
+    thread (the program's main one) under one lock. The head going away (the stdin watcher,
+    or SIGHUP/SIGTERM/SIGINT with `on_signals`) only says so (`stop`); the build stops at
+    its next read or entry, or at once on a signal while `interruptible`, and the flag is
+    checked under the lock just before the swap: the swap happens whole or not at all."""
 
     def __init__(self, root: str) -> None:
         self.root = root
         self.path = f"{root}{STAGING_INFIX}{os.getpid()}"
+        self.stopped = threading.Event()
+        self.code = 1  # the program's exit status once stopped
+        self.swapped = False
+        self._lock = threading.Lock()
+        self._interruptible = False
+
+    def stop(self, code: int = 1) -> None:
+        """Say that the head went away; any thread, or a signal handler. Nothing else."""
+        if not self.stopped.is_set():
+            self.code = code
+        self.stopped.set()
+
+    def check(self) -> None:
+        if self.stopped.is_set():
+            raise Abandoned("the head went away")
+
+    def guard(self, read: Callable[[int], bytes]) -> Callable[[int], bytes]:
+        """`read`, checking before each call that the head is still there."""
+
+        def guarded(size: int) -> bytes:
+            self.check()
+            return read(size)
+
+        return guarded
 
     def on_signals(self) -> None:
         for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._interrupted)
 
     def _interrupted(self, signum: int, _frame: FrameType | None) -> None:
-        self.abandon(128 + signum)
+        self.stop(128 + signum)
+        if self._interruptible:  # the main thread is building (or passing on): stop there
+            self._interruptible = False
+            raise Abandoned(f"the head went away (signal {signum})")
 
-    def abandon(self, code: int) -> NoReturn:
-        self.remove()
-        os._exit(code)
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A stretch that touches nothing but the sibling (or the stream): a signal may end
+        it where it is."""
+        try:
+            self._interruptible = True
+            self.check()
+            yield
+        finally:
+            self._interruptible = False
+
+    def swap(self) -> str | None:
+        """The built directory swapped in (the old one's path returned, or None); Abandoned,
+        and nothing swapped, when the head went away before."""
+        with self._lock:
+            self.check()
+            old = exchange(self.path, self.root)
+            self.swapped = True
+        return old
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        """The sibling, unless it was swapped in (then it holds the old environment, which
+        the caller removes)."""
+        with self._lock:
+            if not self.swapped:
+                shutil.rmtree(self.path, ignore_errors=True)
 
 
 def nearest_existing(path: str) -> str:
@@ -67,7 +132,27 @@ def nearest_existing(path: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def _private_umask() -> Iterator[None]:
+    old = os.umask(_PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 # ----- the new environment, built beside the old ------------------------------------------
+@dataclass(frozen=True)
+class Built:
+    """What a build received, and the head's manifest with the lstat of every file of the
+    new environment as it was checked (what the record keeps)."""
+
+    received: int
+    received_bytes: int
+    head: dict[str, list[Any]]
+    stats: dict[str, os.stat_result]
+
+
 def _safe(rel: str) -> str:
     parts = rel.split("/")
     if rel.startswith("/") or ".." in parts or not rel:
@@ -75,52 +160,132 @@ def _safe(rel: str) -> str:
     return rel
 
 
-def _link_or_copy(source: str, target: str) -> None:
+def _link_or_copy(source: str, target: str) -> bool:
+    """Whether `target` is a hard link of `source` (else a copy: a file system without)."""
     try:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
+        return False
+    return True
 
 
 def _receive_file(
     tar: tarfile.TarFile, member: tarfile.TarInfo, target: str, want: list[Any]
-) -> None:
-    digest = hashlib.sha256()
+) -> os.stat_result:
+    hasher = hashlib.sha256()
     source = tar.extractfile(member)
-    with open(target, "wb") as out:
+    with os.fdopen(os.open(target, _WRITE_NEW, 0o600), "wb") as out:
         for chunk in iter(lambda: source.read(_CHUNK), b""):
-            digest.update(chunk)
+            hasher.update(chunk)
             out.write(chunk)
-    if digest.hexdigest() != want[2]:
+    if hasher.hexdigest() != want[2]:
         raise ValueError(f"{member.name}: sha256 does not match the head's manifest "
                          "(changed on the head during the push? push again)")  # fmt: skip
     os.chmod(target, want[3])
     os.utime(target, ns=(int(member.mtime * 1e9), int(member.mtime * 1e9)))
+    return os.lstat(target)
 
 
-def _copy_tree(staging: str, root: str, skip: set[str]) -> None:
-    """The current root as hard links (symlinks remade), without what `skip` names."""
-    os.makedirs(staging)
-    if not os.path.isdir(root):
-        return
-    for top, dirs, files in os.walk(root):
-        rel_top = os.path.relpath(top, root)
-        rel_of = (lambda n: n) if rel_top == "." else (lambda n, t=rel_top: t + "/" + n)
-        dirs[:] = [d for d in dirs if rel_of(d) not in skip]
-        for name in dirs:
-            os.mkdir(
-                os.path.join(staging, rel_of(name)),
-                stat.S_IMODE(os.lstat(os.path.join(top, name)).st_mode) | 0o700,
-            )
-        for name in files:
-            rel = rel_of(name)
-            if rel in skip or rel == envpush_manifest.MANIFEST_NAME:
-                continue
-            source, target = os.path.join(top, name), os.path.join(staging, rel)
-            if os.path.islink(source):
-                os.symlink(os.readlink(source), target)
-            else:
-                _link_or_copy(source, target)
+def _lay_out(
+    path: str, root: str, head: dict[str, list[Any]], send: dict[str, Any]
+) -> dict[str, bool]:
+    """The head's tree in `path`, from its manifest: each directory made with the mode the
+    node gives it, each link with the manifest's target, each file the node has already
+    hard-linked from the root (the others come from the stream). Returns the files taken
+    from the root (-> whether as hard links)."""
+    _make_parents(os.path.dirname(path))
+    os.mkdir(path, 0o700)
+    kept: dict[str, bool] = {}
+    for rel, entry in sorted(head.items()):  # a directory before what is in it
+        if rel == envpush_manifest.ROOT:
+            continue
+        target = os.path.join(path, _safe(rel))
+        if entry[0] == "d":
+            os.mkdir(target, 0o700)
+            os.chmod(target, envpush_manifest.built_mode(rel, entry[3]))
+        elif rel in send:
+            continue
+        elif entry[0] == "l":
+            os.symlink(entry[2], target)
+        else:
+            kept[rel] = _link_or_copy(os.path.join(root, rel), target)
+    for rel, entry in head.items():
+        if entry[0] == "d":
+            _carry_caches(root, path, rel, head)
+    top = head.get(envpush_manifest.ROOT)
+    if top is not None:
+        os.chmod(path, envpush_manifest.built_mode(envpush_manifest.ROOT, top[3]))
+    return kept
+
+
+def _make_parents(directory: str) -> None:
+    """The directories the root will be in, where missing: readable by all, writable by
+    the user alone (whatever the umask)."""
+    missing = []
+    while not os.path.lexists(directory) and directory != os.path.dirname(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for made in reversed(missing):
+        os.mkdir(made, 0o700)
+        os.chmod(made, 0o755)
+
+
+def _carry_caches(root: str, path: str, rel: str, head: dict[str, list[Any]]) -> None:
+    """The directory's __pycache__ from the root (the user's own .pyc files only), so a job
+    does not compile the environment again after each push."""
+    name = "__pycache__" if rel == envpush_manifest.ROOT else f"{rel}/__pycache__"
+    old, new = os.path.join(root, name), os.path.join(path, name)
+    uid = os.getuid()
+    try:
+        info = os.lstat(old)
+        if name in head or not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+            return
+        os.mkdir(new, 0o700)
+        with os.scandir(old) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if entry.name.endswith(".pyc") and stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                    _link_or_copy(entry.path, os.path.join(new, entry.name))
+        os.chmod(new, stat.S_IMODE(info.st_mode) & ~envpush_manifest.ROOT_NOT_WRITABLE)
+    except OSError:
+        return  # a cache: the job makes it again
+def _verify_kept(
+    path: str, root: str, kept: dict[str, bool], head: dict[str, list[Any]],
+    seen: dict[str, os.stat_result],
+) -> dict[str, os.stat_result]:
+    """The files taken from the root, checked just before the swap: a hard link is the old
+    tree's file itself, so one written in place meanwhile (its mtime, size or inode moved
+    since it was hashed) is read again, and the push refused if it is no longer the
+    head's. Returns their lstat as checked."""
+    checked = {}
+    for rel, linked in kept.items():
+        target = os.path.join(path, rel)
+        now, before = os.lstat(target), seen.get(rel)
+        if not linked or before is None or _moved(before, now):
+            now = _hash_checked(target, rel, root, head[rel])
+        checked[rel] = now
+    return checked
+
+
+def _moved(before: os.stat_result, now: os.stat_result) -> bool:
+    return (before.st_ino, before.st_size, before.st_mtime_ns) != (
+        now.st_ino, now.st_size, now.st_mtime_ns)  # fmt: skip
+
+
+def _hash_checked(target: str, rel: str, root: str, want: list[Any]) -> os.stat_result:
+    """`target` read again: the user's own regular file, still the head's, not written
+    while it was read; ValueError naming it otherwise."""
+    before = os.lstat(target)
+    same = (stat.S_ISREG(before.st_mode) and before.st_uid == os.getuid()
+            and digest.sha256_of(target) == want[2])  # fmt: skip
+    if not same or _moved(before, os.lstat(target)):
+        raise ValueError(
+            f"{os.path.join(root, rel)} was written while the push built the new environment "
+            "(it is shared with the old one until the swap): push again once nothing writes "
+            f"in {root}"
+        )
+    return before
 
 
 def read_head_manifest(tar: tarfile.TarFile, want_sha256: str) -> dict[str, list[Any]]:
@@ -135,45 +300,42 @@ def read_head_manifest(tar: tarfile.TarFile, want_sha256: str) -> dict[str, list
     return envpush_manifest.unpack(data.decode())
 
 
-def build(
-    staging: str, root: str, want_sha256: str, stream: IO[bytes]
-) -> tuple[int, int, dict[str, list[Any]]]:
-    """The new environment in `staging`: the root's files but those removed or replaced,
-    the head's new directories, then this node's files from the stream (the others are
-    skipped). Returns (files received, bytes received, the head's manifest)."""
+def build(staging: Staging, want_sha256: str, stream: IO[bytes]) -> Built:
+    """The new environment in the sibling: the head's tree from its manifest, the files
+    the node has as hard links from the root, this node's files from the stream (the
+    others are skipped), the linked files checked again at the end."""
+    root = staging.root
     with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
         head = read_head_manifest(tar, want_sha256)
+        seen: dict[str, os.stat_result] = {}
         have = (
-            envpush_manifest.manifest(root, envpush_manifest.recorded(root))
+            envpush_manifest.manifest(root, envpush_manifest.recorded(root),
+                                      owner=os.getuid(), stats=seen, check=staging.check)
             if os.path.isdir(root)
             else {}
-        )
+        )  # fmt: skip
         mine = envpush_manifest.delta(head, have)
         send = mine["send"]
-        _copy_tree(staging, root, set(mine["remove"]) | set(send))
-        for rel, mode in sorted(mine["dirs"].items()):
-            os.makedirs(os.path.join(staging, _safe(rel)), exist_ok=True)
-            os.chmod(os.path.join(staging, rel), mode | 0o700)
-        received = 0
+        kept = _lay_out(staging.path, root, head, send)
+        stats: dict[str, os.stat_result] = {}
         while (member := tar.next()) is not None:
+            staging.check()
             rel = _safe(member.name)
             want = send.get(rel)
             if want is None:
                 continue  # another node's: passed on, not kept
-            target = os.path.join(staging, rel)
-            if os.path.isdir(target) and not os.path.islink(target):
-                shutil.rmtree(target)  # a directory the head has as a file or link now
+            target = os.path.join(staging.path, rel)
             if member.issym() and want[0] == "l":
                 os.symlink(member.linkname, target)
             elif member.isfile() and want[0] == "f":
-                _receive_file(tar, member, target, want)
+                stats[rel] = _receive_file(tar, member, target, want)
             else:
                 raise ValueError(f"{rel}: not what the head's manifest says it is")
-            received += 1
-    missing = [rel for rel in send if not os.path.lexists(os.path.join(staging, rel))]
+    missing = [rel for rel in send if not os.path.lexists(os.path.join(staging.path, rel))]
     if missing:
         raise ValueError(f"{len(missing)} file(s) never arrived, e.g. {missing[0]}")
-    return received, mine["bytes"], head
+    stats.update(_verify_kept(staging.path, root, kept, head, seen))
+    return Built(len(send), mine["bytes"], head, stats)
 
 
 def exchange(staging: str, root: str) -> str | None:
@@ -207,19 +369,26 @@ def receive(
     root: str, want_sha256: str, stream: IO[bytes], staging: Staging | None = None
 ) -> dict[str, Any]:
     """Build the root's new environment from the stream and swap it in: {"ok", "received",
-    "received_bytes", "fingerprint"} or {"ok": False, "error"}; the root is untouched then."""
+    "received_bytes", "fingerprint"} or {"ok": False, "error"[, "fix"]}; the root is
+    untouched then. Refused when the root, or the record in it, is not the user's own."""
     staging = staging or Staging(root)
     try:
-        received, size, head = build(staging.path, root, want_sha256, stream)
-        envpush_manifest.record(staging.path, head)
-        old = exchange(staging.path, root)
-    except (OSError, ValueError, tarfile.TarError, EOFError) as err:
+        refused = envpush_manifest.root_problem(root)
+        if refused is not None:
+            return {"ok": False, "error": refused.message, "fix": refused.fix}
+        with _private_umask():
+            with staging.interruptible():
+                built = build(staging, want_sha256, stream)
+            envpush_manifest.record(staging.path, built.head, built.stats)
+            old = staging.swap()
+    except (OSError, ValueError, tarfile.TarError, EOFError, Abandoned) as err:
         staging.remove()
         return {"ok": False, "error": str(err) or type(err).__name__}
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return {"ok": True, "received": received, "received_bytes": size,
-            "fingerprint": _fingerprint(root)}  # fmt: skip
+    fingerprint = None if staging.stopped.is_set() else _fingerprint(root)
+    return {"ok": True, "received": built.received, "received_bytes": built.received_bytes,
+            "fingerprint": fingerprint}  # fmt: skip
 
 
 # ----- one push at a time, and what an interrupted one left -------------------------------

@@ -26,6 +26,7 @@ from orchestrator.nodes.fake import FakeCall, FakeNode, FakeTransport, Reply
 from orchestrator.probe.facts import Environment
 from orchestrator.remote import envpush as envpush_node
 from orchestrator.remote import envpush_manifest
+from orchestrator.remote.owned import owner_name
 
 HEAD = Environment("f" * 16, "cpython", "3.11.7", "cpython-311-x86_64-linux-gnu", "debian 12",
                    "glibc 2.36", "x86_64", {})  # fmt: skip
@@ -200,3 +201,17 @@ def test_nodes_that_need_nothing_are_sent_nothing(pushed_root) -> None:
     assert has_it.value == NodePush("n2", fingerprint=HEAD.fingerprint)
     assert not older.ok and report.head_sent_bytes == 0
     assert fake.started == [] and sends == [] and len(fake.calls) == 3
+
+
+def test_a_node_whose_root_others_can_write_is_refused_in_its_own_words(
+    pushed_root, tmp_path: Path
+) -> None:
+    theirs = environment(tmp_path / "n2" / "train", {"a.py": "a\n"})
+    os.chmod(theirs, 0o775)  # made under umask 002, another of the group may plant in it
+    seen = envpush_node.look({"root": str(theirs), "marker": ".orch-push-marker-x"})
+    fake = FakeTransport([FakeNode("n2", _looked_at({**SEEN, **seen, "running": []}))])
+    (refused,) = push_environment(["n2"], pushed_root, HEAD, transport=fake).nodes
+    assert refused.kind == "refused" and fake.started == []
+    assert refused.problem == (f"n2: {theirs} (owner {owner_name(os.getuid())}, mode 0775) is "
+                               "writable by others")  # fmt: skip
+    assert refused.hint == f"chmod go-w -- {theirs}, and run again"

@@ -97,6 +97,11 @@ def test_push_sends_everything_once_then_only_what_changed(cluster) -> None:
     assert [by_node(report)[n]["sent_files"] for n in (first, second)] == [1, 1]
     assert report["head_sent_bytes"] < 64 << 10  # the one file, once, not the package
     assert on_node(second, f"{root}/bin/python", "-c", probe).stdout.split() == ["1.1", "1.0"]
+    # rebuilt from what it had: a link stays a link, each mode is the head's
+    assert on_node(first, "readlink", f"{root}/lib64").stdout.strip() == "lib"
+    modes = ["stat", "-c", "%a", str(root), str(site), str(site / "demo_pkg" / "__init__.py")]
+    head_modes = subprocess.run(modes, capture_output=True, text=True, check=True).stdout
+    assert on_node(second, *modes).stdout == head_modes
     # the node's environment is its own: a file written there is not on the head
     on_node(first, "touch", f"{root}/only-on-node")
     assert not (root / "only-on-node").exists()

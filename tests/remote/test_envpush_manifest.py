@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from _envpush_stream import environment
@@ -21,6 +22,7 @@ def test_the_manifest_names_directories_links_and_files_and_skips_caches(tmp_pat
     os.chmod(root / "pkg" / "a.py", 0o640)
     found = em.manifest(str(root))
     assert found == {
+        ".": ["d", 0, "", os.stat(root).st_mode & 0o7777],
         "bin": ["d", 0, "", os.stat(root / "bin").st_mode & 0o7777],
         "pkg": ["d", 0, "", os.stat(root / "pkg").st_mode & 0o7777],
         "bin/python": ["l", 0, "/usr/bin/python3", 0],
@@ -55,3 +57,41 @@ def test_the_delta_is_what_makes_the_nodes_manifest_the_heads() -> None:
 def test_a_packed_manifest_unpacks_as_it_was() -> None:
     found = {"a.py": ["f", 10, "aa", 0o644], "bin": ["d", 0, "", 0o755]}
     assert em.unpack(em.pack(found)) == found
+
+
+def test_the_record_is_the_users_alone_and_never_written_through_a_link(tmp_path: Path) -> None:
+    root = environment(tmp_path / "env", {"a.py": "a\n"})
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("theirs")
+    (root / em.MANIFEST_NAME).symlink_to(elsewhere)  # planted where the record goes
+    umask = os.umask(0o002)
+    try:
+        em.record(str(root), em.manifest(str(root)))
+    finally:
+        os.umask(umask)
+    cache = os.lstat(root / em.MANIFEST_NAME)
+    assert stat.S_ISREG(cache.st_mode) and stat.S_IMODE(cache.st_mode) == 0o600
+    assert elsewhere.read_text() == "theirs" and set(em.recorded(str(root))) == {"a.py"}
+    os.chmod(root / em.MANIFEST_NAME, 0o664)  # others could have written it: not used
+    assert em.recorded(str(root)) == {}
+
+
+def test_a_file_replaced_or_not_the_users_own_is_read_again(tmp_path: Path) -> None:
+    root = environment(tmp_path / "env", {"a.py": "a\n"})
+    kept = em.with_mtimes(str(root), em.manifest(str(root)))
+    kept["a.py"][2] = "taken from the record"
+    assert em.manifest(str(root), kept)["a.py"][2] == "taken from the record"
+    before = os.lstat(root / "a.py")
+    (root / "b.py").write_text("A\n")
+    os.replace(root / "b.py", root / "a.py")  # another file, with the same size and mtime
+    os.utime(root / "a.py", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert em.manifest(str(root), kept)["a.py"][2] == hashlib.sha256(b"A\n").hexdigest()
+    someone = os.getuid() + 1  # a node keeps no file of another user's, whatever it holds
+    assert em.manifest(str(root), owner=someone)["a.py"] == ["f", 2, "", before.st_mode & 0o7777]
+
+
+def test_a_directory_of_another_mode_than_the_node_gives_it_is_in_the_delta() -> None:
+    head = {".": ["d", 0, "", 0o775], "lib": ["d", 0, "", 0o555], "bin": ["d", 0, "", 0o755]}
+    node = {".": ["d", 0, "", 0o755], "lib": ["d", 0, "", 0o755], "bin": ["d", 0, "", 0o775]}
+    # the root is never left writable by others; a directory keeps u+rwx for the next push
+    assert em.delta(head, node)["dirs"] == {"bin": 0o755}
