@@ -22,9 +22,10 @@ environment will run on.
   arrives. The stream is a tar: first the head's whole manifest (checked against the
   sha256 the head sent over its own channel), then every file some node of the push needs.
   This node computes its own delta from that manifest, keeps only its files (each checked
-  against its sha256), builds the new environment in a sibling directory (hard links for
-  what did not change) and swaps it in with one rename (renameat2 RENAME_EXCHANGE): a
-  process starting meanwhile sees the old environment or the new one, never half of each.
+  against the manifest: a file's sha256, a link's target), builds the new environment in a
+  sibling directory (hard links for what did not change) and swaps it in with one rename
+  (renameat2 RENAME_EXCHANGE): a process starting meanwhile sees the old environment or
+  the new one, never half of each.
   It passes the stream on even when its own build fails, so one bad node does not cut the
   chain. Anything wrong (a hash, a stream that ends early, the head going away) removes the
   sibling and leaves the root as it was. (3) The answer, one JSON line.

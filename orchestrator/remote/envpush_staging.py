@@ -164,7 +164,10 @@ def build(
             if os.path.isdir(target) and not os.path.islink(target):
                 shutil.rmtree(target)  # a directory the head has as a file or link now
             if member.issym() and want[0] == "l":
-                os.symlink(member.linkname, target)
+                if member.linkname != want[2]:  # the manifest is the head's; the stream not
+                    raise ValueError(f"{rel}: a link to {member.linkname!r} in the stream, to "
+                                     f"{want[2]!r} in the head's manifest")  # fmt: skip
+                os.symlink(want[2], target)
             elif member.isfile() and want[0] == "f":
                 _receive_file(tar, member, target, want)
             else:

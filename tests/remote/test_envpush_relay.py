@@ -1,10 +1,13 @@
 """`orch env push`'s stream through a node: only the previous node, presenting the push's
 token, gets the port's place, whatever other users of the node connect meanwhile; the node
-keeps its own files and passes every byte on, and a lost next node stops only the passing on."""
+keeps its own files (each as the head's manifest says) and passes every byte on, and a lost
+next node stops only the passing on."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 import socket
 import threading
 import time
@@ -12,6 +15,8 @@ from pathlib import Path
 
 from _envpush_stream import environment, head_stream
 
+from orchestrator.envpush.relay import Stream, write_stream
+from orchestrator.remote.envpush_manifest import manifest, pack
 from orchestrator.remote.envpush_relay import Relay, accept_upstream, connect_downstream, open_port
 from orchestrator.remote.envpush_staging import receive
 
@@ -70,6 +75,27 @@ def test_without_the_previous_node_the_port_gives_up_at_its_deadline() -> None:
     assert "conn" not in found
     wrong.close()
     server.close()
+
+
+def test_a_link_whose_target_is_not_the_heads_is_refused(tmp_path: Path) -> None:
+    """The manifest is checked by the sha256 the head sent on its own channel; the stream
+    only through it: a link that points elsewhere than the manifest says is refused, and
+    the node keeps what it had."""
+    head = environment(tmp_path / "head", {"a.py": "a\n"})
+    (head / "current").symlink_to("a.py")
+    forged = environment(tmp_path / "forged", {"a.py": "a\n"})
+    (forged / "current").symlink_to("/etc/passwd")
+    found = manifest(str(head))
+    data, out = pack(found).encode(), io.BytesIO()
+    write_stream(Stream(str(forged), found, ("a.py", "current")), data, out)
+    root = environment(tmp_path / "node" / "env", {"old.py": "old\n"})
+    out.seek(0)
+    answer = receive(str(root), hashlib.sha256(data).hexdigest(), out)
+    assert answer["ok"] is False
+    assert "current: a link to '/etc/passwd' in the stream, to 'a.py' in the head's" in (
+        answer["error"])
+    assert sorted(os.listdir(root)) == ["old.py"]
+    assert sorted(os.listdir(root.parent)) == ["env"]  # nothing half-built left
 
 
 def test_a_node_keeps_its_own_files_and_passes_every_byte_on(tmp_path: Path) -> None:
