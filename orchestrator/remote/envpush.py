@@ -1,6 +1,6 @@
 """`orch env push` on a node: STANDARD LIBRARY ONLY, shipped inline (`python -c`), with
-environment.py, owned.py, procs.py, digest.py and its own parts loaded beside it (as
-orch_<name>): envpush_manifest.py (what a node has, what it lacks), envpush_staging.py (the
+environment.py, owned.py, procs.py, digest.py and its own parts loaded beside
+it (as orch_<name>): envpush_manifest.py (what a node has, what it lacks), envpush_staging.py (the
 new environment built beside the old and swapped in, under the push's lock) and
 envpush_relay.py (the port the stream comes in on, and its passing on). Run with the base
 interpreter the head's environment was made from, so what it reports is what the
@@ -13,22 +13,23 @@ environment will run on.
   manifest of what the root holds now (zlib + base64 JSON: relative path -> [kind, size,
   sha256 or link target, mode]). Hashes of files whose size and mtime match the manifest of
   the last push are taken from it rather than read again.
-- receive: lines on stdin, lines on stdout. (1) {"root", "manifest_sha256", "token",
-  "listen"}: takes the push's lock for the root (one push at a time per user and root),
-  removes what an interrupted push left, opens a TCP port when asked, and says
-  {"ready", "port"}. (2) {"source": "stdin" | "tcp", "forward": {"host", "port"} | null}:
-  where the stream comes from (the head's stdin, or the previous node on the port, which
-  must present the push's token), and the next node to pass it on to, byte for byte, as it
-  arrives. The stream is a tar: first the head's whole manifest (checked against the
-  sha256 the head sent over its own channel), then every file some node of the push needs.
-  This node computes its own delta from that manifest, keeps only its files (each checked
-  against the manifest: a file's sha256, a link's target), builds the new environment in a
-  sibling directory (hard links for what did not change) and swaps it in with one rename
-  (renameat2 RENAME_EXCHANGE): a process starting meanwhile sees the old environment or
-  the new one, never half of each.
-  It passes the stream on even when its own build fails, so one bad node does not cut the
-  chain. Anything wrong (a hash, a stream that ends early, the head going away) removes the
-  sibling and leaves the root as it was. (3) The answer, one JSON line.
+- receive: lines on stdin, lines on stdout. (1) {"root", "manifest_sha256", "listen"}:
+  takes the push's lock for the root (one push at a time per user and root), removes what
+  an interrupted push left, opens a TCP port when asked, and says {"ready", "port"}.
+  (2) {"source": "stdin" | "tcp", "hop", "forward": {"host", "port", "hop"} | null}: where
+  the stream comes from (the head's stdin, or the previous node on the port, which must
+  present its link's secret and is answered with the other: `hop`), and the next node to
+  pass it on to, byte for byte, as it arrives (once that node has answered its link's
+  secret: forward's `hop`). The stream is a tar: first the head's whole manifest (checked
+  against the sha256 the head sent over its own channel), then every file some node of
+  the push needs. This node computes its own delta from that manifest, keeps only its
+  files (each checked against the manifest: a file's sha256, a link's target), builds the
+  new environment in a sibling directory (hard links for what did not change) and swaps it
+  in with one rename (renameat2 RENAME_EXCHANGE): a process starting meanwhile sees the
+  old environment or the new one, never half of each. It passes the stream on even when
+  its own build fails, so one bad node does not cut the chain. Anything wrong (a hash, a
+  stream that ends early, the head going away) removes the sibling and leaves the root as
+  it was. (3) The answer, one JSON line.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -151,22 +153,18 @@ def relay_main(stdin: io.BufferedReader) -> int:
             watch = (stdin, gone, finished, staging)
             threading.Thread(target=_watch_stdin, args=watch, daemon=True).start()
             deadline = time.monotonic() + envpush_relay.STALL_S
-            upstream = envpush_relay.accept_upstream(server, request["token"], deadline, gone)
+            hop = envpush_relay.Hop.from_dict(route["hop"])
+            upstream = envpush_relay.accept_upstream(server, hop, deadline, gone)
             read = upstream.recv
         else:
             read = stdin.read1
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, ValueError, KeyError) as err:
         os.close(lock)
         _say({"ok": False, "upstream_lost": True, "error": str(err)})
         return 1
     if server is not None:
         server.close()
-    downstream, forward_error = None, None
-    if route.get("forward"):
-        try:
-            downstream = envpush_relay.connect_downstream(route["forward"], request["token"])
-        except OSError as err:
-            forward_error = f"cannot reach {route['forward']['host']}: {err}"
+    downstream, forward_error = _connect_forward(route.get("forward"))
     stream = envpush_relay.Relay(read, downstream)
     answer = envpush_staging.receive(root, request["manifest_sha256"], stream, staging)
     cut = stream.read_error  # a stream that only ended early is told by the head
@@ -183,6 +181,17 @@ def relay_main(stdin: io.BufferedReader) -> int:
     os.close(lock)  # before the answer: the head may start the next round at once
     _say(answer)
     return 0 if answer["ok"] else 1
+
+
+def _connect_forward(forward: dict[str, Any] | None) -> tuple[socket.socket | None, str | None]:
+    """(the next node's connection, or why there is none)."""
+    if not forward:
+        return None, None
+    try:
+        hop = envpush_relay.Hop.from_dict(forward["hop"])
+        return envpush_relay.connect_downstream(forward["host"], forward["port"], hop), None
+    except (OSError, ValueError, KeyError) as err:
+        return None, f"cannot reach {forward.get('host')}: {err}"
 
 
 def main(argv: list[str]) -> int:
