@@ -194,11 +194,13 @@ def relay_round(
     transport: NodeTransport,
     timeout: float,
     on_bytes: Bytes | None,
+    force: bool = False,
 ) -> tuple[list[NodeResult[Received]], list[str], int]:
     """One chain over `nodes`: (each node's result, nodes to send again because their
-    upstream did not pass the whole stream on, bytes the head sent)."""
+    upstream did not pass the whole stream on, bytes the head sent). `force`: a node swaps
+    even with a job running from the environment."""
     manifest_bytes = stream.manifest_bytes()
-    request = {"root": stream.root,
+    request = {"root": stream.root, "force": force,
                "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest()}  # fmt: skip
     head_sent = 0
 
@@ -242,7 +244,9 @@ def relay_round(
         whole = complete if index == 0 else _passed_on_whole(said[upstream], sender.sent)
         if changed is not None and not answer.get("ok"):
             answer = {**answer, "error": f"{changed}: push again"}
-        elif not answer.get("ok") and (answer.get("upstream_lost") or not whole):
+        elif not answer.get("ok") and not answer.get("refused") and (
+            answer.get("upstream_lost") or not whole
+        ):
             again.append(ready.node)
         results[ready.node] = succeeded(ready.node, Received(ready.node, upstream, answer))
     return [results[n] for n in nodes], again, head_sent
@@ -271,6 +275,7 @@ def relay(
     transport: NodeTransport,
     timeout: float,
     on_bytes: Bytes | None = None,
+    force: bool = False,
 ) -> tuple[dict[str, NodeResult[Received]], int]:
     """Every node of `nodes` sent what it `needs` (relative paths), in at most ROUNDS
     chains: ({node: result}, bytes the head sent in all)."""
@@ -282,7 +287,7 @@ def relay(
         rels = stream_files(needs, pending)
         found, again, sent = relay_round(
             pending, Stream(root, manifest, rels), command, transport=transport,
-            timeout=timeout, on_bytes=on_bytes,
+            timeout=timeout, on_bytes=on_bytes, force=force,
         )  # fmt: skip
         head_sent += sent
         results.update({r.node: r for r in found})

@@ -21,6 +21,8 @@ import signal
 import stat
 import subprocess
 import tarfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import FrameType
 from typing import IO, Any, NoReturn
 
@@ -207,15 +209,21 @@ def _fingerprint(root: str) -> str | None:
 
 
 def receive(
-    root: str, want_sha256: str, stream: IO[bytes], staging: Staging | None = None
+    root: str,
+    want_sha256: str,
+    stream: IO[bytes],
+    staging: Staging | None = None,
+    swap_guard: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> dict[str, Any]:
-    """Build the root's new environment from the stream and swap it in: {"ok", "received",
-    "received_bytes", "fingerprint"} or {"ok": False, "error"}; the root is untouched then."""
+    """Build the root's new environment from the stream and swap it in, inside `swap_guard`
+    (which may refuse the swap with a ValueError): {"ok", "received", "received_bytes",
+    "fingerprint"} or {"ok": False, "error"}; the root is untouched then."""
     staging = staging or Staging(root)
     try:
         received, size, head = build(staging.path, root, want_sha256, stream)
         envpush_manifest.record(staging.path, head)
-        old = exchange(staging.path, root)
+        with swap_guard():
+            old = exchange(staging.path, root)
     except (OSError, ValueError, tarfile.TarError, EOFError) as err:
         staging.remove()
         return {"ok": False, "error": str(err) or type(err).__name__}
