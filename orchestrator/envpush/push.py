@@ -1,15 +1,15 @@
 """`orch env push`: make every node's environment at the head's path the head's.
 
-(1) remote/envpush.py's `look`, on every node in parallel and run with the base
-interpreter the environment points to, says what the node has: its interpreter, platform,
-free disk, the manifest of the environment's files there, whether a job runs from it,
-whether it sees the head's own directory. (2) The checks here refuse a node whose base
-interpreter, version, ABI or platform differ, whose disk is too small, whose environment
-is a mount point, or where a job runs from the environment (unless forced); a node that
-sees the head's directory (a shared filesystem) is left alone, one that has it all
+(1) remote/envpush.py's `look`, on every node in parallel and run with the base interpreter
+the environment points to, says what the node has: its interpreter, platform, free disk, the
+manifest of the environment's files there, whether a job runs from it, whether it sees the
+head's own directory. (2) The checks here refuse a node whose base interpreter, version, ABI
+or platform differ, whose disk is too small, whose environment is a mount point, or where a
+job runs from the environment (unless forced; the node looks again just before its swap); a
+node that sees the head's directory (a shared filesystem) is left alone, one that has it all
 already is done. (3) envpush/relay.py sends the rest once, passed from node to node: each
-keeps only what differs on it, builds the new environment beside the old one and swaps
-it in with one rename.
+keeps only what differs on it, builds the new environment beside the old one and swaps it in
+with one rename.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from orchestrator.specs.units import format_bytes
 
 # The node side, with what it imports loaded before it (a part after those it imports).
 PUSH_PARTS = ("environment", "owned", "procs", "digest", "envpush_manifest", "envpush_staging",
-              "envpush_relay")  # fmt: skip
+              "envpush_relay", "env_lock")  # fmt: skip
 PUSH_SOURCE = boot_code(boot_blob(PUSH_PARTS, "envpush"))
 DISK_MARGIN_BYTES = 256 << 20  # left free on a node after the push
 # A node's look hashes every file no earlier push recorded: 6 GB on a slow disk.
@@ -287,6 +287,8 @@ def _received(result: NodeResult[Received], change: Delta) -> NodeResult[NodePus
     if result.value is None:
         return result  # type: ignore[return-value]
     node, answer = result.node, result.value.answer
+    if answer.get("refused"):  # by the node, just before its swap: a job started meanwhile
+        return failed(node, f"{node}: {answer.get('error')}", answer.get("fix"), "refused")
     if not result.value.ok:
         kept = f"{node}: the push failed, the previous environment is kept: {answer.get('error')}"
         return failed(node, kept, answer.get("fix") or "check the node and push again")
@@ -406,9 +408,8 @@ def push_environment(
     planned = {r.node: _plan(r, push) for r in looked}
     done: dict[str, NodeResult[NodePush]] = {}
     for node, result in planned.items():
-        if result.value is None or result.value.change is None or dry_run or _needs_nothing(
-            result.value.change
-        ):
+        change = result.value.change if result.value is not None else None
+        if change is None or dry_run or _needs_nothing(change):
             done[node] = _settled(result, head_env, dry_run)
             if on_node is not None:
                 on_node(done[node])
@@ -420,7 +421,7 @@ def push_environment(
             on_send(sum(head_files[rel][1] for rel in stream_files(needs, sending)))
         relayed, head_sent = relay(
             sending, needs, source.root, head_files, _command(source.runner, "receive"),
-            transport=transport, timeout=timeout, on_bytes=on_bytes,
+            transport=transport, timeout=timeout, on_bytes=on_bytes, force=force,
         )  # fmt: skip
         for node in sending:
             done[node] = _received(relayed[node], planned[node].value.change)  # type: ignore[union-attr, arg-type]

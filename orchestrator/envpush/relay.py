@@ -3,8 +3,10 @@
 The nodes that need anything form a chain in hostfile order. Each runs remote/envpush.py's
 receive step; every node but the first opens a TCP port and says which. The head then
 tells each node where its stream comes from (the head's channel for the first, the port
-for the others, where the previous node must present the push's token) and where to pass
-it on, and sends the stream once: the head's manifest, then every file some node of the
+for the others) and where to pass it on, with each link's two secrets (a Hop, on both
+nodes' stdin: the sender presents one, the receiver answers the other, so neither takes
+another's word for the node the head put at the link's other end), and sends the stream
+once: the head's manifest, then every file some node of the
 chain needs. Each node keeps its own files (checked against the manifest, whose sha256
 came on the head's own channel) and passes every byte on as it arrives. So the head's
 bytes do not grow with the number of nodes, and a chain moves at its slowest link.
@@ -20,7 +22,6 @@ import hashlib
 import io
 import json
 import os
-import secrets
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 from orchestrator.nodes.transport import NodeTransport, StartedCommand
 from orchestrator.pernode import NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote.envpush_manifest import STREAM_MANIFEST, pack
+from orchestrator.remote.envpush_relay import Hop
 
 Bytes = Callable[[str, int], None]  # (node, bytes just sent)
 ROUNDS = 2  # the chain, then once more from the head for nodes it did not reach whole
@@ -151,12 +153,18 @@ def _ended(process: StartedCommand, timeout: float) -> str:
 
 
 def _route(chain: Sequence[_Ready]) -> list[bytes]:
-    """Each node's second line: where its stream comes from, where it goes on to."""
+    """Each node's second line: where its stream comes from (with its link's secrets), where
+    it goes on to (with the next link's). Each link has secrets of its own: what a node
+    heard on one link (or whoever took its port once it ended) passes on no other."""
+    hops = [Hop.new().to_dict() for _ in chain[1:]]
     lines = []
     for index in range(len(chain)):
         after = chain[index + 1] if index + 1 < len(chain) else None
-        forward = {"host": after.node, "port": after.port} if after is not None else None
-        lines.append(_line({"source": "stdin" if index == 0 else "tcp", "forward": forward}))
+        forward = None
+        if after is not None:
+            forward = {"host": after.node, "port": after.port, "hop": hops[index]}
+        source = {"source": "stdin"} if index == 0 else {"source": "tcp", "hop": hops[index - 1]}
+        lines.append(_line({**source, "forward": forward}))
     return lines
 
 
@@ -186,12 +194,13 @@ def relay_round(
     transport: NodeTransport,
     timeout: float,
     on_bytes: Bytes | None,
+    force: bool = False,
 ) -> tuple[list[NodeResult[Received]], list[str], int]:
     """One chain over `nodes`: (each node's result, nodes to send again because their
-    upstream did not pass the whole stream on, bytes the head sent)."""
-    token = secrets.token_hex(16)
+    upstream did not pass the whole stream on, bytes the head sent). `force`: a node swaps
+    even with a job running from the environment."""
     manifest_bytes = stream.manifest_bytes()
-    request = {"root": stream.root, "token": token,
+    request = {"root": stream.root, "force": force,
                "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest()}  # fmt: skip
     head_sent = 0
 
@@ -235,7 +244,9 @@ def relay_round(
         whole = complete if index == 0 else _passed_on_whole(said[upstream], sender.sent)
         if changed is not None and not answer.get("ok"):
             answer = {**answer, "error": f"{changed}: push again"}
-        elif not answer.get("ok") and (answer.get("upstream_lost") or not whole):
+        elif not answer.get("ok") and not answer.get("refused") and (
+            answer.get("upstream_lost") or not whole
+        ):
             again.append(ready.node)
         results[ready.node] = succeeded(ready.node, Received(ready.node, upstream, answer))
     return [results[n] for n in nodes], again, head_sent
@@ -264,6 +275,7 @@ def relay(
     transport: NodeTransport,
     timeout: float,
     on_bytes: Bytes | None = None,
+    force: bool = False,
 ) -> tuple[dict[str, NodeResult[Received]], int]:
     """Every node of `nodes` sent what it `needs` (relative paths), in at most ROUNDS
     chains: ({node: result}, bytes the head sent in all)."""
@@ -275,7 +287,7 @@ def relay(
         rels = stream_files(needs, pending)
         found, again, sent = relay_round(
             pending, Stream(root, manifest, rels), command, transport=transport,
-            timeout=timeout, on_bytes=on_bytes,
+            timeout=timeout, on_bytes=on_bytes, force=force,
         )  # fmt: skip
         head_sent += sent
         results.update({r.node: r for r in found})

@@ -17,7 +17,7 @@ from orchestrator.remote.agent_spec import AgentSpec
 # sitecustomize it writes for the ranks.
 _AGENT_PARTS = (
     "logwire", "owned", "agent_spec", "procs", "main_port", "sweep", "rank_watch", "channel",
-    "rank_streams", "flight_recorder", "rank", "rank_site",
+    "rank_streams", "flight_recorder", "rank", "rank_site", "env_lock",
 )  # fmt: skip
 
 

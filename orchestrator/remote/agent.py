@@ -5,7 +5,9 @@ node inline (`python -c <zlib+base64 blob>`, plan/agent_command.py), so a node n
 orch install, just the job's interpreter.
 
 `run SPEC NODE RANK`: start the node's command (its launcher) in its own session with the
-job's id and this node's name in its environment (remote/procs.py finds them by those);
+job's id and this node's name in its environment (remote/procs.py finds them by those),
+holding the lock of the environment it runs from shared while it runs (remote/env_lock.py:
+`orch env push` does not swap that environment under the job);
 tee the launcher's raw stdout/stderr into its node directory (/tmp/orch-<uid>/runs/<job>/<node>/,
 the user's own, agent_spec.py) as {stdout,stderr}.raw,
 and each rank's, which arrive on connections of their own (remote/rank_streams.py), into
@@ -24,6 +26,7 @@ The parts:
   rank_streams.py    the ranks' own output, over a unix socket
   rank_watch.py      which rank failed first
   flight_recorder.py NCCL's flight recorder, in the names the node's torch reads
+  env_lock.py        the lock beside the environment that keeps a push's swap out
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from types import ModuleType
 try:  # shipped inline: the bootstrap loaded them beside this program as orch_<name>
     import orch_agent_spec as agent_spec
     import orch_channel as channel
+    import orch_env_lock as env_lock
     import orch_flight_recorder as flight_recorder
     import orch_logwire as logwire
     import orch_main_port as main_port
@@ -60,6 +64,7 @@ except ImportError:
     from orchestrator.remote import (
         agent_spec,
         channel,
+        env_lock,
         flight_recorder,
         logwire,
         main_port,
@@ -109,6 +114,7 @@ class Supervisor:
         self.rank_argv: list[str] = []
         self.port_watch: main_port.Watch | None = None  # node 0's, once its launcher runs
         self.error: str | None = None  # why the job was ended here, when not by its command
+        self.env_hold: int | None = None  # the environment's lock, held shared while the job runs
 
     def _load_private(self) -> str | None:
         """Take in what the head wrote for this job on the node (the job's env, the rank's
@@ -260,6 +266,7 @@ class Supervisor:
         if taken:  # another's listener there before the launcher even started
             return self._finish(1, error=taken)
         argv = self.spec.node_argv(self.rank)
+        self._hold_environment()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -303,6 +310,15 @@ class Supervisor:
             unfinished += self.rank_channels.close(5.0)
         return self._finish(code, error=self.error, unfinished=unfinished)
 
+    def _hold_environment(self) -> None:
+        """The environment this agent (the job's interpreter) runs from, held shared until
+        the job ends: a push waits for the start, and is refused while the job runs."""
+
+        def beat() -> None:
+            self.channel.heartbeat(waiting="the environment's lock")
+
+        self.env_hold = env_lock.hold_shared(env_lock.own_environment(), waiting=beat)
+
     def _watch(self, child: subprocess.Popen[bytes]) -> int:
         while True:
             code = child.poll()
@@ -328,6 +344,9 @@ class Supervisor:
     def _finish(self, code: int, error: str | None = None, unfinished: int = 0) -> int:
         # Nothing of the job may outlive its command on this node.
         stopped = self._sweep()
+        if self.env_hold is not None:  # the job is gone: a push may swap its environment
+            os.close(self.env_hold)
+            self.env_hold = None
         for at, rank_seen, rank_seen_code in self.ranks.unreported():
             self.channel.control(logwire.ControlKind.RANK_END, node=self.node, rank=rank_seen,
                                  end=round(at, 6), code=rank_seen_code, seen="scan")  # fmt: skip

@@ -1,6 +1,6 @@
 """`orch env push` on a node: STANDARD LIBRARY ONLY, shipped inline (`python -c`), with
-environment.py, owned.py, procs.py, digest.py and its own parts loaded beside it (as
-orch_<name>): envpush_manifest.py (what a node has, what it lacks), envpush_staging.py (the
+environment.py, owned.py, procs.py, digest.py, env_lock.py and its own parts loaded beside
+it (as orch_<name>): envpush_manifest.py (what a node has, what it lacks), envpush_staging.py (the
 new environment built beside the old and swapped in, under the push's lock) and
 envpush_relay.py (the port the stream comes in on, and its passing on). Run with the base
 interpreter the head's environment was made from, so what it reports is what the
@@ -14,23 +14,29 @@ environment will run on.
   sha256 or link target, mode]). Hashes of files whose size, mtime and inode match the
   manifest of the last push are taken from it rather than read again; a root or record
   that is not the user's own is refused instead ("refused": {"problem", "fix"}).
-- receive: lines on stdin, lines on stdout. (1) {"root", "manifest_sha256", "token",
-  "listen"}: takes the push's lock for the root (one push at a time per user and root),
+- receive: lines on stdin, lines on stdout. (1) {"root", "manifest_sha256", "listen",
+  "force"}: takes the push's lock for the root (one push at a time per user and root),
   removes what an interrupted push left, opens a TCP port when asked, and says
-  {"ready", "port"}. (2) {"source": "stdin" | "tcp", "forward": {"host", "port"} | null}:
-  where the stream comes from (the head's stdin, or the previous node on the port, which
-  must present the push's token), and the next node to pass it on to, byte for byte, as it
-  arrives. The stream is a tar: first the head's whole manifest (checked against the
-  sha256 the head sent over its own channel), then every file some node of the push needs.
-  This node computes its own delta from that manifest, keeps only its files (each checked
-  against its sha256), builds the head's tree in a sibling directory (hard links for what
-  did not change) and swaps it in with one rename (renameat2 RENAME_EXCHANGE): a
-  process starting meanwhile sees the old environment or the new one, never half of each.
-  It passes the stream on even when its own build fails, so one bad node does not cut the
-  chain. Anything wrong (a hash, a stream that ends early, the head going away) removes the
-  sibling and leaves the root as it was; the head going away (stdin's end, a signal) only
-  stops the build, and the main thread removes it or, past the last check, swaps it in.
-  (3) The answer, one JSON line.
+  {"ready", "port"}. (2) {"source": "stdin" | "tcp", "hop", "forward": {"host", "port",
+  "hop"} | null}: where the stream comes from (the head's stdin, or the previous node on
+  the port, which must present its link's secret and is answered with the other: `hop`),
+  and the next node to pass it on to, byte for byte, as it arrives (once that node has
+  answered its link's secret: forward's `hop`). The stream is a tar: first the head's
+  whole manifest (checked against the sha256 the head sent over its own channel), then
+  every file some node of the push needs. This node computes its own delta from that
+  manifest, keeps only its files (each checked against the manifest: a file's sha256, a
+  link's target), builds the new environment in a sibling directory (hard links for what
+  did not change) and swaps it in with one rename (renameat2 RENAME_EXCHANGE): a process
+  starting meanwhile sees the old environment or the new one, never half of each. Just
+  before the swap it takes the environment's lock (remote/env_lock.py) exclusively and
+  looks again for processes running from the root: a job started since the look (whose
+  agent holds that lock shared while it starts and runs) refuses the swap, unless forced
+  ({"ok": false, "refused": true, "error", "fix", "running"}). It passes the stream on
+  even when its own build fails, so one bad node does not cut the chain. Anything wrong
+  (a hash, a stream that ends early, the head going away) removes the sibling and leaves
+  the root as it was; the head going away (stdin's end, a signal) only stops the build,
+  and the main thread removes it or, past the last check, swaps it in. (3) The answer,
+  one JSON line.
 """
 
 from __future__ import annotations
@@ -39,12 +45,15 @@ import contextlib
 import io
 import json
 import os
+import socket
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 try:  # on a node, loaded beside this program
+    import orch_env_lock as env_lock
     import orch_environment as environment
     import orch_envpush_manifest as envpush_manifest
     import orch_envpush_relay as envpush_relay
@@ -52,6 +61,7 @@ try:  # on a node, loaded beside this program
     import orch_procs as procs
 except ImportError:
     from orchestrator.remote import (
+        env_lock,
         environment,
         envpush_manifest,
         envpush_relay,
@@ -114,6 +124,58 @@ def look(request: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----- receive: the stream, from the head or the previous node, on to the next -------------
+class SwapGuard:
+    """Around the swap, under the push's lock: the environment's lock held exclusively and
+    no process running from the root, or the swap refused (`refused` says why and the fix;
+    forced, only a lock file that is not the user's refuses it)."""
+
+    def __init__(self, root: str, force: bool) -> None:
+        self.root, self.force = root, force
+        self.refused: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        lock = self._take()
+        try:
+            yield
+        finally:
+            if lock is not None:
+                os.close(lock)
+
+    def _take(self) -> int | None:
+        path = env_lock.lock_path(self.root)
+        try:
+            lock = env_lock.take_exclusive(self.root)
+        except env_lock.NotALock as err:
+            self._refuse(str(err), f"remove {path} (it is not orch's) and push again")
+        running = [] if self.force else _running_from(self.root)
+        if (lock is None or running) and not self.force:
+            if lock is not None:
+                os.close(lock)
+            self._refuse(*_started_since(self.root, path, running), running)
+        return lock
+
+    def _refuse(self, problem: str, fix: str, running: list[list[Any]] | None = None) -> NoReturn:
+        self.refused = {"refused": True, "error": problem, "fix": fix, "running": running or []}
+        raise ValueError(problem)
+
+
+def _started_since(root: str, lock: str, running: list[list[Any]]) -> tuple[str, str]:
+    """(problem, fix) for jobs started from the root since the push looked: its processes
+    running from it, or only its hold on the lock (an agent starting it)."""
+    jobs = sorted({str(job) for _, job in running if job})
+    pids = ", ".join(str(pid) for pid, _ in running[:5])
+    what = f"orch job {', '.join(jobs)} (pids {pids})" if jobs else f"processes (pids {pids})"
+    if not running:
+        what = f"an orch job (holding {lock})"
+    kill = f"`orch kill {jobs[0]}`" if jobs else "stop it"
+    return (
+        f"{what} started from {root} since the push looked: the swap would change the "
+        "environment under it, the previous environment is kept",
+        f"wait for the job to end (or {kill}) and push again, or push with --force",
+    )
+
+
 def _say(doc: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # the head may be gone
         sys.stdout.write(json.dumps(doc) + "\n")
@@ -160,24 +222,22 @@ def relay_main(stdin: io.BufferedReader) -> int:
             watch = (stdin, gone, finished, staging)
             threading.Thread(target=_watch_stdin, args=watch, daemon=True).start()
             deadline = time.monotonic() + envpush_relay.STALL_S
-            upstream = envpush_relay.accept_upstream(server, request["token"], deadline, gone)
+            hop = envpush_relay.Hop.from_dict(route["hop"])
+            upstream = envpush_relay.accept_upstream(server, hop, deadline, gone)
             read = staging.guard(upstream.recv)
         else:
             read = staging.guard(stdin.read1)
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, ValueError, KeyError) as err:
         os.close(lock)
         _say({"ok": False, "upstream_lost": True, "error": str(err)})
         return 1
     if server is not None:
         server.close()
-    downstream, forward_error = None, None
-    if route.get("forward"):
-        try:
-            downstream = envpush_relay.connect_downstream(route["forward"], request["token"])
-        except OSError as err:
-            forward_error = f"cannot reach {route['forward']['host']}: {err}"
+    downstream, forward_error = _connect_forward(route.get("forward"))
     stream = envpush_relay.Relay(read, downstream)
-    answer = envpush_staging.receive(root, request["manifest_sha256"], stream, staging)
+    guard = SwapGuard(root, bool(request.get("force")))
+    answer = envpush_staging.receive(root, request["manifest_sha256"], stream, staging, guard)
+    answer.update(guard.refused or {})
     cut = stream.read_error  # a stream that only ended early is told by the head
     with contextlib.suppress(envpush_staging.Abandoned), staging.interruptible():
         stream.drain()
@@ -195,6 +255,17 @@ def relay_main(stdin: io.BufferedReader) -> int:
     if staging.stopped.is_set():
         return staging.code
     return 0 if answer["ok"] else 1
+
+
+def _connect_forward(forward: dict[str, Any] | None) -> tuple[socket.socket | None, str | None]:
+    """(the next node's connection, or why there is none)."""
+    if not forward:
+        return None, None
+    try:
+        hop = envpush_relay.Hop.from_dict(forward["hop"])
+        return envpush_relay.connect_downstream(forward["host"], forward["port"], hop), None
+    except (OSError, ValueError, KeyError) as err:
+        return None, f"cannot reach {forward.get('host')}: {err}"
 
 
 def main(argv: list[str]) -> int:

@@ -27,6 +27,7 @@ import subprocess
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
@@ -326,7 +327,10 @@ def build(staging: Staging, want_sha256: str, stream: IO[bytes]) -> Built:
                 continue  # another node's: passed on, not kept
             target = os.path.join(staging.path, rel)
             if member.issym() and want[0] == "l":
-                os.symlink(member.linkname, target)
+                if member.linkname != want[2]:  # the manifest is the head's; the stream not
+                    raise ValueError(f"{rel}: a link to {member.linkname!r} in the stream, to "
+                                     f"{want[2]!r} in the head's manifest")  # fmt: skip
+                os.symlink(want[2], target)
             elif member.isfile() and want[0] == "f":
                 stats[rel] = _receive_file(tar, member, target, want)
             else:
@@ -366,11 +370,16 @@ def _fingerprint(root: str) -> str | None:
 
 
 def receive(
-    root: str, want_sha256: str, stream: IO[bytes], staging: Staging | None = None
+    root: str,
+    want_sha256: str,
+    stream: IO[bytes],
+    staging: Staging | None = None,
+    swap_guard: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> dict[str, Any]:
-    """Build the root's new environment from the stream and swap it in: {"ok", "received",
-    "received_bytes", "fingerprint"} or {"ok": False, "error"[, "fix"]}; the root is
-    untouched then. Refused when the root, or the record in it, is not the user's own."""
+    """Build the root's new environment from the stream and swap it in, inside `swap_guard`
+    (which may refuse the swap with a ValueError): {"ok", "received", "received_bytes",
+    "fingerprint"} or {"ok": False, "error"[, "fix"]}; the root is untouched then. Refused
+    when the root, or the record in it, is not the user's own."""
     staging = staging or Staging(root)
     try:
         refused = envpush_manifest.root_problem(root)
@@ -380,7 +389,8 @@ def receive(
             with staging.interruptible():
                 built = build(staging, want_sha256, stream)
             envpush_manifest.record(staging.path, built.head, built.stats)
-            old = staging.swap()
+            with swap_guard():
+                old = staging.swap()
     except (OSError, ValueError, tarfile.TarError, EOFError, Abandoned) as err:
         staging.remove()
         return {"ok": False, "error": str(err) or type(err).__name__}

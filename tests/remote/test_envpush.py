@@ -47,7 +47,7 @@ def test_the_shipped_program_receives_the_stream_and_swaps_without_orch(tmp_path
     head = environment(tmp_path / "head", {"a.py": "a\n", "pkg/b.py": "b\n"})
     root = environment(tmp_path / "node" / "env", {"a.py": "a\n", "old.py": "old\n"})
     stream, sha = head_stream(head, ["pkg/b.py"])
-    request = {"root": str(root), "manifest_sha256": sha, "token": "0" * 32, "listen": False}
+    request = {"root": str(root), "manifest_sha256": sha, "listen": False, "force": False}
     route = {"source": "stdin", "forward": None}
     lines = f"{json.dumps(request)}\n{json.dumps(route)}\n".encode()
     done = _shipped("receive", stdin=lines + stream.getvalue())
