@@ -29,8 +29,11 @@ def _normalized(name: str) -> str:
 def distributions() -> dict[str, str]:
     from importlib import metadata
 
+    # `python -c` puts the current directory first on sys.path: a project's *.egg-info
+    # there is the directory's, not the environment's, and differs between head and nodes.
+    path = sys.path[1:] if sys.path and sys.path[0] == "" else sys.path
     found = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=path):
         try:
             meta = dist.metadata
             name, version = meta["Name"], meta["Version"]
