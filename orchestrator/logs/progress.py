@@ -29,8 +29,8 @@ from typing import TextIO
 
 from orchestrator.errors import OrchError
 from orchestrator.records.job import PROGRESS_FILE
-from orchestrator.records.moments import PRIVATE, Moment, MomentKind, json_docs, json_lines
-from orchestrator.records.rundir import RunDir
+from orchestrator.records.moments import Moment, MomentKind, json_docs, json_lines
+from orchestrator.records.rundir import PRIVATE, RunDir
 from orchestrator.remote.logwire import global_rank
 
 SAMPLE_INTERVAL_S = 1.0
@@ -175,7 +175,7 @@ class ProgressRecorder:
                 index = seen[doc.get("rank")] = seen.get(doc.get("rank"), -1) + 1
                 if index % 2 == 0:
                     kept.append(json.dumps(doc, separators=(",", ":")) + "\n")
-        self.run.replace_file(PROGRESS_FILE, "".join(kept), PRIVATE)
+        self.run.replace_file(PROGRESS_FILE, "".join(kept))
         self.samples = len(kept)
 
     def _stop(self, err: OSError | OrchError) -> None:

@@ -20,9 +20,7 @@ from typing import Any
 
 from orchestrator.errors import OrchError
 from orchestrator.records.job import MOMENTS_FILE, PREFLIGHT_FILE
-from orchestrator.records.rundir import RunDir
-
-PRIVATE = 0o600  # the mode of the files kept here, whatever the umask
+from orchestrator.records.rundir import PRIVATE, RunDir
 
 
 class MomentKind(str, Enum):

@@ -41,6 +41,7 @@ from orchestrator.records.job import (
 from orchestrator.records.ownership import DIRECTORY_FLAGS, open_own, refuse
 
 APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+PRIVATE = 0o600  # the record's files: the user's alone, whatever the umask
 _TEXT_FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": APPEND}
 _LAUNCH_ONE = "launch one, or pass --runs-dir"
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -235,12 +236,12 @@ class RunDir:
     def touch(self, relative: str) -> None:
         os.close(self.open(relative, os.O_WRONLY | os.O_CREAT))
 
-    def write_file(self, name: str, content: str) -> Path:
-        with self.open_text(name, "w") as file:
+    def write_file(self, name: str, content: str, mode: int = PRIVATE) -> Path:
+        with self.open_text(name, "w", mode) as file:
             file.write(content)
         return self.path / name
 
-    def replace_file(self, name: str, content: str, mode: int = 0o666) -> None:
+    def replace_file(self, name: str, content: str, mode: int = PRIVATE) -> None:
         """`name` replaced whole: written under a temporary name made new (`.<name>.tmp`),
         then renamed over it, so a reader never sees half of it."""
         tmp = f".{name}.tmp"

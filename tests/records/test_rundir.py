@@ -236,3 +236,23 @@ def test_a_job_is_found_by_its_directorys_name_reading_no_record(tmp_path, monke
     with find_job(runs, None) as newest:
         assert newest.path.name == "20261121-235900-cccccc"
     assert parsed == []
+
+
+def test_a_batch_jobs_record_is_the_users_alone_whatever_the_umask(tmp_path, orch_here,
+                                                                    monkeypatch):
+    monkeypatch.setattr("orchestrator.run.batch.submit_batch", lambda _script, cwd: "4242")
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smoke-slurm.yaml"
+    runs = tmp_path / "runs"
+    old = os.umask(0o002)  # a cluster's usual umask for shared project groups
+    try:
+        submitted = orch_here(["submit", str(recipe), "--sbatch"], runs)
+    finally:
+        os.umask(old)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    for name in (JOB_FILE, "sbatch.sh"):
+        assert (runs / job_id / name).stat().st_mode & 0o777 == 0o600
+    listed = orch_here(["status", "--json"], runs)
+    assert [job["id"] for job in json.loads(listed.stdout)["jobs"]] == [job_id]
+    shown = orch_here(["status", job_id], runs)
+    assert shown.returncode == 0, shown.stderr
