@@ -39,7 +39,8 @@ from _chromium import QUIET
 from _report_job import failed_job
 
 from orchestrator.logs.progress import SAMPLE_CAP
-from orchestrator.records.job import PROGRESS_FILE, RunDir
+from orchestrator.records.job import PROGRESS_FILE
+from orchestrator.records.rundir import RunDir
 from orchestrator.report import write_report
 from orchestrator.specs.units import format_bytes
 

@@ -51,9 +51,16 @@ def replay(data_file: str, workdir: str) -> tuple[float, bool]:
     progress = None
     try:  # a tree that keeps progress samples: as JobRunner builds its tracker
         from orchestrator.logs.progress import ProgressRecorder
-        from orchestrator.records.job import PROGRESS_FILE
 
-        progress = ProgressRecorder(Path(workdir) / PROGRESS_FILE, now=time.time())
+        try:  # a tree whose recorder writes in the job's directory, held open
+            from orchestrator.records.rundir import RunDir
+
+            where: object = RunDir(Path(workdir))
+        except ImportError:  # an older one takes the file's path
+            from orchestrator.records.job import PROGRESS_FILE
+
+            where = Path(workdir) / PROGRESS_FILE
+        progress = ProgressRecorder(where, now=time.time())
         tracker = Tracker(hosts, None, progress)
     except ImportError:
         tracker = Tracker(hosts, None)

@@ -10,8 +10,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.outcome.states import FailureKind, JobState
-from orchestrator.records.job import FirstFailure, JobRecord, RankRecord, RunDir
+from orchestrator.records.job import FirstFailure, JobRecord, RankRecord
 from orchestrator.records.moments import Moment, MomentKind, append_moments, save_preflight
+from orchestrator.records.rundir import RunDir
 from orchestrator.stacks.model import Frame, NodeReport, RankStacks, ThreadStack
 from orchestrator.stacks.report import analyse, result_json
 
@@ -123,7 +124,7 @@ def _kept_as_it_ran(run: RunDir, ranks: tuple[RankRecord, ...], hosts: tuple[str
         Moment(T0 + 14.6, MomentKind.TEARDOWN_END),
         Moment(T0 + 15.9, MomentKind.END),
     ]
-    append_moments(run.path, moments)
+    append_moments(run, moments)
     samples = []
     for rank in ranks:
         step = 0.3 if rank.rank == STRAGGLER else 0.1
@@ -142,7 +143,7 @@ def _kept_as_it_ran(run: RunDir, ranks: tuple[RankRecord, ...], hosts: tuple[str
                 )
             )
     (run.path / "progress.jsonl").write_text("\n".join(samples) + "\n")
-    save_preflight(run.path, T0 - 3.0, T0 - 0.5, _preflight_doc(hosts))
+    save_preflight(run, T0 - 3.0, T0 - 0.5, _preflight_doc(hosts))
 
 
 def _node_of(ranks: tuple[RankRecord, ...], number: int) -> str:

@@ -36,12 +36,10 @@ from orchestrator.records.job import (
     EnvironmentRecord,
     FirstFailure,
     JobRecord,
-    RunDir,
-    find_job,
-    list_jobs,
     runs_root,
 )
 from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.records.rundir import RunDir, find_job, list_jobs
 from orchestrator.report import write_report
 from orchestrator.run.batch import submit_batch_job
 from orchestrator.run.job import run_job

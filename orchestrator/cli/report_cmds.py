@@ -9,8 +9,9 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
-from orchestrator.records.job import find_job, runs_root
+from orchestrator.records.job import runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.records.rundir import find_job
 from orchestrator.report import write_report
 
 

@@ -12,14 +12,9 @@ import typer
 from orchestrator.cli.app import app
 from orchestrator.errors import OrchError
 from orchestrator.nodes.transport import reaching
-from orchestrator.records.job import (
-    FINAL_STATES,
-    JobRecord,
-    find_job,
-    now_iso,
-    runs_root,
-)
+from orchestrator.records.job import FINAL_STATES, JobRecord, now_iso, runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.records.rundir import RunDir, find_job
 from orchestrator.run.stacks import DEFAULT_RATE, gather_stacks, save_stacks
 from orchestrator.run.status import shown_state
 from orchestrator.specs.inventory import nodes_text
@@ -169,7 +164,7 @@ def stacks(
     )  # fmt: skip
     result = analyse(record.id, now_iso(), float(profile) if profile else None, reports)
     document = result_json(result)
-    saved = _save(run.path, document)
+    saved = _save(run, document)
     if as_json:
         typer.echo(json.dumps({**document, "saved_as": saved}, indent=2))
     else:
@@ -182,9 +177,9 @@ def stacks(
         raise typer.Exit(1)
 
 
-def _save(run_path: Path, document: dict) -> str | None:
+def _save(run: RunDir, document: dict) -> str | None:
     try:
-        return str(save_stacks(run_path, document))
+        return str(save_stacks(run, document))
     except OSError as err:
-        typer.echo(f"warning: could not keep the stacks in {run_path} ({err})", err=True)
+        typer.echo(f"warning: could not keep the stacks in {run.path} ({err})", err=True)
         return None

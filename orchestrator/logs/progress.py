@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from orchestrator.errors import OrchError
 from orchestrator.records.job import PROGRESS_FILE
-from orchestrator.records.moments import Moment, MomentKind, json_lines, open_private
+from orchestrator.records.moments import Moment, MomentKind, json_docs, json_lines
+from orchestrator.records.rundir import PRIVATE, RunDir
 from orchestrator.remote.logwire import global_rank
 
 SAMPLE_INTERVAL_S = 1.0
@@ -111,11 +113,12 @@ class _Source:
 
 class ProgressRecorder:
     """Fed every line and frame of the job (a LogView's arguments) with the time of their
-    batch in `now`; writes samples to `path` as they are taken."""
+    batch in `now`; writes samples to the job's progress.jsonl as they are taken (opened in
+    its directory `run`, never through a link)."""
 
-    def __init__(self, path: Path, *, interval: float = SAMPLE_INTERVAL_S,
+    def __init__(self, run: RunDir, *, interval: float = SAMPLE_INTERVAL_S,
                  cap: int = SAMPLE_CAP, now: float = 0.0) -> None:  # fmt: skip
-        self.path = Path(path)
+        self.run = run
         self.now = now  # set by the caller once per batch of output: no clock call per line
         self._interval = interval
         self._cap = max(cap, 2)
@@ -160,7 +163,7 @@ class ProgressRecorder:
         """Every other sample of each rank dropped, and half as many taken from now on."""
         try:
             self._rewrite_every_other()
-        except OSError as err:
+        except (OSError, OrchError) as err:
             self._stop(err)
         self._interval *= 2
 
@@ -170,17 +173,15 @@ class ProgressRecorder:
             self._file = None
         seen: dict[object, int] = {}
         kept = []
-        for doc in json_lines(self.path):
-            index = seen[doc.get("rank")] = seen.get(doc.get("rank"), -1) + 1
-            if index % 2 == 0:
-                kept.append(json.dumps(doc, separators=(",", ":")) + "\n")
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open_private(tmp, append=False) as file:
-            file.writelines(kept)
-        tmp.replace(self.path)
+        with self.run.open_text(PROGRESS_FILE) as file:
+            for doc in json_docs(file):
+                index = seen[doc.get("rank")] = seen.get(doc.get("rank"), -1) + 1
+                if index % 2 == 0:
+                    kept.append(json.dumps(doc, separators=(",", ":")) + "\n")
+        self.run.replace_file(PROGRESS_FILE, "".join(kept))
         self.samples = len(kept)
 
-    def _stop(self, err: OSError) -> None:
+    def _stop(self, err: OSError | OrchError) -> None:
         """Samples are for the job's page: one that cannot be written stops the sampling,
         never the job (this runs on its log path)."""
         self.problem = f"progress samples stopped: {err}"
@@ -196,12 +197,12 @@ class ProgressRecorder:
         rate_text = "null" if rate is None else f"{rate:.4g}"
         try:
             if self._file is None:
-                self._file = open_private(self.path, append=True)
+                self._file = self.run.open_text(PROGRESS_FILE, "a", PRIVATE)
             self._file.write(
                 f'{{"t":{t:.3f},"node":{source.node_json},"rank":{source.rank},"n":{n},'
                 f'"total":{"null" if total is None else total},"rate":{rate_text}}}\n'
             )
-        except OSError as err:
+        except (OSError, OrchError) as err:
             self._stop(err)
             return
         self.samples += 1

@@ -46,7 +46,9 @@ class LogRouter:
 
     `feed` returns the control records (node, record) in arrival order, for the
     launcher to act on (started, heartbeat, exit); lines and frames also go to
-    `view` when one is given.
+    `view` when one is given. `open_log`, when given, opens a node's log file by its name
+    for appending (in the job's run directory, held open: records/rundir.py); without it,
+    files are opened by path in `logs_dir`, made when missing.
     """
 
     def __init__(
@@ -54,16 +56,19 @@ class LogRouter:
         logs_dir: str | Path,
         *,
         view: LogView | None = None,
-        writer_factory: Callable[[Path], NodeLogWriter] = NodeLogWriter,
+        writer_factory: Callable[[Path], NodeLogWriter] | None = None,
         nodes: Iterable[str] | None = None,
+        open_log: Callable[[str], int] | None = None,
     ) -> None:
         self.logs_dir = Path(logs_dir)
         # The job's nodes, when known: the head launcher's own `WARNING: ...` lines
         # look like pdsh's `node: ...` and must not become a node of their own.
         self._known = None if nodes is None else {n.encode() for n in nodes}
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        if open_log is None:
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._view = view
-        self._factory = writer_factory
+        self._open_log = open_log
+        self._factory = writer_factory or self._open_writer
         self._writers: dict[bytes, NodeLogWriter] = {}
         self._names: dict[bytes, str] = {}
         self._pdsh_sources: set[bytes] = set()  # pdsh's own voices (`pdsh@head`)
@@ -91,6 +96,10 @@ class LogRouter:
             self._writers[node] = writer
             self._names[node] = name
         return writer
+
+    def _open_writer(self, path: Path) -> NodeLogWriter:
+        opened = self._open_log
+        return NodeLogWriter(path, fd=None if opened is None else opened(path.name))
 
     def _new_writer(self, node: bytes, name: str) -> NodeLogWriter:
         writer = self._factory(self.logs_dir / log_file_name(name))

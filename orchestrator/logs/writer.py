@@ -25,6 +25,7 @@ Pure apart from writing the files: no subprocess, no network.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from orchestrator.remote.logwire import (
     ControlKind,
 )
 
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 _STREAM_TAG = {ord("o"): b"out", ord("e"): b"err"}
 _ANSI = re.compile(
     rb"\x1b(?:\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erase
@@ -121,10 +123,16 @@ class NodeLogWriter:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         flush_interval: float = 0.5,
         clock: Callable[[], float] = time.time,
+        fd: int | None = None,
     ) -> None:
+        """`fd`: the file, opened for appending by whoever holds its directory (a job's
+        run directory: records/rundir.py); None: `path` is opened here, its folder made
+        when missing. Either way never through a link."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab", buffering=256 * 1024)  # noqa: SIM115 (closed in close())
+        if fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, _APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        self._file = os.fdopen(fd, "ab", buffering=256 * 1024)
         self._stamps = Timestamps(clock)
         self._streams: dict[tuple[bytes, int], _StreamState] = {}
         self._sample = frame_sample_interval

@@ -5,7 +5,6 @@ one's under attempts/<number>/; and one attempt's directory and record found aga
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from orchestrator.records.job import (
     TEARDOWN_UNANSWERED_FILE,
     AttemptRecord,
     JobRecord,
-    RunDir,
 )
+from orchestrator.records.rundir import RunDir
 
 # What one attempt leaves in the job's directory, beside what the job keeps once.
 PER_ATTEMPT = (LOGS_DIR, NODES_DIR, STACKS_DIR, TEARDOWN_UNANSWERED_FILE, REPORT_FILE)
@@ -28,14 +27,13 @@ PER_ATTEMPT = (LOGS_DIR, NODES_DIR, STACKS_DIR, TEARDOWN_UNANSWERED_FILE, REPORT
 
 def keep_apart(run: RunDir, attempt: AttemptRecord) -> AttemptRecord:
     """Move an attempt's logs, raw node logs and stacks to attempts/<number>/, before the
-    next attempt writes its own in their place; the record says where they went."""
+    next attempt writes its own in their place; the record says where they went. Moved
+    within the job's directory, by names relative to it."""
     where = Path(ATTEMPTS_DIR) / str(attempt.number)
-    target = run.path / where
-    target.mkdir(parents=True, exist_ok=True)
+    run.mkdir(where.as_posix())
     for name in PER_ATTEMPT:
-        source = run.path / name
-        if source.exists():
-            shutil.move(str(source), str(target / name))
+        if run.exists(name):
+            run.rename(name, (where / name).as_posix())
     stacks = str(where / attempt.stacks) if attempt.stacks else None
     return replace(attempt, logs=str(where / LOGS_DIR), stacks=stacks)
 

@@ -4,12 +4,12 @@
 the first failure (node, rank, last lines), start and end times, and the head
 process (pid and start time), so a job whose head died is shown as such rather
 than as running. The directory also holds the hostfile and configs the job used,
-the environment with secrets redacted (env.json), and logs/<node>.log.
+the environment with secrets redacted (env.json), and logs/<node>.log: the names
+are given here, and records/rundir.py opens them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.errors import OrchError, UsageError
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
@@ -262,9 +261,12 @@ def new_job_id() -> str:
 
 
 def runs_root(option: str | os.PathLike | None = None) -> Path:
-    """--runs-dir, else $ORCH_RUNS_DIR, else ./runs."""
-    chosen = option or os.environ.get(RUNS_DIR_VAR) or "runs"
-    return Path(chosen).expanduser().resolve()
+    """--runs-dir, else $ORCH_RUNS_DIR, else ./runs: absolute, the directories above it
+    resolved but not itself (a link there is refused, never followed: records/rundir.py)."""
+    chosen = Path(option or os.environ.get(RUNS_DIR_VAR) or "runs").expanduser()
+    if chosen.name in ("", ".", ".."):
+        return chosen.resolve()
+    return chosen.absolute().parent.resolve() / chosen.name
 
 
 def process_start_time(pid: int) -> str | None:
@@ -296,121 +298,6 @@ def batch_state(record: JobRecord, slurm_state: str | None) -> str:
     if record.state == JobState.QUEUED:  # ended before orch started in it
         return f"slurm-{(slurm_state or 'gone').lower()}"
     return JobState.HEAD_DIED
-
-
-@dataclass(frozen=True)
-class RunDir:
-    """runs/<job-id>/: one job's record; its files and folders by the names above."""
-
-    path: Path
-
-    @property
-    def job_file(self) -> Path:
-        return self.path / JOB_FILE
-
-    @property
-    def logs(self) -> Path:
-        return self.path / LOGS_DIR
-
-    @property
-    def node_logs(self) -> Path:
-        """Raw node-local logs pulled back when the job ends."""
-        return self.path / NODES_DIR
-
-    @property
-    def stacks(self) -> Path:
-        return self.path / STACKS_DIR
-
-    @property
-    def progress_file(self) -> Path:
-        return self.path / PROGRESS_FILE
-
-    @property
-    def preflight_file(self) -> Path:
-        return self.path / PREFLIGHT_FILE
-
-    @property
-    def teardown_unanswered(self) -> Path:
-        return self.path / TEARDOWN_UNANSWERED_FILE
-
-    @property
-    def kill_marker(self) -> Path:
-        return self.path / KILL_MARKER
-
-    @property
-    def sbatch_output(self) -> Path:
-        return self.path / SBATCH_OUTPUT_FILE
-
-    def attempt(self, number: int) -> RunDir:
-        """attempts/<number>/: where an earlier attempt's own files were moved."""
-        return RunDir(self.path / ATTEMPTS_DIR / str(number))
-
-    def create(self) -> RunDir:
-        """The job's directory, the user's alone: it holds the command, the environment's
-        names, every rank's output and the raw node logs (0700, whatever the umask)."""
-        # A runs directory made here is the user's alone too: one others could write would
-        # be refused by status, logs, stacks and kill (records/ownership.py).
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.path.mkdir(mode=0o700, exist_ok=True)
-        self.path.chmod(0o700)
-        self.logs.mkdir(exist_ok=True)
-        return self
-
-    def write_file(self, name: str, content: str) -> Path:
-        target = self.path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
-        return target
-
-    def save(self, record: JobRecord) -> None:
-        tmp = self.path / f".{JOB_FILE}.tmp"
-        tmp.write_text(json.dumps(record.to_json(), indent=2) + "\n")
-        tmp.replace(self.job_file)
-
-    def load(self) -> JobRecord:
-        try:
-            return JobRecord.from_json(json.loads(self.job_file.read_text()))
-        except FileNotFoundError as err:
-            raise UsageError(
-                f"no job record at {self.job_file}", "see `orch status` for the jobs there are"
-            ) from err
-        except (ValueError, KeyError, TypeError) as err:
-            raise OrchError(f"{self.job_file}: unreadable job record ({err})") from err
-
-
-def run_dir(root: Path, job_id: str) -> RunDir:
-    if not job_id or "/" in job_id or job_id.startswith("."):
-        raise UsageError(f"not a job id: {job_id!r}", "see `orch status` for the jobs there are")
-    return RunDir(root / job_id)
-
-
-def list_jobs(root: Path) -> list[JobRecord]:
-    """Every readable record under root, oldest first."""
-    if not root.is_dir():
-        return []
-    records = []
-    for entry in sorted(root.iterdir()):
-        if (entry / JOB_FILE).is_file():
-            try:
-                records.append(RunDir(entry).load())
-            except OrchError:
-                continue
-    return records
-
-
-def find_job(root: Path, job: str | None) -> RunDir:
-    """A job by id, by unique prefix, or (None) the newest one."""
-    records = list_jobs(root)
-    if not records:
-        raise UsageError(f"no jobs recorded under {root}", "launch one, or pass --runs-dir")
-    if job is None:
-        return RunDir(root / records[-1].id)
-    exact = [r for r in records if r.id == job]
-    matches = exact or [r for r in records if r.id.startswith(job)]
-    if len(matches) != 1:
-        which = "no job" if not matches else f"{len(matches)} jobs"
-        raise UsageError(f"{which} under {root} match {job!r}", "see `orch status`")
-    return RunDir(root / matches[0].id)
 
 
 def finished(record: JobRecord, **changes: object) -> JobRecord:

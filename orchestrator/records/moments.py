@@ -12,14 +12,15 @@ run directory existed: its start, end and report are written once it does
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from orchestrator.errors import OrchError
 from orchestrator.records.job import MOMENTS_FILE, PREFLIGHT_FILE
+from orchestrator.records.rundir import PRIVATE, RunDir
 
 
 class MomentKind(str, Enum):
@@ -57,30 +58,23 @@ class Moment:
         return json.dumps(doc, separators=(",", ":"))
 
 
-def append_moments(run_path: Path, moments: list[Moment]) -> None:
-    """Append moments to the job's file, private like the rest of its directory. Best
-    effort: a moment is for the page; the job never fails for one."""
+def append_moments(run: RunDir, moments: list[Moment]) -> None:
+    """Append moments to the job's file, private like the rest of its directory (never
+    through a link). Best effort: a moment is for the page; the job never fails for one."""
     if not moments:
         return
     text = "".join(moment.to_json() + "\n" for moment in moments)
     try:
-        with open_private(run_path / MOMENTS_FILE, append=True) as file:
+        with run.open_text(MOMENTS_FILE, "a", PRIVATE) as file:
             file.write(text)
-    except OSError:
+    except (OSError, OrchError):
         pass
 
 
-def open_private(path: Path, *, append: bool) -> TextIO:
-    """A text file of the job's record, the user's alone whatever the umask; a link
-    planted in its place is not followed."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
-    return os.fdopen(os.open(path, flags, 0o600), "a" if append else "w", encoding="utf-8")
-
-
-def note_attempt(run_path: Path, t: float, number: int, why: str) -> None:
+def note_attempt(run: RunDir, t: float, number: int, why: str) -> None:
     """The hook for a restart loop: attempt `number` began at `t` because of `why`; the
     report marks it on every node's row."""
-    append_moments(run_path, [Moment(t, MomentKind.ATTEMPT, detail=f"attempt {number}: {why}")])
+    append_moments(run, [Moment(t, MomentKind.ATTEMPT, detail=f"attempt {number}: {why}")])
 
 
 def read_moments(run_path: Path) -> tuple[Moment, ...]:
@@ -107,24 +101,29 @@ def json_lines(path: Path) -> Iterator[Mapping[str, Any]]:
     """The JSON objects of a JSON-lines file; nothing when it cannot be read."""
     try:
         with path.open(encoding="utf-8", errors="replace") as file:
-            for line in file:
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict):
-                    yield doc
+            yield from json_docs(file)
     except OSError:
         return
 
 
-def save_preflight(run_path: Path, started: float, ended: float, report: Mapping) -> None:
+def json_docs(lines: Iterable[str]) -> Iterator[Mapping[str, Any]]:
+    """The JSON objects among lines; a line that is none is skipped."""
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            yield doc
+
+
+def save_preflight(run: RunDir, started: float, ended: float, report: Mapping) -> None:
     """The pre-flight's span on the timeline, and its report (doctor's --json document: the
     parity table among it), kept in the job's directory once it exists."""
-    append_moments(run_path, [Moment(started, MomentKind.PREFLIGHT_START),
-                              Moment(ended, MomentKind.PREFLIGHT_END)])  # fmt: skip
+    append_moments(run, [Moment(started, MomentKind.PREFLIGHT_START),
+                         Moment(ended, MomentKind.PREFLIGHT_END)])  # fmt: skip
     try:
-        with open_private(run_path / PREFLIGHT_FILE, append=False) as file:
+        with run.open_text(PREFLIGHT_FILE, "w", PRIVATE) as file:
             json.dump(report, file, indent=1)
-    except OSError:
+    except (OSError, OrchError):
         pass

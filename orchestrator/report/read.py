@@ -23,9 +23,9 @@ from orchestrator.records.job import (
     FirstFailure,
     JobRecord,
     RankRecord,
-    RunDir,
 )
 from orchestrator.records.moments import MomentKind, read_moments
+from orchestrator.records.rundir import RunDir
 from orchestrator.report.model import (
     TAIL_LINES,
     Cause,

@@ -13,14 +13,8 @@ from orchestrator.nodes.slurm import submit_batch
 from orchestrator.outcome.states import JobState
 from orchestrator.plan.request import JobRequest, check_sbatch_hosts
 from orchestrator.plan.sbatch_script import render_batch_script, request_batch, submit_argv
-from orchestrator.records.job import (
-    SBATCH_SCRIPT_FILE,
-    JobRecord,
-    new_job_id,
-    now_iso,
-    run_dir,
-    runs_root,
-)
+from orchestrator.records.job import SBATCH_SCRIPT_FILE, JobRecord, new_job_id, now_iso, runs_root
+from orchestrator.records.rundir import run_dir
 from orchestrator.specs.slurm import chosen_fanout
 
 

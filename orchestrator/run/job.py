@@ -34,8 +34,10 @@ from orchestrator.prepare.ports import plan_with_main_port
 from orchestrator.prepare.ready import PrepareReporter, ready_nodes
 from orchestrator.records.attempt_facts import attempt_failure, attempt_record
 from orchestrator.records.attempts import keep_apart, with_attempt
-from orchestrator.records.job import AttemptRecord, FirstFailure, JobRecord, RunDir, run_dir
+from orchestrator.records.job import AttemptRecord, FirstFailure, JobRecord
 from orchestrator.records.moments import note_attempt, save_preflight
+from orchestrator.records.ownership import check_runs_root
+from orchestrator.records.rundir import RunDir, run_dir
 from orchestrator.run.launch import JobRunner, LaunchResult
 from orchestrator.run.plan_files import prepare_run
 from orchestrator.run.recheck import unreachable_nodes
@@ -46,29 +48,33 @@ def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporte
     """Run a prepared job to its end: its attempts (`execute_plan` each, with the port node 0
     picks for it), as long as the restart policy says another is worth it. Everything it
     writes on the head (the record, the logs, the raw node logs, the stacks) is the user's
-    alone, whatever the login umask: the umask is 077 for the job's time."""
+    alone, whatever the login umask: the umask is 077 for the job's time. The runs
+    directory is checked before anything starts (a link, another user's, or one others can
+    write is refused); the job's directory, made once its nodes are ready, is held open
+    by every attempt."""
+    check_runs_root(job.root)
     before = os.umask(0o077)
     try:
-        return _attempts(job, view=view, reporter=reporter)
+        with run_dir(job.root, job.plan.job_id) as run:
+            return _attempts(job, run, view=view, reporter=reporter)
     finally:
         os.umask(before)
 
 
-def _run_attempt(job: PreparedJob, earlier: JobRecord | None, *, view: LogView | None,
-                 reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
+def _run_attempt(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
+                 view: LogView | None, reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
     options = pipeline_options(job.request)
 
     def with_port() -> LaunchPlan:
         return plan_with_main_port(job.build, job.request.spec.main_port, job.plan.job_id,
                                    dry_run=False, preflight=options.preflight)  # fmt: skip
 
-    return execute_plan(job.plan, job.root, options, view=view, reporter=reporter,
+    return execute_plan(job.plan, run, options, view=view, reporter=reporter,
                         with_port=with_port, earlier=earlier)  # fmt: skip
 
 
-def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporter) -> (
-    LaunchResult
-):
+def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
+              reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
     """plan -> execute -> verdict -> restart or stop. Whether to restart is the restart
     policy's (a pure function of the attempt's facts); this loop only carries it out."""
     request = job.request
@@ -76,9 +82,8 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
                       wanted=len(job.plan.hosts),
                       minimum=request.min_nodes or len(job.plan.hosts))  # fmt: skip
     job = _healthy_start(job, state.wanted, state.minimum)
-    result = _run_attempt(job, None, view=view, reporter=reporter)
+    result = _run_attempt(job, run, None, view=view, reporter=reporter)
     while True:
-        run = RunDir(result.run_dir)
         record = run.load()
         if result.state == JobState.SUCCEEDED or result.first_failure is None:
             return _ended(run, record, result, None)
@@ -88,7 +93,7 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
             return _ended(run, record, result, decision)
         reporter.attempt_ended(run.path)  # its page, kept with its logs
         attempt = keep_apart(run, attempt_record(record, decision, excluded))
-        note_attempt(run.path, time.time(), attempt.number + 1, decision.why)
+        note_attempt(run, time.time(), attempt.number + 1, decision.why)
         ended = replace(record, attempts=(*record.attempts, attempt))
         earlier = with_attempt(run, record, attempt, next_one=True)
         pause = pause_before(record.attempt - 1)
@@ -97,7 +102,7 @@ def _attempts(job: PreparedJob, *, view: LogView | None, reporter: PipelineRepor
         job = following
         try:
             time.sleep(pause)
-            result = _run_attempt(job, earlier, view=view, reporter=reporter)
+            result = _run_attempt(job, run, earlier, view=view, reporter=reporter)
         except (OrchError, KeyboardInterrupt) as err:
             # The next attempt never started: the job ended with the one before, and so does
             # its exit code, whatever kept the next one from starting.
@@ -177,7 +182,7 @@ class PipelineReporter(PrepareReporter, Protocol):
 
 def execute_plan(
     plan: LaunchPlan,
-    root: Path,
+    run: RunDir,
     options: PipelineOptions,
     *,
     view: LogView | None,
@@ -185,15 +190,15 @@ def execute_plan(
     with_port: Callable[[], LaunchPlan] | None = None,
     earlier: JobRecord | None = None,
 ) -> LaunchResult:
-    """Run the plan to its end; SIGINT and SIGTERM tear the job down on every node.
-    `with_port`, when given, returns the plan with the main port node 0 picked for it;
-    `earlier`, the job's record so far when this is a restart."""
+    """Run the plan to its end, its record in `run` (made here for the first attempt, then
+    held); SIGINT and SIGTERM tear the job down on every node. `with_port`, when given,
+    returns the plan with the main port node 0 picked for it; `earlier`, the job's record
+    so far when this is a restart."""
     ready = ready_nodes(plan, options, reporter, with_port)
     plan, preflight = ready.plan, ready.preflight
-    run = run_dir(root, plan.job_id)
     record = prepare_run(plan, run, earlier, ready.environment)
     if preflight is not None:  # for the job's page: it ran before its directory existed
-        save_preflight(run.path, preflight.started, preflight.ended, preflight.report.to_dict())
+        save_preflight(run, preflight.started, preflight.ended, preflight.report.to_dict())
     runner = JobRunner(
         plan, run, record, settings=options.settings, view=view,
         keep_remote_logs=options.keep_remote_logs,

@@ -57,15 +57,17 @@ from orchestrator.outcome.verdict import Failure, JobVerdict, Outcome, hang_culp
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan, process_environment
 from orchestrator.records.job import (
+    KILL_MARKER,
+    LOGS_DIR,
     AttemptRecord,
     FirstFailure,
     JobRecord,
-    RunDir,
     finished,
     now_iso,
     rank_records,
 )
 from orchestrator.records.moments import Moment, MomentKind, append_moments
+from orchestrator.records.rundir import APPEND, RunDir
 from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.run.collect import LogCollector, fetch_command
 from orchestrator.run.plan_files import remove_private_files, write_private_files
@@ -128,7 +130,7 @@ class JobRunner:
         self.run_dir = run
         self.record = record
         self.settings = settings or WatchSettings()
-        self.progress = ProgressRecorder(run.progress_file, now=time.time())
+        self.progress = ProgressRecorder(run, now=time.time())
         self.tracker = OutputTracker(plan.hosts, view, self.progress)
         self.verdict = JobVerdict(
             plan.hosts, self.settings, head_launcher=bool(plan.launch.head_command)
@@ -159,7 +161,11 @@ class JobRunner:
         """A moment for the report's timeline (records/moments.py), on the head's clock."""
         node = (failure.node or None) if failure is not None else None
         rank = failure.rank if failure is not None else None
-        append_moments(self.run_dir.path, [Moment(time.time(), kind, node, rank, detail)])
+        append_moments(self.run_dir, [Moment(time.time(), kind, node, rank, detail)])
+
+    def _open_log(self, name: str) -> int:
+        """A node's log file, appended to, in the run directory held open."""
+        return self.run_dir.open(f"{LOGS_DIR}/{name}", APPEND)
 
     # -- starting ----------------------------------------------------------------
     def _start(self) -> StreamingProcess:
@@ -183,7 +189,8 @@ class JobRunner:
         chunks: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
         reader = threading.Thread(target=_read_into, args=(process.stdout, chunks), daemon=True)
         reader.start()
-        router = LogRouter(self.run_dir.logs, view=self.tracker, nodes=self.plan.hosts)
+        router = LogRouter(self.run_dir.logs, view=self.tracker, nodes=self.plan.hosts,
+                           open_log=self._open_log)  # fmt: skip
         # The head launcher inherits this process's environment, and accelerate hands all
         # of it to DeepSpeed, whose runner logs it: mask the head's secrets as well.
         redactor = Redactor(secret_values(self.plan, os.environ))
@@ -210,7 +217,7 @@ class JobRunner:
             if self._teardown_thread is not None:
                 self._teardown_thread.join(self.settings.teardown_budget + 10)
             # After the teardown's own moments: appends of two threads never interleave.
-            append_moments(self.run_dir.path, heard)
+            append_moments(self.run_dir, heard)
             remove_private_files(self.plan)
         outcome = self.verdict.outcome(head_code, stopped_by_us=not ended_by_itself)
         return self._conclude(outcome, self._pull_raw_logs())
@@ -244,7 +251,7 @@ class JobRunner:
                 events.append(HeadExited(code, now))
             if self.signal is not None and not interrupted:
                 interrupted = True
-                killed = self.run_dir.kill_marker.exists()
+                killed = self.run_dir.exists(KILL_MARKER)
                 events.append(Interrupted(self.signal, killed, now))
                 self._moment(MomentKind.INTERRUPT, detail="orch kill" if killed else None)
             if self._teardown_done.is_set() and not teardown_noted:
@@ -327,7 +334,7 @@ class JobRunner:
             reports = gather_stacks(hosts, self.plan.job_id, self.plan.python, timeout,
                                     transport=plan_transport(self.plan))  # fmt: skip
             self.stacks = analyse(self.plan.job_id, now_iso(), None, reports)
-            self.stacks_file = save_stacks(self.run_dir.path, result_json(self.stacks))
+            self.stacks_file = save_stacks(self.run_dir, result_json(self.stacks))
         except (OrchError, OSError) as err:
             self.stacks_problem = f"stacks not taken: {err}"
 

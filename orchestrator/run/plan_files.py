@@ -18,10 +18,10 @@ from orchestrator.records.job import (
     ENV_FILE,
     EnvironmentRecord,
     JobRecord,
-    RunDir,
     now_iso,
     process_start_time,
 )
+from orchestrator.records.rundir import RunDir
 from orchestrator.remote import owned
 
 JOBS_DIR = "jobs"  # in the user's own directory on the head: one private directory per job
@@ -73,8 +73,10 @@ def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
                 environment: EnvironmentRecord | None = None) -> JobRecord:  # fmt: skip
     """Write the plan's files and a first job.json (state "starting"). `earlier`: the record
     of the job's attempts so far, when this is a restart (its start and attempts stay);
-    `environment`: the nodes' environments as the pre-flight found them (None: skipped)."""
-    run.create()
+    `environment`: the nodes' environments as the pre-flight found them (None: skipped).
+    The job's directory is made new (a batch job's: made by `orch submit --sbatch`), in a
+    runs directory of the user's own, and held (records/rundir.py)."""
+    run.create(existing=plan.slurm_batch)
     for planned in plan.files:
         if planned.run_dir:
             run.write_file(planned.name, planned.content)

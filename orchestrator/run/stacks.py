@@ -9,6 +9,7 @@ at once; each answers for itself, so one bad node never hides the others.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from orchestrator.nodes.transport import NodeTransport, SshTransport
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import stacks_command
 from orchestrator.records.job import STACKS_DIR
+from orchestrator.records.rundir import RunDir
 from orchestrator.remote.stacks import STARTUP_SLACK_S
 from orchestrator.ssh import CommandResult
 from orchestrator.stacks.model import (
@@ -78,15 +80,20 @@ def _node_report(answer: NodeResult[CommandResult], python: str, job_id: str) ->
     return parse_node_report(node, result.stdout.decode(errors="replace"), python, job_id)
 
 
-def save_stacks(run_path: Path, document: dict) -> Path:
-    """Keep one call's document as runs/<job>/stacks/<UTC time>.json; never overwrites."""
-    directory = run_path / STACKS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
+def save_stacks(run: RunDir, document: dict) -> Path:
+    """Keep one call's document as runs/<job>/stacks/<UTC time>.json, made new in the job's
+    directory (never through a link); never overwrites."""
+    run.mkdir(STACKS_DIR)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    target = directory / f"{stamp}.json"
+    text = json.dumps(document, indent=2) + "\n"
     suffix = 1
-    while target.exists():
-        suffix += 1
-        target = directory / f"{stamp}-{suffix}.json"
-    target.write_text(json.dumps(document, indent=2) + "\n")
-    return target
+    while True:
+        name = f"{stamp}.json" if suffix == 1 else f"{stamp}-{suffix}.json"
+        try:
+            fd = run.open(f"{STACKS_DIR}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            suffix += 1
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        return run.stacks / name

@@ -21,8 +21,9 @@ from orchestrator.nodes.transport import SLURM, NodeTransport, reaching
 from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import kill_command
-from orchestrator.records.job import FINAL_STATES, JobRecord, RunDir, finished, head_alive
+from orchestrator.records.job import FINAL_STATES, KILL_MARKER, JobRecord, finished, head_alive
 from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.records.rundir import RunDir
 from orchestrator.remote.procs import SLURM_NODE
 from orchestrator.specs.slurm import ACTIVE_STATES
 from orchestrator.specs.words import StrEnum
@@ -174,7 +175,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
     alive = head_alive(record)
     batch = record.slurm_batch and record.slurm_job_id is not None
     if alive or batch:
-        run.kill_marker.touch()
+        run.touch(KILL_MARKER)
     if batch:
         # The batch job is the job's own: Slurm signals orch inside it, which tears the job
         # down, and ends the allocation.
@@ -206,7 +207,7 @@ def kill_job(run: RunDir, *, grace: float, say: Callable[[str], None]) -> KillOu
     record = run.load()
     if record.state not in FINAL_STATES:
         # The head is gone (or never answered): record the kill ourselves.
-        run.kill_marker.touch()
+        run.touch(KILL_MARKER)
         record = finished(record, state=JobState.KILLED, exit_code=128 + signal.SIGTERM)
         run.save(record)
     return KillOutcome(record, ok)

@@ -13,7 +13,8 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.logs.writer import NodeLogWriter
-from orchestrator.records.job import JobRecord, RunDir, process_start_time
+from orchestrator.records.job import JobRecord, process_start_time
+from orchestrator.records.rundir import RunDir
 
 ORCH = Path(sys.executable).parent / "orch"
 JOB = "20261121-230000-abc123"

@@ -26,7 +26,7 @@ import pytest
 from _logmodel import expected_log, rank_tag, read_log
 
 from orchestrator.logs.router import LogRouter
-from orchestrator.records.job import RunDir
+from orchestrator.records.rundir import RunDir
 from orchestrator.remote.agent import node_dir
 from orchestrator.remote.agent_spec import runs_root
 from orchestrator.run.collect import collect_logs

@@ -16,6 +16,7 @@ from orchestrator.logs.progress import (
 )
 from orchestrator.records.job import PROGRESS_FILE
 from orchestrator.records.moments import MomentKind
+from orchestrator.records.rundir import RunDir
 
 
 @pytest.mark.parametrize(
@@ -52,7 +53,7 @@ def _samples(tmp_path):
 
 
 def test_at_most_one_sample_per_rank_per_second(tmp_path):
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE)
+    recorder = ProgressRecorder(RunDir(tmp_path))
     for tenth in range(50):  # 5 s, every rank printing 10 lines a second
         recorder.now = 100.0 + tenth / 10
         for rank in range(3):
@@ -67,7 +68,7 @@ def test_at_most_one_sample_per_rank_per_second(tmp_path):
 
 
 def test_the_job_s_end_samples_each_rank_s_last_bar_when_its_last_line_has_no_count(tmp_path):
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, now=1.0)
+    recorder = ProgressRecorder(RunDir(tmp_path), now=1.0)
     recorder.frame("n1", "0/0", b"10/30 [00:01<00:02, 10.0it/s]")
     recorder.now = 1.5
     recorder.frame("n1", "0/0", b"30/30 [00:03<00:00, 10.0it/s]")
@@ -77,7 +78,7 @@ def test_the_job_s_end_samples_each_rank_s_last_bar_when_its_last_line_has_no_co
 
 
 def test_a_line_without_a_step_leaves_the_sample_to_the_next_one(tmp_path):
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, now=10.0)
+    recorder = ProgressRecorder(RunDir(tmp_path), now=10.0)
     recorder.line("n1", "0/0", b"loading data")
     recorder.line("n1", "0/0", b"step 3")
     recorder.close()
@@ -86,7 +87,7 @@ def test_a_line_without_a_step_leaves_the_sample_to_the_next_one(tmp_path):
 
 def test_the_cap_holds_and_a_long_job_is_drawn_evenly_to_its_end(tmp_path):
     cap = 40
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, cap=cap)
+    recorder = ProgressRecorder(RunDir(tmp_path), cap=cap)
     for second in range(2000):
         recorder.now = float(second)
         for rank in range(2):
@@ -103,14 +104,14 @@ def test_the_cap_holds_and_a_long_job_is_drawn_evenly_to_its_end(tmp_path):
 
 
 def test_the_launchers_lines_are_no_rank_s_progress(tmp_path):
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, now=5.0)
+    recorder = ProgressRecorder(RunDir(tmp_path), now=5.0)
     recorder.line("n1", "", b"[launcher] step 3")
     recorder.close()
     assert not (tmp_path / PROGRESS_FILE).exists()
 
 
 def test_first_and_last_output_and_heartbeat_become_moments(tmp_path):
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, now=1.0)
+    recorder = ProgressRecorder(RunDir(tmp_path), now=1.0)
     recorder.line("n1", "", b"launcher says hello")
     recorder.now = 2.0
     recorder.frame("n1", "0/0", b"1/10 [")
@@ -130,7 +131,7 @@ def test_first_and_last_output_and_heartbeat_become_moments(tmp_path):
 
 
 def test_the_samples_are_the_users_alone_and_a_planted_link_is_not_followed(tmp_path):
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, now=1.0)
+    recorder = ProgressRecorder(RunDir(tmp_path), now=1.0)
     recorder.line("n1", "0/0", b"step 1")
     recorder.close()
     assert (tmp_path / PROGRESS_FILE).stat().st_mode & 0o777 == 0o600
@@ -138,7 +139,7 @@ def test_the_samples_are_the_users_alone_and_a_planted_link_is_not_followed(tmp_
     other = tmp_path / "other"
     other.mkdir()
     (other / PROGRESS_FILE).symlink_to(tmp_path / "elsewhere")
-    planted = ProgressRecorder(other / PROGRESS_FILE, now=1.0)
+    planted = ProgressRecorder(RunDir(other), now=1.0)
     planted.line("n1", "0/0", b"step 1")  # refused, and the log path goes on
     planted.now = 2.0
     planted.line("n1", "0/0", b"step 2")
@@ -148,7 +149,7 @@ def test_the_samples_are_the_users_alone_and_a_planted_link_is_not_followed(tmp_
 
 
 def test_a_sample_that_cannot_be_written_stops_sampling_not_the_job(tmp_path):
-    recorder = ProgressRecorder(tmp_path / "gone" / PROGRESS_FILE, now=1.0)
+    recorder = ProgressRecorder(RunDir(tmp_path / "gone"), now=1.0)
     recorder.line("n1", "0/0", b"step 1")  # no such directory: nothing raised
     recorder.now = 5.0
     recorder.line("n1", "0/0", b"step 9")

@@ -25,7 +25,8 @@ from orchestrator.prepare.push_env import (
 )
 from orchestrator.probe.facts import Environment
 from orchestrator.records.attempt_facts import attempt_record
-from orchestrator.records.job import EnvironmentRecord, JobRecord, RunDir, process_start_time
+from orchestrator.records.job import EnvironmentRecord, JobRecord, process_start_time
+from orchestrator.records.rundir import RunDir
 from orchestrator.specs.inventory import parse_hostfile
 from orchestrator.specs.recipe import parse_recipe
 

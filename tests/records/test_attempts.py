@@ -7,7 +7,8 @@ import pytest
 from orchestrator.errors import UsageError
 from orchestrator.outcome.states import JobState
 from orchestrator.records.attempts import attempt_run_dir, keep_apart, with_attempt
-from orchestrator.records.job import AttemptRecord, JobRecord, RunDir
+from orchestrator.records.job import AttemptRecord, JobRecord
+from orchestrator.records.rundir import RunDir
 
 
 def _record(**changes: object) -> JobRecord:

@@ -13,12 +13,13 @@ from orchestrator.records.moments import (
     read_moments,
     save_preflight,
 )
+from orchestrator.records.rundir import RunDir
 
 
 def test_moments_are_read_back_in_time_order(tmp_path):
-    append_moments(tmp_path, [Moment(5.0, MomentKind.END, detail="failed")])
-    append_moments(tmp_path, [Moment(2.0, MomentKind.FIRST_OUTPUT, "n1", 3),
-                              Moment(1.0, MomentKind.START)])  # fmt: skip
+    append_moments(RunDir(tmp_path), [Moment(5.0, MomentKind.END, detail="failed")])
+    append_moments(RunDir(tmp_path), [Moment(2.0, MomentKind.FIRST_OUTPUT, "n1", 3),
+                                      Moment(1.0, MomentKind.START)])  # fmt: skip
     assert read_moments(tmp_path) == (
         Moment(1.0, "start"), Moment(2.0, "first-output", "n1", 3),
         Moment(5.0, "end", detail="failed"),
@@ -33,19 +34,19 @@ def test_a_line_cut_short_is_skipped_and_no_file_is_no_moment(tmp_path):
 
 
 def test_a_moment_that_cannot_be_written_never_fails_the_job(tmp_path):
-    append_moments(tmp_path / "gone", [Moment(1.0, MomentKind.START)])  # no such directory
+    append_moments(RunDir(tmp_path / "gone"), [Moment(1.0, MomentKind.START)])  # no such directory
     assert not (tmp_path / "gone").exists()
 
 
 def test_a_restart_loop_notes_each_attempt(tmp_path):
-    note_attempt(tmp_path, 12.5, 2, "n3 stopped answering")
+    note_attempt(RunDir(tmp_path), 12.5, 2, "n3 stopped answering")
     assert read_moments(tmp_path) == (
         Moment(12.5, "attempt", detail="attempt 2: n3 stopped answering"),
     )
 
 
 def test_the_preflight_is_kept_once_the_run_directory_exists(tmp_path):
-    save_preflight(tmp_path, 1.0, 3.5, {"ok": True, "parity": []})
+    save_preflight(RunDir(tmp_path), 1.0, 3.5, {"ok": True, "parity": []})
     assert json.loads((tmp_path / PREFLIGHT_FILE).read_text()) == {"ok": True, "parity": []}
     assert (tmp_path / PREFLIGHT_FILE).stat().st_mode & 0o777 == 0o600
     assert [m.kind for m in read_moments(tmp_path)] == ["preflight-start", "preflight-end"]

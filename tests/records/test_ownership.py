@@ -11,7 +11,8 @@ import pytest
 
 from orchestrator.errors import OrchError
 from orchestrator.records import ownership
-from orchestrator.records.job import KILL_MARKER, JobRecord, RunDir
+from orchestrator.records.job import KILL_MARKER, JobRecord
+from orchestrator.records.rundir import RunDir
 from orchestrator.remote.owned import owner_name
 from orchestrator.run.teardown import kill_job
 

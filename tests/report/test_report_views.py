@@ -81,7 +81,7 @@ def test_the_timeline_shows_preflight_outputs_heartbeats_and_teardown(run):
 
 
 def test_a_restart_is_marked_on_the_timeline(run):
-    note_attempt(run.path, T0 + 13.0, 1, "n2 stopped answering")
+    note_attempt(run, T0 + 13.0, 1, "n2 stopped answering")
     drawn = timeline(build_report(run.path))
     assert drawn is not None
     restart = drawn.line("attempt")
@@ -162,7 +162,7 @@ def test_the_heatmap_colours_step_time_against_the_median(step, fill):
      (MomentKind.ATTEMPT, "restart")],
 )  # fmt: skip
 def test_each_moment_of_the_whole_job_is_a_line_across_every_lane(run, kind, label):
-    append_moments(run.path, [Moment(T0 + 9.0, kind, detail="why")])
+    append_moments(run, [Moment(T0 + 9.0, kind, detail="why")])
     drawn = timeline(build_report(run.path))
     assert drawn is not None
     line = drawn.line(kind)

@@ -9,14 +9,15 @@ from types import SimpleNamespace
 from orchestrator.logs.progress import ProgressRecorder
 from orchestrator.outcome.restart_policy import AttemptProgress, RestartPolicy
 from orchestrator.outcome.states import JobState
-from orchestrator.records.job import PROGRESS_FILE, FirstFailure, JobRecord
+from orchestrator.records.job import FirstFailure, JobRecord
+from orchestrator.records.rundir import RunDir
 from orchestrator.run.job import _Recovery
 from orchestrator.run.launch import attempt_progress
 from orchestrator.specs.words import Fanout
 
 
 def test_the_furthest_step_of_any_rank_and_the_time_to_the_failure(tmp_path):
-    recorder = ProgressRecorder(tmp_path / PROGRESS_FILE, now=100.0)
+    recorder = ProgressRecorder(RunDir(tmp_path), now=100.0)
     for second in range(30):
         recorder.now = 100.0 + second
         recorder.line("n1", "0/0", b"step %d loss 0.5" % (10 * second))

@@ -12,16 +12,8 @@ import pytest
 from orchestrator.errors import UsageError
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.outcome.states import FailureKind, JobState
-from orchestrator.records.job import (
-    FirstFailure,
-    JobRecord,
-    RankRecord,
-    RunDir,
-    find_job,
-    list_jobs,
-    process_start_time,
-    run_dir,
-)
+from orchestrator.records.job import FirstFailure, JobRecord, RankRecord, process_start_time
+from orchestrator.records.rundir import RunDir, find_job, list_jobs, run_dir
 from orchestrator.run.status import shown_state
 from orchestrator.specs.words import Fanout
 
