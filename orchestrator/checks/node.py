@@ -3,6 +3,7 @@ the accelerate config. Pure: facts in, findings out."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -10,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.checks.environment import PushFix, with_push
 from orchestrator.checks.model import CLUSTER, Finding, NodeProbe, Severity, with_facts
 from orchestrator.pernode import ShellStartup
+from orchestrator.remote import owned
 from orchestrator.specs.units import format_bytes
 
 if TYPE_CHECKING:
-    from orchestrator.probe.facts import NodeFacts
+    from orchestrator.probe.facts import NodeFacts, OwnDirectory
 
 GIB = 1 << 30
 DISK_ERROR_BYTES = 1 * GIB
@@ -108,9 +110,11 @@ _OWN_DIR_USE = {
 def check_own_directories(probes: Sequence[NodeProbe]) -> list[Finding]:
     """A node where the launch could not make the user's directory, or one there is not the
     user's own (a link, another user's, writable by others), or no file can be made in it:
-    the launch would fail there."""
+    the launch would fail there. A node where another user's /tmp/orch-<uid> made orch keep
+    its files in $XDG_RUNTIME_DIR/orch instead: a warning, naming both."""
     findings = []
     for facts in with_facts(probes):
+        findings.extend(_moved(facts.node, facts.own_dirs))
         for place in facts.own_dirs:
             if place.problem is None:
                 continue
@@ -121,6 +125,21 @@ def check_own_directories(probes: Sequence[NodeProbe]) -> list[Finding]:
                 f"on {facts.node}: {place.fix or 'see the problem'}",
             ))  # fmt: skip
     return findings
+
+
+def _moved(node: str, places: Sequence[OwnDirectory]) -> list[Finding]:
+    """One warning where the node's places are not in /tmp/orch-<uid>, and why."""
+    moved = next((p for p in places if p.instead_of), None)
+    if moved is None:
+        return []
+    top = os.path.dirname(moved.path)
+    return [Finding(
+        node, "files",
+        f"{node}: {moved.why}: orch keeps its files in {top} there instead (your "
+        "$XDG_RUNTIME_DIR)",
+        f"on {node}: nothing to do; to choose the place, {owned.NODE_WAY}",
+        severity="warning",
+    )]  # fmt: skip
 
 
 def check_known_traps(probes: Sequence[NodeProbe], python: str) -> list[Finding]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -109,9 +110,11 @@ def _gpu_counts(names: list[str], timeout: float) -> dict[str, int]:
     # Imported here: only --slots auto needs SSH, the other commands stay offline.
     from orchestrator.probe.commands import probe_command
     from orchestrator.probe.facts import ProbeError, parse_facts
+    from orchestrator.remote.owned import root_setting
     from orchestrator.ssh import run_on_nodes
 
-    command = probe_command(sys.executable, workdir=None, script=None, names=names)
+    command = probe_command(sys.executable, workdir=None, script=None, names=names,
+                            node_root=root_setting(os.environ))  # fmt: skip
     outcomes = run_on_nodes(names, command, timeout=timeout, connect_timeout=timeout)
     counts: dict[str, int] = {}
     problems: list[str] = []

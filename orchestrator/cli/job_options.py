@@ -97,7 +97,7 @@ _KEEP_REMOTE_LOGS = typer.Option(
     False,
     "--keep-remote-logs",
     help="Leave each node's raw logs in /tmp/orch-<uid>/runs/<job>/ (<uid>: your uid on the "
-    "node) after pulling them back.",
+    "node; $ORCH_NODE_ROOT/runs/<job>/ when set) after pulling them back.",
 )
 _QUIET = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output.")
 _HEARTBEAT_TIMEOUT = typer.Option(

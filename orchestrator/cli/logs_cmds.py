@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -21,6 +22,7 @@ from orchestrator.records.job import RUNNING_STATES, JobRecord, head_alive, runs
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import RunDir, find_job
 from orchestrator.remote.agent_spec import node_dir_shown
+from orchestrator.remote.owned import root_setting
 
 _FOLLOW_POLL_S = 0.5
 _NODE = typer.Option([], "--node", "-n", help="Only this node (repeat, or comma-separate).")
@@ -210,7 +212,8 @@ def logs(
     if missing:
         hint = (
             "the node could not be reached when the job ended; its raw logs stay in "
-            f"{node_dir_shown(record.id, '<node>')}/ on the node (<uid>: your uid there)"
+            f"{node_dir_shown(record.id, '<node>', root_setting(os.environ))}/ on the node "
+            "(<uid>: your uid there)"
             if raw
             else "the node printed nothing (or never started); see `orch status " + record.id + "`"
         )

@@ -4,6 +4,7 @@ ranks, or a sampling profile that names the straggler."""
 from __future__ import annotations
 
 import json
+import os
 from enum import Enum
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from orchestrator.nodes.transport import reaching
 from orchestrator.records.job import FINAL_STATES, JobRecord, now_iso, runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import RunDir, find_job
+from orchestrator.remote.owned import root_setting
 from orchestrator.run.stacks import DEFAULT_RATE, gather_stacks, save_stacks
 from orchestrator.run.status import shown_state
 from orchestrator.specs.inventory import nodes_text
@@ -160,7 +162,7 @@ def stacks(
     reports = gather_stacks(
         record.hosts, record.id, record.python, timeout,
         profile_seconds=float(profile) if profile else None, rate=DEFAULT_RATE,
-        method=method.value, transport=transport,
+        method=method.value, transport=transport, node_root=root_setting(os.environ),
     )  # fmt: skip
     result = analyse(record.id, now_iso(), float(profile) if profile else None, reports)
     document = result_json(result)

@@ -37,9 +37,9 @@ from orchestrator.remote import boot_blob, boot_code
 from orchestrator.remote.envpush_manifest import MARKER_PREFIX, manifest, unpack, with_mtimes
 from orchestrator.remote.envpush_manifest import delta as node_delta
 from orchestrator.remote.owned import (
+    HEAD_WAY,
     UnsafeDirectory,
-    private_directories,
-    user_directory,
+    user_directories,
     write_private_file,
 )
 from orchestrator.specs.units import format_bytes
@@ -353,8 +353,9 @@ def head_manifest(root: str) -> dict[str, list[Any]]:
     mtime) come from the copy kept in the user's own directory, not from reading 6 GB."""
     key = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
     try:
-        top = user_directory(os.getuid(), tempfile.gettempdir())
-        cache = Path(private_directories(top, ["env-manifests"], os.getuid())) / key
+        kept = user_directories(os.getuid(), ["env-manifests"], base=tempfile.gettempdir(),
+                                way=HEAD_WAY)  # fmt: skip
+        cache = Path(kept) / key
     except (UnsafeDirectory, OSError):
         return manifest(root)  # no safe place for it: every file is read
     try:

@@ -29,6 +29,7 @@ from typing import Any
 
 from orchestrator.nodes.transport import NodeTransport, StartedCommand
 from orchestrator.pernode import NodeResult, failed, for_each_node, succeeded
+from orchestrator.remote import owned
 from orchestrator.remote.envpush_manifest import STREAM_MANIFEST, pack
 from orchestrator.remote.envpush_relay import Hop
 
@@ -201,7 +202,8 @@ def relay_round(
     even with a job running from the environment."""
     manifest_bytes = stream.manifest_bytes()
     request = {"root": stream.root, "force": force,
-               "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest()}  # fmt: skip
+               "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+               "node_root": owned.root_setting(os.environ)}  # fmt: skip
     head_sent = 0
 
     def start(node: str) -> NodeResult[_Ready]:

@@ -67,22 +67,26 @@ def kill_command(python: str, job_id: str, grace: float, node: str = "%h") -> st
 
 
 def stacks_command(
-    python: str, job_id: str, node: str, *, seconds: float, rate: int, method: str = "auto"
+    python: str, job_id: str, node: str, *, seconds: float, rate: int, method: str = "auto",
+    root: str = "",
 ) -> str:
     """The remote shell command that prints the stacks (seconds 0) or a sampling profile of
     the job's ranks on `node` as one JSON document. Like the kill program it needs only the
     standard library, so any python3 runs it when the job's interpreter is missing; py-spy
-    is looked for beside the job's interpreter first (method: auto, py-spy, faulthandler)."""
-    words = (job_id, node, python, f"{seconds:g}", str(rate), method)
+    is looked for beside the job's interpreter first (method: auto, py-spy, faulthandler).
+    `root`: the user's ORCH_NODE_ROOT, where the job's node directory is."""
+    words = (job_id, node, python, f"{seconds:g}", str(rate), method, *([root] if root else []))
     return _with_any_python3(python, _stacks_blob(), words)
 
 
-def node_files_command(python: str, action: str, job_id: str, node: str) -> str:
+def node_files_command(python: str, action: str, job_id: str, node: str,
+                       root: str = "") -> str:  # fmt: skip
     """The remote shell command that writes (`write`, the settings on its stdin) or removes
     (`remove`) the job's private settings on `node`, in the node directory of the user's
-    own there (remote/node_files.py); any python3 runs it."""
-    return _with_any_python3(python, _boot_blob(("owned", "agent_spec"), "node_files"),
-                             (action, job_id, node))  # fmt: skip
+    own there (remote/node_files.py; `root`: the user's ORCH_NODE_ROOT); any python3 runs
+    it."""
+    words = (action, job_id, node, *([root] if root else []))
+    return _with_any_python3(python, _boot_blob(("owned", "agent_spec"), "node_files"), words)
 
 
 def port_command(python: str, job_id: str, directory: str, ttl: float,

@@ -18,6 +18,7 @@ from orchestrator.plan.launch_plan import (
 )
 from orchestrator.plan.launchers import pdsh, standard, torchrun
 from orchestrator.plan.request import LaunchSpec
+from orchestrator.remote import owned
 from orchestrator.specs.constants import HOSTFILE_NAME, Transport
 from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
 from orchestrator.specs.jobenv import build_job_env
@@ -51,7 +52,7 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
         run_dir=place.run_dir, private_dir=head.private_dir, fanout=fanout,
         slurm_job=place.slurm_job, accelerate=spec.accelerate,
         torchrun_args=spec.torchrun_args, rdzv_id=spec.rdzv_id or "",
-        private_nonce=head.private_nonce,
+        private_nonce=head.private_nonce, node_root=owned.root_setting(head.environ),
     )  # fmt: skip
     launch = LAUNCHERS[spec.launcher](job, head)
     return LaunchPlan(

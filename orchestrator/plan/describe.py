@@ -115,13 +115,13 @@ def rendered_config(spec_file: PlannedFile) -> str:
 def node_runs(plan: LaunchPlan, node_rank: int) -> str:
     """The command the agent on the node with this rank runs, shell-quoted, its variables
     filled in."""
-    node = plan.hosts[node_rank]
+    node, root = plan.hosts[node_rank], plan.job.node_root
     if plan.launch.node_command:
         words = list(plan.command_of(node_rank))
         if words[:2] == ["/bin/sh", "-c"]:
             return (
                 words[2]
-                .replace(f'"${NODE_DIR_VAR}', f'"{node_dir_shown(plan.job_id, node)}')
+                .replace(f'"${NODE_DIR_VAR}', f'"{node_dir_shown(plan.job_id, node, root)}')
                 .replace(f"${NODE_RANK_VAR}", str(node_rank))
                 .removeprefix("exec ")
             )

@@ -147,6 +147,7 @@ class JobShape:
     torchrun_args: tuple[str, ...] = ()
     rdzv_id: str = ""  # torchrun's rendezvous id
     private_nonce: str = ""  # HeadContext's: in node_private, never on a command line
+    node_root: str = ""  # the user's ORCH_NODE_ROOT: orch's directory on each node ("": its own)
 
     @property
     def nproc(self) -> int:
@@ -305,6 +306,7 @@ def agent_spec(
         hosts=tuple(job.hostfile.names) if srun else (),
         label_lines=srun,
         linger_s=LINGER_S if srun else 0.0,
+        node_root=job.node_root,
     )
 
 

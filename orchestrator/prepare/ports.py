@@ -12,12 +12,12 @@ from orchestrator.nodes.transport import NodeTransport, SshTransport, plan_trans
 from orchestrator.plan.agent_command import port_command
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.ports import port_candidates
-from orchestrator.remote.ports import DEFAULT_DIR
+from orchestrator.remote.ports import own_dir_argument
 from orchestrator.specs.constants import CHOSEN_PORT_RANGE
 
-# On node 0, the user's own directory there (/tmp/orch-<uid>/ports, only the node knows the
-# uid); one file per reserved port. Per user: a shared one could be locked, filled or hung.
-RESERVATIONS_DIR = DEFAULT_DIR
+# On node 0, the reservations live in the user's own directory there (/tmp/orch-<uid>/ports,
+# only the node knows the uid; or below the user's ORCH_NODE_ROOT): one file per reserved
+# port. Per user: a shared one could be locked, filled or hung.
 RESERVATION_TTL_S = 900.0  # longer than any sync + pre-flight before the launcher binds
 
 
@@ -29,10 +29,11 @@ def _ask(
     candidates: tuple[int, ...],
     timeout: float,
     transport: NodeTransport | None = None,
+    node_root: str = "",
 ) -> tuple[dict | None, str]:
     """Node 0's answer of the port program ({"port": N} or {"error": ...}); None and why when
     it could not be asked."""
-    command = port_command(python, job_id, RESERVATIONS_DIR, ttl, candidates)
+    command = port_command(python, job_id, own_dir_argument(node_root), ttl, candidates)
     transport = transport or SshTransport()
     [answer] = transport.run([node], command, timeout=timeout, connect_timeout=timeout)
     if not answer.ok or answer.value is None:
@@ -58,11 +59,14 @@ def choose_main_port(
     reserve: bool = True,
     timeout: float = 15.0,
     transport: NodeTransport | None = None,
+    node_root: str = "",
 ) -> int:
     """A port free on `node` (node 0) for this job; reserved for it unless `reserve` is
-    False (doctor only looks). Raises OrchError naming the node when it cannot be asked."""
+    False (doctor only looks), in the user's own directory there (`node_root`: the user's
+    ORCH_NODE_ROOT). Raises OrchError naming the node when it cannot be asked."""
     ttl = RESERVATION_TTL_S if reserve else 0.0
-    doc, problem = _ask(node, python, job_id, ttl, port_candidates(job_id), timeout, transport)
+    doc, problem = _ask(node, python, job_id, ttl, port_candidates(job_id), timeout, transport,
+                        node_root)  # fmt: skip
     low, high = CHOSEN_PORT_RANGE
     fix = f"give one with --main-port (orch picks from {low}-{high} when none is given)"
     if doc is None:
@@ -88,7 +92,7 @@ def plan_with_main_port(build: Callable[[int, bool], LaunchPlan], given: int | N
                          transport=plan_transport(plan))  # fmt: skip
         return plan
     try:
-        port = choose_main_port(plan.main_host, job_id, plan.python,
+        port = choose_main_port(plan.main_host, job_id, plan.python, node_root=plan.job.node_root,
                                 transport=plan_transport(plan))  # fmt: skip
     except OrchError:
         if not preflight:

@@ -47,6 +47,7 @@ from orchestrator.probe.facts import (
     parse_facts,
     parse_listening,
 )
+from orchestrator.remote import owned
 from orchestrator.remote.digest import sha256_of
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.ssh import CommandResult
@@ -90,9 +91,11 @@ def probe_nodes(
     accept_new_host_keys: bool = False,
     on_node: NodeDone | None = None,
     transport: NodeTransport | None = None,
+    node_root: str = "",
 ) -> list[NodeProbe]:
     """Facts from every node, in parallel; meanwhile node 0 holds the main port
-    open and every other node connects to it (the network pre-flight).
+    open and every other node connects to it (the network pre-flight). `node_root`: the
+    user's ORCH_NODE_ROOT, where each node's probe makes orch's directory.
 
     Node 0 starts first and says when it is listening; then the others run.
     When they are done, node 0 is told so and reports who reached it. `on_node(node, ok)`
@@ -108,7 +111,7 @@ def probe_nodes(
     def command(role: dict[str, object] | None) -> str:  # the same on every node
         return probe_command(
             python, workdir=workdir, script=script, names=names, main=role,
-            resolve_timeout=min(3.0, timeout / 2),
+            resolve_timeout=min(3.0, timeout / 2), node_root=node_root,
         )  # fmt: skip
 
     # Node 0 waits for "done"; the window only bounds it if this process dies.
@@ -295,6 +298,7 @@ def run_preflight(
             accept_new_host_keys=accept_new_host_keys,
             on_node=on_node,
             transport=transport,
+            node_root=owned.root_setting(os.environ),
         )
     deep: list[CollectiveResult] = []
     if full:

@@ -143,7 +143,7 @@ def _remove_node_private(plan: LaunchPlan) -> None:
     Best effort: a node that cannot be reached keeps a file only this user can read."""
 
     def command(node: str) -> str:
-        return node_files_command(plan.python, "remove", plan.job_id, node)
+        return node_files_command(plan.python, "remove", plan.job_id, node, plan.job.node_root)
 
     plan_transport(plan).run(plan.hosts, command, timeout=10.0, connect_timeout=5.0)
 
@@ -158,7 +158,7 @@ def _write_node_private(plan: LaunchPlan) -> None:
     Slurm, srun's stdin carries them as ssh's would."""
 
     def command(node: str) -> str:
-        return node_files_command(plan.python, "write", plan.job_id, node)
+        return node_files_command(plan.python, "write", plan.job_id, node, plan.job.node_root)
 
     results = plan_transport(plan).run(
         plan.hosts, command, timeout=30.0, connect_timeout=10.0,

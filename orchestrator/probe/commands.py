@@ -62,8 +62,10 @@ def probe_command(
     names: Sequence[str],
     main: Mapping[str, Any] | None = None,
     resolve_timeout: float = 3.0,
+    node_root: str = "",
 ) -> str:
-    """The remote command that prints one node's facts as JSON."""
+    """The remote command that prints one node's facts as JSON (`node_root`: the user's
+    ORCH_NODE_ROOT, where the probe makes orch's directory as a launch would)."""
     request = {
         "python": python,
         "workdir": workdir,
@@ -71,6 +73,7 @@ def probe_command(
         "names": list(names),
         "main": dict(main) if main else None,
         "resolve_timeout": resolve_timeout,
+        **({"node_root": node_root} if node_root else {}),
     }
     return _sh(python, [json.dumps(request)])
 

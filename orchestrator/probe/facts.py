@@ -37,12 +37,16 @@ class GpuInfo:
 class OwnDirectory:
     """A place in the user's own directory on the node that a launch needs (`what`: runs,
     the jobs' node directories; ports, the port reservations), and what the probe found
-    wrong making it and a file in it (problem and fix as the node said them; None: usable)."""
+    wrong making it and a file in it (problem and fix as the node said them; None: usable).
+    `instead_of`, `why`: the place orch would have used (/tmp/orch-<uid>) and why it did
+    not (another user made it first), when it chose $XDG_RUNTIME_DIR/orch instead."""
 
     what: str
     path: str
     problem: str | None = None
     fix: str | None = None
+    instead_of: str | None = None
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,10 @@ def _own_dirs(found: Any) -> tuple[OwnDirectory, ...]:
     """The probe's `own_dirs` list (an older probe has none)."""
     places = [d for d in found or () if isinstance(d, dict)]
     return tuple(
-        OwnDirectory(str(d.get("what", "")), str(d.get("path", "")), d.get("problem"), d.get("fix"))
+        OwnDirectory(
+            str(d.get("what", "")), str(d.get("path", "")), d.get("problem"), d.get("fix"),
+            d.get("instead_of"), d.get("why"),
+        )
         for d in places
     )
 

@@ -9,7 +9,7 @@ job's id and this node's name in its environment (remote/procs.py finds them by 
 holding the lock of the environment it runs from shared while it runs (remote/env_lock.py:
 `orch env push` does not swap that environment under the job);
 tee the launcher's raw stdout/stderr into its node directory (/tmp/orch-<uid>/runs/<job>/<node>/,
-the user's own, agent_spec.py) as {stdout,stderr}.raw,
+the user's own, or below the spec's node_root: agent_spec.py) as {stdout,stderr}.raw,
 and each rank's, which arrive on connections of their own (remote/rank_streams.py), into
 rank<R>.{stdout,stderr}.raw; frame all of them onto the agent's own stdout, the channel
 back to the head (remote/channel.py), with heartbeats and an `exit` control message at the
@@ -104,7 +104,8 @@ class Supervisor:
         self.node = node
         self.rank = rank
         self.uid = os.getuid()  # the node's account, whatever the head's is
-        self.dir = Path(node_dir(self.job_id, node, self.uid))
+        # Where the node directory will be; _prepare makes it and holds the place it made.
+        self.dir = Path(node_dir(self.job_id, node, self.uid, spec.node_root))
         self.channel = channel.Channel(f"{node}: ".encode() if spec.label_lines else b"")
         self.tail = channel.Tail()
         self.stop_reason: str | None = None
@@ -203,7 +204,8 @@ class Supervisor:
         way), the job's settings taken in, its files and the ranks' program written; why
         not, or None."""
         try:
-            agent_spec.make_node_dir(self.job_id, self.node, self.uid)
+            made = agent_spec.make_node_dir(self.job_id, self.node, self.uid, self.spec.node_root)
+            self.dir = Path(made)  # chosen once: what was checked is what is used
             problem = self._load_private()
             if problem:
                 return problem

@@ -1,8 +1,9 @@
 """The node agent's spec: what the head tells every node's agent on its command line, as one
 frozen value, and its one-word wire form; where a job's files live on a node: in the user's
 own directory there (/tmp/orch-<uid>/runs/<job>/<node>, the uid the node's own, which only
-the node knows: ssh_config's User may name another account than the head's), each level
-made and checked (remote/owned.py).
+the node knows: ssh_config's User may name another account than the head's; or below the
+user's ORCH_NODE_ROOT, which the spec carries), each level made and checked
+(remote/owned.py).
 
 STANDARD LIBRARY ONLY: shipped inline beside the agent (plan/agent_command.py). The head's
 plan builds the spec (plan/launch_plan.py; the pdsh launcher's shim adds DeepSpeed's per-node
@@ -37,28 +38,28 @@ Pairs = tuple[tuple[str, str], ...]
 _PAIRS = ("files", "env", "path_first")  # sent as JSON objects
 
 
-def runs_root(uid: int | str) -> str:
-    """Where the user's jobs keep their files on a node. `uid` a str: a stand-in for the
-    node's uid (UID_SHOWN in messages, `$(id -u)` in a node's shell)."""
-    return os.path.join(owned.user_directory(uid), RUNS_DIR)
+def runs_root(uid: int, root: str = "") -> str:
+    """Where the user's jobs keep their files on this node (`root`: the user's setting)."""
+    return os.path.join(owned.user_directory(uid, root), RUNS_DIR)
 
 
-def node_dir(job_id: str, node: str, uid: int | str) -> str:
-    """The job's directory on a node: raw logs, files the spec ships, the ranks' socket."""
-    return os.path.join(runs_root(uid), job_id, node)
+def node_dir(job_id: str, node: str, uid: int, root: str = "") -> str:
+    """The job's directory on this node: raw logs, files the spec ships, the ranks' socket."""
+    return os.path.join(runs_root(uid, root), job_id, node)
 
 
-def node_dir_shown(job_id: str, node: str) -> str:
-    """The job's directory on a node as the head names it: the uid is the node's."""
-    return node_dir(job_id, node, UID_SHOWN)
+def node_dir_shown(job_id: str, node: str, root: str = "") -> str:
+    """The job's directory on a node as the head names it: the uid is the node's (and
+    where another user made /tmp/orch-<uid> first, $XDG_RUNTIME_DIR/orch stands in)."""
+    top = root or owned.default_directory(UID_SHOWN)
+    return os.path.join(top, RUNS_DIR, job_id, node)
 
 
-def make_node_dir(job_id: str, node: str, uid: int) -> str:
+def make_node_dir(job_id: str, node: str, uid: int, root: str = "") -> str:
     """The job's directory on this node, made (each level under umask 077) and checked (each
     a directory of the user's own that nobody else can write, no link): raises
     owned.UnsafeDirectory naming the path, its owner, its mode and the fix."""
-    below = [RUNS_DIR, job_id, node]
-    return owned.private_directories(owned.user_directory(uid), below, uid)
+    return owned.user_directories(uid, [RUNS_DIR, job_id, node], root)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class AgentSpec:
     hosts: tuple[str, ...] = ()
     label_lines: bool = False
     linger_s: float = 0.0
+    node_root: str = ""  # the user's ORCH_NODE_ROOT ("": orch's default place on the node)
 
     def node_argv(self, node_rank: str) -> list[str]:
         """What the agent on the node with this rank runs."""

@@ -202,7 +202,7 @@ def relay_main(stdin: io.BufferedReader) -> int:
     if not request:
         return 1  # the head went away before it asked anything
     root = os.path.realpath(request["root"])
-    lock = envpush_staging.take_lock(root)
+    lock = envpush_staging.take_lock(root, str(request.get("node_root") or ""))
     if lock is None:
         _say({"ok": False, "error": f"another orch env push of {root} is running on this "
               "node: wait for it to end"})  # fmt: skip

@@ -402,11 +402,11 @@ def receive(
 
 
 # ----- one push at a time, and what an interrupted one left -------------------------------
-def take_lock(root: str) -> int | None:
+def take_lock(root: str, node_root: str = "") -> int | None:
     """The push's lock for `root`, in the user's own directory (nobody else can hold or
-    plant it); the open file, or None when another push of the root holds it."""
-    top = owned.user_directory(os.getuid())
-    where = owned.private_directories(top, ["env-push"], os.getuid())
+    plant it; `node_root`: the user's ORCH_NODE_ROOT); the open file, or None when another
+    push of the root holds it."""
+    where = owned.user_directories(os.getuid(), ["env-push"], node_root)
     place = nearest_existing(os.path.dirname(root))  # the directory itself, where /tmp is shared
     key = f"{root}\0{os.stat(place).st_dev}\0{os.stat(place).st_ino}"
     name = hashlib.sha256(key.encode()).hexdigest()[:16]

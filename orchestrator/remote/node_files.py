@@ -2,12 +2,13 @@
 node directory, or that directory removed again when nothing was started.
 
 Run inline by the head (plan/agent_command.py), with the job's interpreter or any python3.
-    write JOB_ID NODE    stdin -> <node directory>/private.json, readable by the user alone
-    remove JOB_ID NODE   the node directory, and the job's directory when nothing else is left
+    write JOB_ID NODE [ROOT]    stdin -> <node directory>/private.json, the user's alone
+    remove JOB_ID NODE [ROOT]   the node directory, and the job's when nothing else is left
 The node directory is the user's own on this node (/tmp/orch-<uid>/runs/<job>/<node>, the
-uid this node's): each level is made under umask 077 and checked (remote/owned.py), so a
-link or a directory another user made first is refused, naming its path, owner, mode and the
-fix, and nothing is written through it. A failure: one line on stderr, exit 1.
+uid this node's; below ROOT, the user's ORCH_NODE_ROOT, when given): each level is made
+under umask 077 and checked (remote/owned.py), so a link or a directory another user made
+first is refused, naming its path, owner, mode and the fix, and nothing is written through
+it. A failure: one line on stderr, exit 1.
 Standard library only.
 """
 
@@ -25,10 +26,10 @@ except ImportError:
     from orchestrator.remote import agent_spec, owned
 
 
-def write(job_id: str, node: str, data: bytes, uid: int) -> str:
+def write(job_id: str, node: str, data: bytes, uid: int, root: str = "") -> str:
     """The settings in the node directory (made and checked first), under their final name
     only once whole; the path written."""
-    directory = agent_spec.make_node_dir(job_id, node, uid)
+    directory = agent_spec.make_node_dir(job_id, node, uid, root)
     target = os.path.join(directory, agent_spec.PRIVATE_FILE)
     part = target + ".part"
     with contextlib.suppress(FileNotFoundError):
@@ -51,15 +52,18 @@ def _checked(path: str, uid: int) -> bool:
     return True
 
 
-def remove(job_id: str, node: str, uid: int) -> None:
+def remove(job_id: str, node: str, uid: int, root: str = "") -> None:
     """The node directory gone; its job's directory too when no other node (sharing this
     machine) still has one there."""
-    job_dir = os.path.dirname(agent_spec.node_dir(job_id, node, uid))
-    levels = [owned.user_directory(uid), agent_spec.runs_root(uid), job_dir]
-    for level in levels:
+    choice = owned.choose_directory(uid, root)
+    if choice.refused is not None:
+        raise owned.UnsafeDirectory(choice.refused)
+    runs = os.path.join(choice.path, agent_spec.RUNS_DIR)
+    job_dir = os.path.join(runs, job_id)
+    for level in (choice.path, runs, job_dir):
         if not _checked(level, uid):
             return  # nothing of the job here
-    directory = agent_spec.node_dir(job_id, node, uid)
+    directory = os.path.join(job_dir, node)
     if _checked(directory, uid):
         shutil.rmtree(directory)  # never follows a link below it
     with contextlib.suppress(OSError):
@@ -67,15 +71,15 @@ def remove(job_id: str, node: str, uid: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("write", "remove"):
-        print("usage: node_files write|remove JOB_ID NODE", file=sys.stderr)
+    if len(argv) not in (3, 4) or argv[0] not in ("write", "remove"):
+        print("usage: node_files write|remove JOB_ID NODE [ROOT]", file=sys.stderr)
         return 2
-    action, job_id, node = argv
+    action, job_id, node, root = (*argv, "")[:4]
     try:
         if action == "write":
-            write(job_id, node, sys.stdin.buffer.read(), os.getuid())
+            write(job_id, node, sys.stdin.buffer.read(), os.getuid(), root)
         else:
-            remove(job_id, node, os.getuid())
+            remove(job_id, node, os.getuid(), root)
     except owned.UnsafeDirectory as err:
         print(str(err), file=sys.stderr)
         return 1

@@ -2,7 +2,8 @@
 
 Run inline by the head (no orch install on the node). Arguments:
     RESERVATIONS_DIR JOB_ID TTL_SECONDS PORT [PORT...]
-RESERVATIONS_DIR `-` is this user's own directory on the node (`/tmp/orch-<uid>/ports`).
+RESERVATIONS_DIR `-` is this user's own directory on the node (`/tmp/orch-<uid>/ports`), `-`
+followed by the user's ORCH_NODE_ROOT its ports/ there.
 Prints one JSON line: {"port": N} or {"error": "..."}.
 
 A port is taken when something listens on it, or when another job of this user reserved it
@@ -35,7 +36,7 @@ try:  # on a node, loaded beside this program
 except ImportError:
     from orchestrator.remote import owned
 
-DEFAULT_DIR = "-"  # the argument for this user's own directory on the node
+DEFAULT_DIR = "-"  # the argument for this user's own directory on the node (+ the setting)
 PORTS_DIR = "ports"  # in the user's own directory
 _READ_LIMIT = 256  # a reservation holds a job id; anything longer is not one of ours
 
@@ -43,17 +44,23 @@ _READ_LIMIT = 256  # a reservation holds a job id; anything longer is not one of
 UnsafeDirectory = owned.UnsafeDirectory
 
 
-def default_reservations_dir(uid: int) -> str:
-    return os.path.join(owned.user_directory(uid), PORTS_DIR)
+def default_reservations_dir(uid: int, root: str = "") -> str:
+    return os.path.join(owned.user_directory(uid, root), PORTS_DIR)
+
+
+def own_dir_argument(root: str = "") -> str:
+    """RESERVATIONS_DIR for the user's own directory on the node (`root`: the setting)."""
+    return DEFAULT_DIR + root
 
 
 def reservations_dir(argument: str, uid: int) -> str:
-    """The directory the argument names, made and checked; `-` is the user's own, whose
-    parent is checked too (it is the user's directory under the shared /tmp)."""
-    if argument != DEFAULT_DIR:
+    """The directory the argument names, made and checked; `-` (and the user's setting
+    after it) is the user's own, whose parent is checked too (it is the user's directory,
+    under the shared /tmp by default)."""
+    if not argument.startswith(DEFAULT_DIR):
         owned.private_directory(argument, uid)
         return argument
-    return owned.private_directories(owned.user_directory(uid), [PORTS_DIR], uid)
+    return owned.user_directories(uid, [PORTS_DIR], argument[len(DEFAULT_DIR):])
 
 
 def port_is_free(port: int) -> bool:

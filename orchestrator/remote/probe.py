@@ -349,22 +349,26 @@ def stacks_facts(job_python: str | None) -> dict[str, Any]:
     }
 
 
-def own_directories() -> list[dict[str, str]]:
-    """Whether the user's own directory for orch (/tmp/orch-<uid>) can be made and used here
-    where a launch needs it: the jobs' node directories (runs/) and the port reservations
-    (ports/), each made and checked as a launch does, and a file made and removed in it.
-    One fact per place: its path, and what is wrong (`problem`, `fix`) or nothing."""
+def own_directories(root: str = "") -> list[dict[str, str]]:
+    """Whether the user's own directory for orch (/tmp/orch-<uid>, or `root`, the user's
+    ORCH_NODE_ROOT) can be made and used here where a launch needs it: the jobs' node
+    directories (runs/) and the port reservations (ports/), each made and checked as a launch
+    does, and a file made and removed in it. One fact per place: its path, and what is
+    wrong (`problem`, `fix`) or nothing; `instead_of` and `why` when another user's
+    /tmp/orch-<uid> made orch choose another place ($XDG_RUNTIME_DIR/orch)."""
     uid = os.getuid()
-    top = owned.user_directory(uid)
-    return [_usable(what, top, below, uid)
+    choice = owned.choose_directory(uid, root)
+    return [_usable(what, choice, below, uid, root)
             for what, below in (("runs", agent_spec.RUNS_DIR), ("ports", ports.PORTS_DIR))]
 
 
-def _usable(what: str, top: str, below: str, uid: int) -> dict[str, str]:
-    path = os.path.join(top, below)
+def _usable(what: str, choice: owned.Choice, below: str, uid: int, root: str) -> dict[str, str]:
+    path = os.path.join(choice.path, below)
     fact = {"what": what, "path": path}
+    if choice.passed_over is not None:
+        fact.update(instead_of=owned.default_directory(uid), why=choice.passed_over.message)
     try:
-        owned.private_directories(top, [below], uid)
+        owned.user_directories(uid, [below], root)
         # pid and random: nodes in their own pid namespaces may share one /tmp
         trial = os.path.join(path, f".orch-doctor-{os.getpid()}-{os.urandom(6).hex()}")
         os.close(os.open(trial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -372,10 +376,10 @@ def _usable(what: str, top: str, below: str, uid: int) -> dict[str, str]:
     except owned.UnsafeDirectory as err:
         fact.update(problem=err.problem.message, fix=err.problem.fix)
     except OSError as err:
-        where = err.filename or path
-        fact.update(problem=f"{where}: {err.strerror or err}",
-                    fix="check that you can create files in /tmp on this node (it is normally "
-                        "mode 1777) and that it is not full")
+        place = f"the parent of {owned.ROOT_SETTING} ({root})" if root else "/tmp"
+        fact.update(problem=f"{err.filename or path}: {err.strerror or err}",
+                    fix=f"check that you can create files in {place} on this node (/tmp is "
+                        "normally mode 1777) and that it is not full")  # fmt: skip
     return fact
 
 
@@ -424,7 +428,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
         "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
         "cpu_count": os.cpu_count(),
         "stacks": stacks_facts(request.get("python")),
-        "own_dirs": own_directories(),
+        "own_dirs": own_directories(str(request.get("node_root") or "")),
     }
     if listener is not None:
         facts["main_listen"] = listener.finish()

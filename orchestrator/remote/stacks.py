@@ -368,9 +368,8 @@ def _auto(py_spy: str | None, ranks: Ranks, node_dir: str, seconds: float, rate:
     return [retried.get(item["rank"], item) for item in results]
 
 
-def report(
-    job_id: str, node: str, job_python: str, seconds: float, rate: int, method: str = "auto"
-) -> dict:
+def report(job_id: str, node: str, job_python: str, seconds: float, rate: int,
+           method: str = "auto", root: str = "") -> dict:  # fmt: skip
     doc: dict = {"node": node, "job_id": job_id, "mode": "profile" if seconds else "dump"}
     ranks = procs.job_ranks(job_id, node)
     py_spy = find_py_spy(job_python)
@@ -381,7 +380,7 @@ def report(
     if not ranks:
         doc.update(error=f"no rank of job {job_id} runs on this node", kind=NO_RANKS)
         return doc
-    node_dir = agent_spec.node_dir(job_id, node, os.getuid())
+    node_dir = agent_spec.node_dir(job_id, node, os.getuid(), root)
     if method == "faulthandler":
         doc["ranks"] = [
             {**item, "method": method} for item in _with_signal(ranks, node_dir, seconds, rate)
@@ -399,14 +398,15 @@ def report(
 
 
 def main(argv: list[str]) -> int:
-    """stacks JOB_ID NODE JOB_PYTHON SECONDS RATE METHOD (SECONDS 0: one dump of every rank;
-    METHOD auto, py-spy or faulthandler)."""
-    if len(argv) != 6 or argv[5] not in METHODS:
-        print("usage: stacks JOB_ID NODE JOB_PYTHON SECONDS RATE auto|py-spy|faulthandler",
-              file=sys.stderr)  # fmt: skip
+    """stacks JOB_ID NODE JOB_PYTHON SECONDS RATE METHOD [ROOT] (SECONDS 0: one dump of every
+    rank; METHOD auto, py-spy or faulthandler; ROOT the user's ORCH_NODE_ROOT)."""
+    if len(argv) not in (6, 7) or argv[5] not in METHODS:
+        print("usage: stacks JOB_ID NODE JOB_PYTHON SECONDS RATE auto|py-spy|faulthandler "
+              "[ROOT]", file=sys.stderr)  # fmt: skip
         return 2
     job_id, node, job_python = argv[0], argv[1], argv[2]
-    doc = report(job_id, node, job_python, float(argv[3]), int(argv[4]), argv[5])
+    root = argv[6] if len(argv) == 7 else ""
+    doc = report(job_id, node, job_python, float(argv[3]), int(argv[4]), argv[5], root)
     with contextlib.suppress(BrokenPipeError):
         print(json.dumps(doc), flush=True)
     return 0

@@ -2,7 +2,9 @@
 
 During a job the node agent tees its ranks' raw output into the job's node directory, in
 the user's own directory on the node (`/tmp/orch-<uid>/runs/<job-id>/<node>/`, the uid the
-node's: the head does not know it, since ssh_config's User may name another account). When
+node's: the head does not know it, since ssh_config's User may name another account; the
+node chooses it as its programs do, remote/owned.py, below the user's ORCH_NODE_ROOT when
+that is set). When
 the job ends, whatever way it ended, `collect_logs` asks the node for that directory's files
 with their sizes and sha256 (the node names the directory in the same answer, after checking
 that the user's directory is the user's own), fetches each over SFTP into
@@ -30,9 +32,9 @@ from orchestrator.logs.redact import redact_file
 from orchestrator.nodes.srun import StepError
 from orchestrator.nodes.transport import NodeAccess, NodeTransport, SshTransport
 from orchestrator.pernode import GroupResult, NodeResult, failed, for_each_node, succeeded
-from orchestrator.remote.agent_spec import node_dir, node_dir_shown, runs_root
+from orchestrator.remote.agent_spec import RUNS_DIR, node_dir_shown
 from orchestrator.remote.digest import sha256_of
-from orchestrator.remote.owned import user_directory
+from orchestrator.remote.owned import shell_user_directory
 from orchestrator.ssh import SSHError
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
@@ -61,16 +63,17 @@ class _Mismatch(Exception):
     pass
 
 
-_NODE_UID = "$(id -u)"  # the user's uid, as the node's shell finds it
 _DIR_LINE = "dir "  # the listing's first line: the node directory, as the node found it
 
 
-def fetch_command(node: str, job_id: str, transport: NodeTransport | None = None) -> str:
+def fetch_command(node: str, job_id: str, transport: NodeTransport | None = None,
+                  root: str = "") -> str:  # fmt: skip
     """How a user copies a node's raw logs by hand when orch could not: the node finds its
-    own directory (its uid is the node's, not the head's); through Slurm where the nodes
-    refuse SSH."""
-    tar = f"'tar -C {runs_root(_NODE_UID)}/{job_id} -cf - {node}'"
-    return (transport or SshTransport()).by_hand(node, tar) + " | tar -xf -"
+    own directory (its uid is the node's, not the head's; `root` the user's ORCH_NODE_ROOT);
+    through Slurm where the nodes refuse SSH."""
+    runs = f'"$u"/{RUNS_DIR}/{shlex.quote(job_id)}'
+    tar = f"{shell_user_directory(root)}tar -C {runs} -cf - {shlex.quote(node)}"
+    return (transport or SshTransport()).by_hand(node, shlex.quote(tar)) + " | tar -xf -"
 
 
 def _is_safe(value: str) -> bool:
@@ -78,14 +81,13 @@ def _is_safe(value: str) -> bool:
     return bool(_SAFE.fullmatch(value)) and ".." not in value
 
 
-def _hash_command(job_id: str, node: str) -> str:
+def _hash_command(job_id: str, node: str, root: str = "") -> str:
     """The node's listing: first `dir <the node directory>`, then one line per regular file,
     "<size> <sha256>  <name>"; exit 3: no such directory; exit 5: the user's directory is not
     the user's own (a link, another user's, writable by others), and nothing in it is read.
-    Job id and node name are checked safe words (_is_safe)."""
-    top, where = user_directory(_NODE_UID), node_dir(job_id, node, _NODE_UID)
+    Job id and node name are checked safe words (_is_safe); `root` the user's setting."""
     return (
-        f'u="{top}"; d="{where}"; '
+        f'{shell_user_directory(root)}d="$u/{RUNS_DIR}/{job_id}/{node}"; '
         '[ -e "$u" ] || [ -L "$u" ] || exit 3; '
         '{ [ -d "$u" ] && [ ! -L "$u" ] && [ -O "$u" ] '
         '&& [ -z "$(find "$u" -maxdepth 0 -perm /022)" ]; } || '
@@ -120,8 +122,9 @@ class _NotOwn(Exception):
 Listing = tuple[str, dict[str, tuple[int, str]]]  # the node directory, its files
 
 
-def _remote_hashes(session: NodeAccess, job_id: str, node: str, timeout: float) -> Listing | None:
-    result = session.run(_hash_command(job_id, node), timeout=timeout)
+def _remote_hashes(session: NodeAccess, job_id: str, node: str, timeout: float,
+                   root: str = "") -> Listing | None:  # fmt: skip
+    result = session.run(_hash_command(job_id, node, root), timeout=timeout)
     said = result.stderr.decode("utf-8", "replace").strip()[-300:]
     if result.exit_code == 3:
         return None
@@ -130,7 +133,7 @@ def _remote_hashes(session: NodeAccess, job_id: str, node: str, timeout: float) 
     where, hashes = _parse_hashes(result.stdout)
     if result.exit_code != 0 or where is None:
         raise _Mismatch(
-            f"hashing the files in {node_dir_shown(job_id, node)} failed "
+            f"hashing the files in {node_dir_shown(job_id, node, root)} failed "
             f"(exit {result.exit_code}): {said}"
         )
     return where, hashes
@@ -172,24 +175,25 @@ def _verify(local_dir: Path, hashes: dict[str, tuple[int, str]]) -> list[PulledF
 def _collect_over(
     session: NodeAccess, node: str, job_id: str, local_dir: Path, keep_remote: bool,
     timeout: float, secrets: Sequence[str] = (), transport: NodeTransport | None = None,
+    root: str = "",
 ) -> NodeResult[PulledLogs]:  # fmt: skip
     problem = ""
     for _attempt in range(_ATTEMPTS):
         try:
-            listed = _remote_hashes(session, job_id, node, timeout)
+            listed = _remote_hashes(session, job_id, node, timeout, root)
         except _NotOwn as err:
             fix = "remove it (as its owner or root), or chmod go-w it if it is yours"
             return failed(node, f"{node}: raw logs not fetched: {err}", fix)
         if listed is None:
             return failed(
                 node,
-                f"{node}: no raw logs at {node_dir_shown(job_id, node)}",
+                f"{node}: no raw logs at {node_dir_shown(job_id, node, root)}",
                 "the job never started on this node, or its logs were already removed",
             )
         remote_dir, before = listed
         _pull_files(session, remote_dir, local_dir, before, timeout)
         try:
-            after = _remote_hashes(session, job_id, node, timeout)
+            after = _remote_hashes(session, job_id, node, timeout, root)
             if after != listed:
                 raise _Mismatch("files changed on the node while they were copied")
             files = _verify(local_dir, before)
@@ -205,7 +209,8 @@ def _collect_over(
     return failed(
         node,
         f"{node}: raw logs did not arrive whole: {problem}",
-        f"the node's copy was kept; fetch it by hand: {fetch_command(node, job_id, transport)}",
+        "the node's copy was kept; fetch it by hand: "
+        + fetch_command(node, job_id, transport, root),
     )
 
 
@@ -228,12 +233,13 @@ def collect_node(
     timeout: float = 120.0,
     secrets: Sequence[str] = (),
     transport: NodeTransport | None = None,
+    node_root: str = "",
 ) -> NodeResult[PulledLogs]:
     """Fetch one node's raw logs into dest_root/<node>/, `secrets` masked in them; never
-    raises for a node problem."""
+    raises for a node problem. `node_root`: the user's ORCH_NODE_ROOT."""
     if not _is_safe(job_id):
         raise UsageError(f"not a job id: {job_id!r}", "see `orch status` for the jobs there are")
-    remote_dir = node_dir_shown(job_id, node)
+    remote_dir = node_dir_shown(job_id, node, node_root)
     local_dir = Path(dest_root) / node
     if not _is_safe(node):
         return failed(
@@ -244,7 +250,7 @@ def collect_node(
     try:
         with (transport or SshTransport()).session(node, timeout=connect_timeout) as session:
             return _collect_over(session, node, job_id, local_dir, keep_remote, timeout,
-                                 secrets, transport)  # fmt: skip
+                                 secrets, transport, node_root)  # fmt: skip
     except SSHError as err:
         hint = f"{err.failure.hint}; its logs stay on the node in {remote_dir}"
         return failed(node, err.failure.message, hint, err.failure.kind)
@@ -256,7 +262,7 @@ def collect_node(
             node,
             f"{node}: fetching {remote_dir} failed ({type(err).__name__}: {err})",
             "its logs stay on the node; fetch them by hand: "
-            + fetch_command(node, job_id, transport),
+            + fetch_command(node, job_id, transport, node_root),
         )
 
 
@@ -271,13 +277,14 @@ def collect_logs(
     max_parallel: int = 16,
     secrets: Sequence[str] = (),
     transport: NodeTransport | None = None,
+    node_root: str = "",
 ) -> GroupResult[PulledLogs]:
     """Every node's raw logs, in parallel; one result per node, in order."""
     def one(node: str) -> NodeResult[PulledLogs]:
         return collect_node(
             node, job_id, dest_root, keep_remote=keep_remote,
             connect_timeout=connect_timeout, timeout=timeout, secrets=secrets,
-            transport=transport,
+            transport=transport, node_root=node_root,
         )  # fmt: skip
 
     return for_each_node(nodes, one, max_parallel=max_parallel)
@@ -292,9 +299,9 @@ class LogCollector:
     def __init__(self, job_id: str, dest_root: str | os.PathLike[str], *,
                  keep_remote: bool, connect_timeout: float, timeout: float,
                  max_parallel: int = 16, secrets: Sequence[str] = (),
-                 transport: NodeTransport | None = None) -> None:  # fmt: skip
+                 transport: NodeTransport | None = None, node_root: str = "") -> None:  # fmt: skip
         self.job_id, self.dest_root, self.secrets = job_id, dest_root, tuple(secrets)
-        self.transport = transport
+        self.transport, self.node_root = transport, node_root
         self.keep_remote, self.connect_timeout, self.timeout = keep_remote, connect_timeout, timeout
         self.max_parallel = max_parallel
         self._slots = threading.Semaphore(max_parallel)
@@ -317,14 +324,18 @@ class LogCollector:
                 result = collect_node(
                     node, self.job_id, self.dest_root, keep_remote=self.keep_remote,
                     connect_timeout=self.connect_timeout, timeout=self.timeout,
-                    secrets=self.secrets, transport=self.transport,
+                    secrets=self.secrets, transport=self.transport, node_root=self.node_root,
                 )  # fmt: skip
             except Exception as err:  # the job is over: a fetch problem is only reported
                 result = failed(
                     node, f"{node}: pulling the raw logs failed ({type(err).__name__}: {err})",
-                    f"fetch them by hand: {fetch_command(node, self.job_id, self.transport)}",
+                    f"fetch them by hand: {self.by_hand(node)}",
                 )  # fmt: skip
         self._results[node] = result
+
+    def by_hand(self, node: str) -> str:
+        """How a user fetches the node's raw logs when orch could not."""
+        return fetch_command(node, self.job_id, self.transport, self.node_root)
 
     def results(self) -> dict[str, NodeResult[PulledLogs]]:
         """Every started node's result. Bounded: each wave of `max_parallel` nodes still
@@ -338,7 +349,7 @@ class LogCollector:
         done = dict(self._results)
         for node in self._threads:
             if node not in done:
-                by_hand = fetch_command(node, self.job_id, self.transport)
+                by_hand = self.by_hand(node)
                 done[node] = failed(
                     node, f"{node}: its raw logs were still coming back after {wait:g}s",
                     f"they stay on the node; fetch them by hand: {by_hand}",

@@ -69,7 +69,7 @@ from orchestrator.records.job import (
 from orchestrator.records.moments import Moment, MomentKind, append_moments
 from orchestrator.records.rundir import APPEND, RunDir
 from orchestrator.remote.agent_spec import node_dir_shown
-from orchestrator.run.collect import LogCollector, fetch_command
+from orchestrator.run.collect import LogCollector
 from orchestrator.run.plan_files import remove_private_files, write_private_files
 from orchestrator.run.stacks import gather_stacks, save_stacks
 from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
@@ -151,6 +151,7 @@ class JobRunner:
             plan.job_id, run.node_logs, keep_remote=keep_remote_logs,
             connect_timeout=_PULL_CONNECT_S, timeout=_PULL_TIMEOUT_S,
             secrets=secret_values(plan, os.environ), transport=plan_transport(plan),
+            node_root=plan.job.node_root,
         )  # fmt: skip
 
     def interrupt(self, signum: int) -> None:
@@ -281,11 +282,10 @@ class JobRunner:
                 self._node_logs.start(node)  # a node already started is not started again
         outcome = {n: r.why for n, r in self._node_logs.results().items()}
         for node in unreachable:
-            where = node_dir_shown(self.plan.job_id, node)
+            where = node_dir_shown(self.plan.job_id, node, self.plan.job.node_root)
             outcome[node] = (
                 f"{node}: not tried, the teardown could not reach it; its logs stay on the "
-                f"node in {where}; fetch them by hand: "
-                + fetch_command(node, self.plan.job_id, plan_transport(self.plan))
+                f"node in {where}; fetch them by hand: {self._node_logs.by_hand(node)}"
             )
         return {h: outcome[h] for h in self.plan.hosts}
 
@@ -332,7 +332,8 @@ class JobRunner:
         timeout = self.settings.hang_stacks_timeout if hung else self.settings.stacks_timeout
         try:
             reports = gather_stacks(hosts, self.plan.job_id, self.plan.python, timeout,
-                                    transport=plan_transport(self.plan))  # fmt: skip
+                                    transport=plan_transport(self.plan),
+                                    node_root=self.plan.job.node_root)  # fmt: skip
             self.stacks = analyse(self.plan.job_id, now_iso(), None, reports)
             self.stacks_file = save_stacks(self.run_dir, result_json(self.stacks))
         except (OrchError, OSError) as err:

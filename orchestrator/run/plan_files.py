@@ -29,9 +29,10 @@ JOBS_DIR = "jobs"  # in the user's own directory on the head: one private direct
 
 def head_private_dir(job_id: str) -> str:
     """The job's private directory on the head: in the user's own directory under the
-    temporary directory (<tmp>/orch-<uid>/jobs/<job>), never a name in the shared one that
-    anyone who learns the job's id could take first (as <tmp>/orch-<job> was)."""
-    user = owned.user_directory(os.getuid(), tempfile.gettempdir())
+    temporary directory (<tmp>/orch-<uid>/jobs/<job>; $XDG_RUNTIME_DIR/orch/jobs/<job> where
+    another user made <tmp>/orch-<uid> first and that one lasts), never a name in the shared
+    one that anyone who learns the job's id could take first (as <tmp>/orch-<job> was)."""
+    user = owned.user_directory(os.getuid(), base=tempfile.gettempdir())
     return os.path.join(user, JOBS_DIR, job_id)
 
 
@@ -46,6 +47,7 @@ def write_private_files(plan: LaunchPlan) -> None:
         return
     jobs = private.parent
     try:
+        owned.make_user_directory(str(jobs.parent), os.getuid(), way=owned.HEAD_WAY)
         owned.private_directories(str(jobs.parent), [jobs.name], os.getuid())
         private.mkdir(mode=0o700)
     except owned.UnsafeDirectory as err:

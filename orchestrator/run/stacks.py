@@ -45,16 +45,19 @@ def gather_stacks(
     rate: int = DEFAULT_RATE,
     method: str = "auto",
     transport: NodeTransport | None = None,
+    node_root: str = "",
 ) -> list[NodeReport]:
     """Every rank's stack on every host (a profile of `profile_seconds` when given), one
     report per host in order. Bounded: a host's answer takes at most `timeout` seconds
     (plus the profile's length), whatever the others do. method: "auto" (py-spy, and
-    faulthandler where py-spy is missing or refused), "py-spy" or "faulthandler"."""
+    faulthandler where py-spy is missing or refused), "py-spy" or "faulthandler".
+    `node_root`: the user's ORCH_NODE_ROOT, where the job's node directories are."""
     seconds = profile_seconds or 0.0
     budget = timeout + (seconds + STARTUP_SLACK_S if seconds else 0.0)
 
     def command(node: str) -> str:
-        return stacks_command(python, job_id, node, seconds=seconds, rate=rate, method=method)
+        return stacks_command(python, job_id, node, seconds=seconds, rate=rate, method=method,
+                              root=node_root)  # fmt: skip
 
     answers = (transport or SshTransport()).run(
         list(hosts), command, timeout=budget, connect_timeout=min(timeout, _CONNECT_TIMEOUT_S)

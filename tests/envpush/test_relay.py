@@ -59,7 +59,7 @@ def test_each_link_has_secrets_of_its_own_told_to_its_two_ends_alone(tmp_path: P
     assert all(r.ok for r in results) and again == []
     told = {s.node: _told(s) for s in fake.started}
     for node in names:  # what every node is sent alike holds no secret
-        assert set(told[node][0]) == {"root", "manifest_sha256", "listen", "force"}
+        assert set(told[node][0]) == {"root", "manifest_sha256", "listen", "force", "node_root"}
     for before, after in itertools.pairwise(names):
         forward = told[before][1]["forward"]
         assert (forward["host"], forward["port"]) == (after, 7000 + names.index(after))

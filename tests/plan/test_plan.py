@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shlex
 import stat
 import subprocess
@@ -312,6 +313,37 @@ def test_the_heads_private_directory_is_in_the_users_own(tmp_path, monkeypatch):
     with pytest.raises(OrchError, match="symbolic link"):
         write_private_files(plan)
     assert list(theirs.iterdir()) == []
+
+
+def test_the_heads_private_directory_goes_around_another_users(tmp_path, monkeypatch):
+    from orchestrator.remote import owned
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / f"orch-{os.getuid()}").symlink_to(tmp_path / "theirs")
+    monkeypatch.delenv(owned.RUNTIME_VAR, raising=False)
+    with pytest.raises(OrchError) as refused:
+        write_private_files(_plan("pdsh", head=HeadContext("pdsh", head_private_dir("j"), "/p")))
+    assert "set TMPDIR to a directory of your own" in str(refused.value)
+    runtime, linger = tmp_path / "run-user", tmp_path / "linger"
+    runtime.mkdir(mode=0o700)
+    linger.mkdir()
+    (linger / pwd.getpwuid(os.getuid()).pw_name).touch()  # it outlives the user's sessions
+    monkeypatch.setenv(owned.RUNTIME_VAR, str(runtime))
+    monkeypatch.setattr(owned, "LINGER_DIR", str(linger))
+    assert head_private_dir("job-1") == f"{runtime}/orch/jobs/job-1"
+    write_private_files(_plan("pdsh", head=HeadContext("pdsh", head_private_dir("job-1"), "/p")))
+    assert (runtime / "orch" / "jobs" / "job-1" / "bin" / "pdsh").is_file()
+    assert list((tmp_path / "theirs").iterdir()) == []
+
+
+def test_the_users_node_root_reaches_the_agent_and_the_dry_run():
+    plan = _plan("standard", head=HEAD, environ={"ORCH_NODE_ROOT": "~/.orch-node"})
+    assert plan.job.node_root == plan.launch.agent_spec.node_root == "~/.orch-node"
+    argv = plan.launch.head_process.argv
+    assert _remote_spec(argv[-1]).node_root == "~/.orch-node"  # what the nodes get
+    assert "~/.orch-node/runs/job-1/n2/" in plan_text(plan)
+    assert "node_root" not in _plan("standard", head=HEAD).launch.agent_spec.to_dict()
 
 
 def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_head():

@@ -183,8 +183,8 @@ def test_the_probe_says_where_and_why_the_users_directory_cannot_be_used(tmp_pat
     from orchestrator.remote import owned
     from orchestrator.remote import probe as remote_probe
 
-    mine = tmp_path / "orch-u"
-    monkeypatch.setattr(owned, "user_directory", lambda uid, base="/tmp": str(mine))
+    mine = tmp_path / f"orch-{os.getuid()}"
+    monkeypatch.setattr(owned, "NODE_BASE", str(tmp_path))  # the node's /tmp, standing in
     mine.mkdir(mode=0o700)
     theirs = tmp_path / "theirs"
     theirs.mkdir()

@@ -15,8 +15,7 @@ ME = os.getuid()
 
 
 def _supervisor(tmp_path: Path, monkeypatch) -> agent.Supervisor:
-    mine = tmp_path / f"orch-{ME}"
-    monkeypatch.setattr(owned, "user_directory", lambda uid, base="/tmp": str(mine))
+    monkeypatch.setattr(owned, "NODE_BASE", str(tmp_path))  # the user's is orch-<uid> in it
     private = json.dumps({"env": {}, "rank_argv": ["python3", "train.py"]}).encode()
     node_files.write("job-1", "n1", private, ME)
     spec = AgentSpec("job-1", private_sha256=hashlib.sha256(private).hexdigest())

@@ -48,7 +48,7 @@ def test_the_node_builds_beside_and_swaps_or_keeps_the_old(tmp_path: Path) -> No
 
 
 def test_a_second_push_of_the_same_root_waits_its_turn(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(envpush_staging.owned, "user_directory", lambda uid: str(tmp_path / "u"))
+    monkeypatch.setattr(envpush_staging.owned, "NODE_BASE", str(tmp_path))
     held = envpush_staging.take_lock(str(tmp_path / "env"))
     assert held is not None
     assert envpush_staging.take_lock(str(tmp_path / "env")) is None  # another push runs

@@ -23,7 +23,7 @@ ME = os.getuid()
 def node_tmp(tmp_path: Path, monkeypatch) -> Path:
     """The user's directory on the node, under a temporary directory."""
     mine = tmp_path / f"orch-{ME}"
-    monkeypatch.setattr(owned, "user_directory", lambda uid, base="/tmp": str(mine))
+    monkeypatch.setattr(owned, "NODE_BASE", str(tmp_path))
     return mine
 
 

@@ -20,8 +20,9 @@ def _mode(path: Path) -> int:
 
 
 def test_the_users_directory_is_named_by_uid_under_its_base() -> None:
-    assert owned.user_directory(1000) == "/tmp/orch-1000"
-    assert owned.user_directory(0, "/scratch/tmp") == "/scratch/tmp/orch-0"
+    assert owned.default_directory(1000) == "/tmp/orch-1000"
+    assert owned.default_directory(0, "/scratch/tmp") == "/scratch/tmp/orch-0"
+    assert owned.user_directory(4242) == "/tmp/orch-4242"  # nothing there: the default
 
 
 def test_directories_made_under_a_loose_umask_are_still_private(tmp_path: Path) -> None:

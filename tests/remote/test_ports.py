@@ -188,8 +188,8 @@ def test_another_users_directory_is_refused(tmp_path: Path) -> None:
 
 def test_the_users_own_directory_is_made_private_whatever_the_umask(tmp_path, monkeypatch):
     assert ports.default_reservations_dir(1000) == "/tmp/orch-1000/ports"
-    mine = tmp_path / "orch-uid"
-    monkeypatch.setattr(owned, "user_directory", lambda uid: str(mine))
+    mine = tmp_path / f"orch-{os.getuid()}"
+    monkeypatch.setattr(owned, "NODE_BASE", str(tmp_path))
     old = os.umask(0)
     try:
         [port, _] = _free_pair()

@@ -5,8 +5,11 @@ Run with this machine's shell on real directories under a temporary directory.""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import shlex
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -21,11 +24,7 @@ ME = os.getuid()
 @pytest.fixture
 def base(tmp_path: Path, monkeypatch) -> Path:
     """The node's /tmp, standing in: the user's directory is made under it."""
-    def under(uid: int | str, _base: str = "/tmp") -> str:
-        return f"{tmp_path}/orch-{uid}"
-
-    monkeypatch.setattr(owned, "user_directory", under)
-    monkeypatch.setattr(collect, "user_directory", under)
+    monkeypatch.setattr(owned, "NODE_BASE", str(tmp_path))
     return tmp_path
 
 
@@ -64,9 +63,20 @@ def test_a_linked_user_directory_is_not_read(base: Path) -> None:
     assert _listing("job-1", "n1").returncode == 5
 
 
-def test_the_hand_fetch_finds_the_nodes_own_directory() -> None:
-    said = collect.fetch_command("n1", "job-1")
-    assert said == "ssh n1 'tar -C /tmp/orch-$(id -u)/runs/job-1 -cf - n1' | tar -xf -"
+def _by_hand(said: str) -> str:
+    """The shell word a hand fetch runs on the node."""
+    assert said.startswith("ssh n1 ") and said.endswith(" | tar -xf -")
+    return said[len("ssh n1 "):-len(" | tar -xf -")]
+
+
+def test_the_hand_fetch_finds_the_nodes_own_directory(base: Path) -> None:
+    node_files.write("job-1", "n1", b"settings", ME)
+    word = _by_hand(collect.fetch_command("n1", "job-1"))
+    [script] = shlex.split(word)
+    assert "/orch-$(id -u)" in script  # the node's uid, not the head's
+    tarred = subprocess.run(["sh", "-c", script], capture_output=True, timeout=30, check=False)
+    assert tarred.returncode == 0, tarred.stderr
+    with tarfile.open(fileobj=io.BytesIO(tarred.stdout)) as tar:
+        assert "n1/private.json" in tar.getnames()
     through_slurm = collect.fetch_command("n1", "job-1", SrunTransport(slurm_job="42"))
-    tar = "'tar -C /tmp/orch-$(id -u)/runs/job-1 -cf - n1' | tar -xf -"
-    assert through_slurm == f"srun --jobid=42 --overlap -N1 -n1 -w n1 sh -c {tar}"
+    assert through_slurm == f"srun --jobid=42 --overlap -N1 -n1 -w n1 sh -c {word} | tar -xf -"

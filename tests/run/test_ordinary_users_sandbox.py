@@ -113,12 +113,13 @@ def accounts() -> Iterator[dict[str, pwd.struct_passwd]]:
         keygen = _run(["runuser", "-u", user, "--", "ssh-keygen", "-q", "-t", "ed25519", "-N",
                        "", "-f", str(home / ".ssh" / "id_ed25519")])  # fmt: skip
         assert keygen.returncode == 0, keygen.stderr
+    uids = [pwd_uid(user) for user in (VICTIM, ATTACKER)]  # read now: gone with the accounts
     try:
         yield {user: pwd.getpwnam(user) for user in (VICTIM, ATTACKER)}
     finally:
         _remove_accounts()
-        for user in (VICTIM, ATTACKER):
-            shutil.rmtree(f"/tmp/orch-{pwd_uid(user)}", ignore_errors=True)
+        for uid in uids:
+            shutil.rmtree(f"/tmp/orch-{uid}", ignore_errors=True)
 
 
 def pwd_uid(user: str) -> int | str:
@@ -147,16 +148,19 @@ class User:
         self.hostfile = hostfile
         self.runs = self.home / "runs"
 
-    def argv(self, *command: str) -> list[str]:
+    def argv(self, *command: str, env: dict[str, str] | None = None) -> list[str]:
+        # PYTHONPATH: the orch of this tree, the one under test, not the venv's install.
         env = {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name,
-               "PATH": f"{self.bin}:/usr/bin:/bin", "LANG": "C.UTF-8",
-               "ORCH_RUNS_DIR": str(self.runs)}  # fmt: skip
+               "PATH": f"{self.bin}:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(REPO),
+               "ORCH_RUNS_DIR": str(self.runs), **(env or {})}  # fmt: skip
         return ["runuser", "-u", self.name, "--", "env", "-i",
                 *(f"{k}={v}" for k, v in env.items()), *command]  # fmt: skip
 
-    def orch(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv("orch", *args), cwd=self.home, capture_output=True,
-                              text=True, timeout=timeout, check=False)  # fmt: skip
+    def orch(self, *args: str, timeout: float = 300,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        return subprocess.run(self.argv("orch", *args, env=env), cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
 
     def start(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
         with log.open("wb") as out:
@@ -364,3 +368,80 @@ def test_a_main_port_the_other_account_holds_is_refused_naming_it(victim, attack
     finally:
         squatter.kill()
         squatter.wait(30)
+
+
+# ----- another account made the victim's /tmp/orch-<uid> first: a way around it, no root ----
+def _taken_by(attacker: User, own: Path) -> None:
+    """The attacker makes the victim's /tmp/orch-<uid> first, a directory of its own."""
+    shutil.rmtree(own, ignore_errors=True)
+    made = attacker.shell(f"mkdir -m 755 {own}")
+    assert made.returncode == 0, made.stderr
+
+
+def _pick_a_port_and_run(victim: User, env: dict[str, str]) -> dict:
+    """A job with no --main-port (node 0 reserves one), its record once it succeeded."""
+    before = set(victim.jobs())
+    args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "1",
+            "--no-doctor", ALLREDUCE, "--", "--steps", "1"]  # fmt: skip
+    result = victim.orch(*args, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [job_id] = set(victim.jobs()) - before
+    record = victim.record(job_id)
+    assert all(why == "ok" for why in record["node_logs"].values()), record["node_logs"]
+    return record
+
+
+def test_the_users_setting_goes_around_a_directory_another_account_made(victim, attacker):
+    """Doctor names the other account's /tmp/orch-<uid> and the way around; with
+    ORCH_NODE_ROOT (and TMPDIR on the head) doctor and jobs work, nothing in the other's."""
+    own = _own_dir(victim)
+    _taken_by(attacker, own)
+    try:
+        doctor = victim.orch("doctor", "--hostfile", str(victim.hostfile), "--json")
+        said = doctor.stdout + doctor.stderr
+        assert doctor.returncode == 1 and str(own) in said and ATTACKER in said, said
+        assert "set ORCH_NODE_ROOT on the head to a directory of your own" in said, said
+        assert victim.shell("mkdir -m 700 -p ~/tmp").returncode == 0
+        around = {"ORCH_NODE_ROOT": "~/.orch-node", "TMPDIR": str(victim.home / "tmp")}
+        doctor = victim.orch("doctor", "--hostfile", str(victim.hostfile), env=around)
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        _pick_a_port_and_run(victim, around)
+        root = victim.home / ".orch-node"
+        assert root.stat().st_uid == victim.account.pw_uid and _private(root)
+        assert (root / "ports").is_dir() and (root / "runs").is_dir()
+        assert list(own.iterdir()) == []  # nothing of the victim's in the other's directory
+    finally:
+        attacker.shell(f"rm -rf {own}")
+
+
+def test_a_lasting_runtime_directory_goes_around_it_by_itself(victim, attacker):
+    """The victim's $XDG_RUNTIME_DIR (its own, kept past its sessions: it lingers) holds
+    orch's directory where the other account made /tmp/orch-<uid>: doctor warns, saying so;
+    jobs work; nothing is set."""
+    own = _own_dir(victim)
+    runtime = victim.home / "run-user"
+    assert victim.shell(f"mkdir -m 700 -p {runtime}").returncode == 0
+    bashrc = victim.home / ".bashrc"
+    kept = bashrc.read_text()
+    bashrc.write_text(f"export XDG_RUNTIME_DIR={runtime}\n" + kept)  # as logind's PAM would
+    linger = Path("/var/lib/systemd/linger")
+    made_linger = not linger.exists()
+    linger.mkdir(parents=True, exist_ok=True)
+    (linger / VICTIM).touch()
+    _taken_by(attacker, own)
+    try:
+        env = {"XDG_RUNTIME_DIR": str(runtime)}
+        doctor = victim.orch("doctor", "--hostfile", str(victim.hostfile), "--json", env=env)
+        said = doctor.stdout + doctor.stderr
+        assert doctor.returncode == 0, said
+        assert f"orch keeps its files in {runtime / 'orch'} there instead" in said, said
+        _pick_a_port_and_run(victim, env)
+        assert _private(runtime / "orch") and (runtime / "orch" / "jobs").is_dir()
+        assert (runtime / "orch" / "ports").is_dir()
+        assert list(own.iterdir()) == []
+    finally:
+        attacker.shell(f"rm -rf {own}")
+        bashrc.write_text(kept)
+        (linger / VICTIM).unlink(missing_ok=True)
+        if made_linger:
+            shutil.rmtree(linger, ignore_errors=True)
