@@ -46,7 +46,7 @@ class OrchCommand(TyperCommand):
         for spelling in refusals:
             marker = _Refused(spelling)
             parser.add_option(obj=marker, opts=[spelling], dest=marker.dest)
-        if refusals:
+        if refusals and not ctx.resilient_parsing:  # (shell completion parses leniently)
             parser.parse_args = _refusing(parser.parse_args, refusals, ctx.command_path, has)
         return parser
 
