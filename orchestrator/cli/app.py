@@ -1,14 +1,93 @@
-"""The typer app every command group registers on. Imports no command module, so the
-command modules and the entry point (cli/main.py) can both import it without a cycle."""
+"""The typer app every command group registers on, and how every command parses: besides
+its own options, their hidden aliases, and the spellings orch refuses naming the right one
+(specs/spellings.py). Imports no command module, so the command modules and the entry
+point (cli/main.py) can both import it without a cycle."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from orchestrator import __version__
+from orchestrator.specs.spellings import Refusal, aliases_of, own_spellings, refusals_for
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """What the parser records for a refused spelling (its `obj`)."""
+
+    spelling: str
+
+    @property
+    def dest(self) -> str:
+        return f"refused {self.spelling}"
+
+
+class OrchCommand(TyperCommand):
+    """A typer command whose parser also takes the hidden aliases of its options and refuses
+    the spellings orch gave another meaning, naming the one that has it."""
+
+    def make_parser(self, ctx: Any) -> Any:
+        parser = super().make_parser(ctx)
+        params = self.get_params(ctx)
+        has = own_spellings(params)
+        for param in params:
+            if param.param_type_name != "option" or param.is_flag:
+                continue
+            aliases = [alias for alias in aliases_of(param) if alias not in has]
+            if aliases:
+                parser.add_option(obj=param, opts=aliases, dest=param.name, nargs=param.nargs,
+                                  action="append" if param.multiple else "store")  # fmt: skip
+        refusals = refusals_for(has)
+        for spelling in refusals:
+            marker = _Refused(spelling)
+            parser.add_option(obj=marker, opts=[spelling], dest=marker.dest)
+        if refusals and not ctx.resilient_parsing:  # (shell completion parses leniently)
+            parser.parse_args = _refusing(parser.parse_args, refusals, ctx.command_path, has)
+        return parser
+
+
+def _refusing(parse: Callable[..., Any], refusals: dict[str, Refusal], command: str,
+              has: frozenset[str]) -> Callable[..., Any]:  # fmt: skip
+    """`parse`, raising the refusal of the first refused spelling given."""
+
+    def parse_args(args: Sequence[str]) -> Any:
+        opts, rest, order = parse(args=args)
+        for seen in order:
+            if isinstance(seen, _Refused):
+                refusal = refusals[seen.spelling]
+                value = str(opts[seen.dest])
+                raise refusal.refuse(seen.spelling, value, command, has)
+        return opts, rest, order
+
+    return parse_args
+
+
+class OrchGroup(TyperGroup):
+    """orch's typer group: every command it holds, and every command of its groups, is an
+    OrchCommand (so a command added later reads the same spellings, with no word of it)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        for command in self.commands.values():
+            _adopt(command)
+
+
+def _adopt(command: Any) -> None:
+    if isinstance(command, TyperGroup):
+        for sub in command.commands.values():
+            _adopt(sub)
+    elif type(command) is TyperCommand:
+        command.__class__ = OrchCommand  # the same object, with orch's parser
+
 
 app = typer.Typer(
     name="orch",
+    cls=OrchGroup,  # every command parses as OrchCommand
     help="pdsh-driven orchestrator for multi-node training: doctor, configs, launch, logs.",
     no_args_is_help=True,
     add_completion=False,

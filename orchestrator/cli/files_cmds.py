@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE
+from orchestrator.cli.options import EXCLUDE, INCLUDE, nodelist_option
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.plan.accel_config import (
     nproc_from_total,
@@ -18,6 +18,7 @@ from orchestrator.plan.accel_config import (
     render_standard_configs,
 )
 from orchestrator.specs.constants import (
+    CONFIG_LAUNCHERS,
     DEFAULT_MAIN_PORT,
     HOSTFILE_NAME,
     PDSH_CONFIG_NAME,
@@ -33,6 +34,7 @@ from orchestrator.specs.inventory import (
     read_hostfile,
     render_hostfile,
 )
+from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import (
     AccelerateOptions,
     Recipe,
@@ -44,15 +46,15 @@ from orchestrator.specs.recipe import (
 
 @app.command("hostfile")
 def hostfile_command(
-    nodes: str | None = typer.Option(
-        None, "--nodes", "-n", help="Node set, e.g. 'gpu[01-16]' or 'a,b,c' (first = main node)."
+    nodes: str | None = nodelist_option(
+        "Node set, e.g. 'gpu[01-16]' or 'a,b,c' (first = main node)."
     ),
     slots: str | None = typer.Option(
         None, "--slots", help="Slots per node: a number, or 'auto' (GPUs of each node, over SSH)."
     ),
     source: Annotated[
         Path | None,
-        typer.Option("--from", help="Start from this hostfile instead of --nodes (filter, check)."),
+        typer.Option("--from", help="Start from this hostfile instead of -w (filter, check)."),
     ] = None,
     include: str | None = INCLUDE,
     exclude: str | None = EXCLUDE,
@@ -78,17 +80,17 @@ def _hostfile_from_options(
 ) -> Hostfile:
     if (nodes is None) == (source is None):
         raise UsageError(
-            "give either --nodes or --from",
-            hint="e.g. orch hostfile --nodes 'gpu[01-04]' --slots 8 -o hostfile",
+            "give either -w/--nodelist or --from",
+            hint="e.g. orch hostfile -w 'gpu[01-04]' --slots 8 -o hostfile",
         )
     if source is not None:
         if slots is not None:
-            raise UsageError("--slots goes with --nodes, not --from")
+            raise UsageError("--slots goes with -w/--nodelist, not --from")
         return read_hostfile(source)
     assert nodes is not None
     names = expand_nodeset(nodes)
     if slots is None:
-        raise UsageError("--nodes needs --slots N or --slots auto")
+        raise UsageError("-w/--nodelist needs --slots N or --slots auto")
     if slots.strip().lower() == "auto":
         counts = _gpu_counts(names, timeout)
         return make_hostfile(names, [counts[name] for name in names])
@@ -146,25 +148,29 @@ def _gpu_counts(names: list[str], timeout: float) -> dict[str, int]:
 def config_command(
     hostfile: Annotated[
         Path | None,
-        typer.Option("--hostfile", "-H", help="DeepSpeed hostfile (or --nodes with --slots)."),
+        typer.Option("--hostfile", "-H", help="DeepSpeed hostfile (or -w with --slots)."),
     ] = None,
-    nodes: str | None = typer.Option(None, "--nodes", "-n", help="Node set instead of a hostfile."),
-    slots: int | None = typer.Option(None, "--slots", help="Slots per node with --nodes."),
+    nodes: str | None = nodelist_option("Node set instead of a hostfile."),
+    slots: int | None = typer.Option(None, "--slots", help="Slots per node with -w."),
     recipe_path: Annotated[
         Path | None,
-        typer.Option("--recipe", "-r", help="Take launcher, options and hosts from this recipe."),
+        typer.Option("--recipe", help="Take launcher, options and hosts from this recipe."),
     ] = None,
     launcher: str | None = typer.Option(
-        None, "--launcher", help="pdsh (one config, default) or standard (one per machine rank)."
+        None,
+        "--launcher",
+        "-l",
+        help="pdsh (one config, the default; also spelled deepspeed) or standard (one per "
+        "machine rank; also spelled accelerate).",
     ),
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", help="Processes per node (default: the hostfile's slots)."
     ),
-    num_processes: int | None = typer.Option(
-        None, "--num-processes", help="Total processes; must split evenly over the machines."
-    ),
-    main_ip: str | None = typer.Option(
-        None, "--main-ip", help="Main process address (default: the first host)."
+    # accelerate's num_processes: the total, split evenly over the machines (hidden: one
+    # spelling per concept is --nproc-per-node; this one maps to it exactly here).
+    num_processes: int | None = typer.Option(None, "--num-processes", hidden=True),
+    main_address: str | None = typer.Option(
+        None, "--main-address", help="Main process address (default: the first host)."
     ),
     main_port: int | None = typer.Option(None, "--main-port", help="Main process port."),
     distributed_type: str | None = typer.Option(
@@ -189,7 +195,7 @@ def config_command(
         None, "--dynamo-backend", help="torch.compile backend, e.g. INDUCTOR."
     ),
     out_dir: Annotated[
-        Path, typer.Option("--out-dir", "-o", help="Directory to write the config(s) into.")
+        Path, typer.Option("--output", "-o", help="Directory to write the config(s) into.")
     ] = Path("."),
 ) -> None:
     """Write the accelerate config for the pdsh launcher, or one per machine rank (standard)."""
@@ -218,7 +224,7 @@ def config_command(
     recipe_port = (recipe.main_port if recipe else None) or DEFAULT_MAIN_PORT
     port = main_port if main_port is not None else recipe_port
     written = _render_and_write(
-        options, hosts, nproc, main_ip or hosts.names[0], port, chosen_launcher,
+        options, hosts, nproc, main_address or hosts.names[0], port, chosen_launcher,
         hostfile_path, out_dir,
     )  # fmt: skip
     for path in written:
@@ -226,8 +232,8 @@ def config_command(
 
 
 def _config_launcher(launcher: str | None, recipe: Recipe | None) -> str:
-    chosen = launcher or (recipe.launcher if recipe else "pdsh")
-    if chosen not in ("pdsh", "standard"):
+    chosen = launcher_named(launcher) if launcher else (recipe.launcher if recipe else "pdsh")
+    if chosen not in CONFIG_LAUNCHERS:
         raise UsageError(
             f"launcher {chosen!r} takes no accelerate config",
             hint="accelerate configs are for --launcher pdsh or standard",
@@ -245,22 +251,22 @@ def _config_hosts(
 ) -> tuple[Hostfile, str | None]:
     """The hosts, and the hostfile path the pdsh config points at (written if needed)."""
     if hostfile is not None and nodes is not None:
-        raise UsageError("give --hostfile or --nodes, not both")
+        raise UsageError("give --hostfile or -w/--nodelist, not both")
     if hostfile is not None:
         return read_hostfile(hostfile), str(hostfile.resolve())
     if nodes is not None:
         if slots is None:
-            raise UsageError("--nodes needs --slots N")
+            raise UsageError("-w/--nodelist needs --slots N")
         hosts = make_hostfile(expand_nodeset(nodes), _parse_slots(str(slots)))
     elif recipe is not None and recipe.hostfile is not None:
         path = Path(recipe.hostfile)
         return read_hostfile(path), str(path.resolve())
-    elif recipe is not None and recipe.nodes is not None:
+    elif recipe is not None and recipe.nodelist is not None:
         hosts = recipe_hosts(recipe)
     else:
         raise UsageError(
-            "no hosts: give --hostfile FILE or --nodes SET --slots N",
-            hint="write a hostfile with `orch hostfile --nodes 'gpu[01-04]' --slots 8 -o hostfile`",
+            "no hosts: give --hostfile FILE or -w NODESET --slots N",
+            hint="write a hostfile with `orch hostfile -w 'gpu[01-04]' --slots 8 -o hostfile`",
         )
     if launcher != "pdsh":
         return hosts, None
@@ -272,7 +278,7 @@ def _config_nproc(
     hosts: Hostfile, nproc_per_node: int | None, num_processes: int | None, recipe: Recipe | None
 ) -> int:
     if nproc_per_node is not None and num_processes is not None:
-        raise UsageError("give --nproc-per-node or --num-processes, not both")
+        raise UsageError("give --nproc-per-node or --num-processes (the total), not both")
     if num_processes is not None:
         nproc_per_node = nproc_from_total(num_processes, len(hosts.hosts))
     elif nproc_per_node is None and recipe is not None:

@@ -24,6 +24,7 @@ from orchestrator.plan.describe import plan_summary, plan_text
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.request import (
     JobRequest,
+    LaunchOverrides,
     SbatchRequest,
     launch_spec,
     recipe_spec,
@@ -49,13 +50,11 @@ from orchestrator.run.status import shown_state
 from orchestrator.run.teardown import kill_job
 from orchestrator.specs.constants import RESTART_COUNT_VAR
 from orchestrator.specs.inventory import nodes_text
+from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import load_recipe
 from orchestrator.specs.units import format_bytes
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
 
-_ENV = typer.Option(
-    [], "--env", "-e", help="NAME=VALUE for every rank; NAME alone forwards the head's value."
-)
 _RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
 # Options end at the script: everything after it is the script's, and an option orch does
@@ -282,16 +281,13 @@ def launch(
     script: str = typer.Argument(..., help="The training script (then its arguments)."),
     *,
     options: JobOptions,
-    launcher: str = typer.Option("pdsh", "--launcher", "-l", help="pdsh | standard | torchrun."),
-    nproc_per_node: int = typer.Option(None, "--nproc-per-node", help="Ranks per node."),
-    python: str = typer.Option(None, "--python", help="Interpreter on the nodes."),
-    workdir: str = typer.Option(None, "--workdir", help="Working directory on the nodes."),
-    env: list[str] = _ENV,
 ) -> None:
-    """Run SCRIPT [ARGS...] on every node of the hostfile (use `--` before script options)."""
-    spec = launch_spec(script, _script_args(ctx.args), launcher=launcher, env=env,
-                       environ=os.environ, nproc_per_node=nproc_per_node, python=python,
-                       workdir=workdir, main_port=options.main_port)  # fmt: skip
+    """Run SCRIPT [ARGS...] on every node of the hostfile, or of -w (use `--` before script
+    options)."""
+    spec = launch_spec(script, _script_args(ctx.args), launcher=options.launcher or "pdsh",
+                       env=options.env, environ=os.environ,
+                       nproc_per_node=options.nproc_per_node, python=options.python,
+                       workdir=options.workdir, main_port=options.main_port)  # fmt: skip
     request = job_request(options, spec, nodes=options.nodes)
     _execute(request, dry_run=options.dry_run, as_json=options.as_json, quiet=options.quiet)
 
@@ -316,15 +312,21 @@ def submit(
     given_job_id: str | None = typer.Option(None, "--job-id", hidden=True),
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
-    """Run a recipe: everything the launch needs, in one file. Extra ARGS go to the script."""
+    """Run a recipe: everything the launch needs, in one file; launch's options given win
+    over the recipe's values. Extra ARGS go to the script."""
     loaded = load_recipe(recipe)
     extra = tuple(script_args or ())
-    spec = recipe_spec(loaded, str(recipe), extra_args=extra, main_port=options.main_port)
+    launcher = launcher_named(options.launcher) if options.launcher else None
+    given = LaunchOverrides(launcher=launcher, nproc_per_node=options.nproc_per_node,
+                            python=options.python, workdir=options.workdir,
+                            env=tuple(options.env))  # fmt: skip
+    spec = recipe_spec(loaded, str(recipe), extra_args=extra, main_port=options.main_port,
+                       overrides=given, environ=os.environ)  # fmt: skip
     asked = SbatchRequest(gpus_per_node, time_limit, partition) if sbatch else None
     nodes = options.nodes or loaded.recovery.nodes or loaded.slurm.nodes
     request = job_request(options, spec, nodes=nodes,
                           recipe=loaded, extra_args=extra, sbatch=asked,
-                          job_id=given_job_id)  # fmt: skip
+                          job_id=given_job_id, overrides=given)  # fmt: skip
     if request.sbatch is None:
         _execute(request, dry_run=options.dry_run, as_json=options.as_json, quiet=options.quiet)
         return

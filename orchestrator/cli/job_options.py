@@ -14,7 +14,16 @@ from typing import Any, get_type_hints
 import typer
 from typer.models import OptionInfo
 
-from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
+from orchestrator.cli.options import (
+    EXCLUDE,
+    INCLUDE,
+    LAUNCHER_HELP,
+    SLURM,
+    TRANSPORT,
+    nodelist_option,
+    nodes_option,
+)
+from orchestrator.errors import UsageError
 from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.states import HANG_EXIT_CODE
 from orchestrator.plan.request import (
@@ -44,13 +53,15 @@ _FANOUT = typer.Option(
     help="What starts every node: pdsh (over ssh), or srun (one Slurm step; the default "
     "inside an allocation for the standard and torchrun launchers).",
 )
-_NODES = typer.Option(
-    None,
-    "--nodes",
-    min=1,
-    help="Run on the first N healthy nodes of the hostfile (or of the allocation): the rest "
+_NODES = nodes_option(
+    "Run on the first N healthy nodes of the hostfile (or of the allocation): the rest "
     "are spares that replace a node lost on a restart. With --sbatch, how many to ask "
-    "Slurm for. Default: every node.",
+    "Slurm for. Default: every node."
+)
+_NODELIST = nodelist_option(
+    "Run on these nodes ('gpu[01-04]', 'a,b'; the first is node 0), each with "
+    "--nproc-per-node ranks, instead of a hostfile (submit: instead of the recipe's hosts).",
+    count_hint="did you mean -N {count}?",
 )
 _MIN_NODES = typer.Option(
     None,
@@ -81,7 +92,9 @@ _MAIN_PORT = typer.Option(
 _DRY_RUN = typer.Option(
     False, "--dry-run", help="Print the plan (every file and command line), run nothing."
 )
-_AS_JSON = typer.Option(False, "--json", help="With --dry-run: the plan as one JSON document.")
+_AS_JSON = typer.Option(
+    False, "--json", help="With --dry-run (needs it): the plan as one JSON document."
+)
 _NO_DOCTOR = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks.")
 _PUSH_ENV = typer.Option(
     False,
@@ -122,6 +135,26 @@ _ENV_KEEP = typer.Option(
     "KEY, SECRET or PASSWORD, and what --env NAME forwards, always does.",
 )
 
+# What runs: `orch launch` says it with these, `orch submit` over its recipe's values.
+_LAUNCHER = typer.Option(
+    None, "--launcher", "-l", help=f"{LAUNCHER_HELP}. Default: pdsh (submit: the recipe's)."
+)
+_NPROC_PER_NODE = typer.Option(
+    None, "--nproc-per-node", help="Ranks per node (default: the hostfile's slots; submit: "
+    "the recipe's nproc_per_node)."
+)  # fmt: skip
+_PYTHON = typer.Option(
+    None, "--python", help="Interpreter on the nodes (default: the head's; submit: the recipe's)."
+)
+_WORKDIR = typer.Option(
+    None, "--workdir", help="Working directory on the nodes (default: the head's; submit: the "
+    "recipe's)."
+)  # fmt: skip
+_ENV = typer.Option(
+    [], "--env", help="NAME=VALUE for every rank; NAME alone forwards the head's value "
+    "(repeat; submit: over the recipe's env)."
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class JobOptions:
@@ -133,6 +166,7 @@ class JobOptions:
     transport: str | None = field(metadata=_declared(TRANSPORT))
     fanout: str | None = field(metadata=_declared(_FANOUT))
     nodes: int | None = field(metadata=_declared(_NODES))
+    nodelist: str | None = field(metadata=_declared(_NODELIST))
     include: str | None = field(metadata=_declared(INCLUDE))
     exclude: str | None = field(metadata=_declared(EXCLUDE))
     main_port: int | None = field(metadata=_declared(_MAIN_PORT))
@@ -150,6 +184,11 @@ class JobOptions:
     restart_on: str | None = field(metadata=_declared(_RESTART_ON))
     min_nodes: int | None = field(metadata=_declared(_MIN_NODES))
     env_keep: list[str] = field(metadata=_declared(_ENV_KEEP))
+    launcher: str | None = field(metadata=_declared(_LAUNCHER))
+    nproc_per_node: int | None = field(metadata=_declared(_NPROC_PER_NODE))
+    python: str | None = field(metadata=_declared(_PYTHON))
+    workdir: str | None = field(metadata=_declared(_WORKDIR))
+    env: list[str] = field(metadata=_declared(_ENV))
 
 
 def with_job_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -202,6 +241,11 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     """The request the options and a spec make: `nodes` as wanted (--nodes, or a recipe's),
     `more` the request's other fields. Warns (stderr) of script arguments that look like
     secrets: launch and submit both come through here."""
+    if options.as_json and not options.dry_run:
+        raise UsageError(
+            "--json goes with --dry-run: it prints the plan as one JSON document",
+            "add --dry-run; a job's record as JSON: orch status JOB --json",
+        )
     for line in secret_args_warnings(spec.args):
         typer.echo(line, err=True)
     heartbeat = options.heartbeat_timeout
@@ -214,7 +258,7 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     hosts = HostsRequest(
         hostfile=str(options.hostfile) if options.hostfile is not None else None,
         slurm=options.slurm, nodes=nodes, include=options.include, exclude=options.exclude,
-        transport=options.transport,
+        transport=options.transport, nodelist=options.nodelist,
     )  # fmt: skip
     runs_dir = str(options.runs_dir) if options.runs_dir is not None else None
     keep = tuple(options.env_keep)

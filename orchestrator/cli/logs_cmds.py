@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -14,6 +15,7 @@ from typing import BinaryIO
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.options import node_set
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines
 from orchestrator.logs.writer import HEAD_NODE, log_file_name
@@ -23,9 +25,15 @@ from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import RunDir, find_job
 from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.remote.owned import root_setting
+from orchestrator.specs.inventory import expand_nodeset
 
 _FOLLOW_POLL_S = 0.5
-_NODE = typer.Option([], "--node", "-n", help="Only this node (repeat, or comma-separate).")
+_NODELIST = typer.Option(
+    [], "--nodelist", "-w", metavar="NODESET",
+    parser=functools.partial(node_set, count_hint="for the last {count} lines: orch logs JOB | "
+                             "tail -n {count}"),
+    help="Only these nodes: a node set ('n[1-2]', 'a,b'; repeat).",
+)  # fmt: skip
 _RUNS_DIR = typer.Option(
     None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
 )
@@ -40,7 +48,7 @@ def _selected_nodes(record: JobRecord, run: RunDir, wanted: list[str]) -> list[s
     known += extra
     if not wanted:
         return known
-    names = [name for item in wanted for name in item.split(",") if name]
+    names = list(dict.fromkeys(name for item in wanted for name in expand_nodeset(item)))
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(
@@ -153,7 +161,7 @@ def _raw_dir(run: RunDir, node: str) -> Path:
 @app.command()
 def logs(
     job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
-    node: list[str] = _NODE,
+    node: list[str] = _NODELIST,
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Keep printing new lines until the job ends."
     ),

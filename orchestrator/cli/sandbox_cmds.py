@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.app import app
+from orchestrator.cli.options import nodes_option
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.slurm import PARTITION
@@ -41,7 +42,7 @@ _GUEST_OPTION = typer.Option(
 
 @sandbox_app.command("up")
 def up(
-    nodes: int = typer.Option(4, "--nodes", "-n", min=1, max=250, help="Number of nodes."),
+    nodes: int = nodes_option("Number of nodes.", 4, most=250, nodelist=False),
     slots: int = typer.Option(2, "--slots", min=1, help="Slots (ranks) per node in the hostfile."),
     prefix: str = typer.Option("node", "--prefix", help="Node names are PREFIX1..PREFIXN."),
     sshd: str = typer.Option(

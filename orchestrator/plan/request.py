@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from orchestrator.errors import UsageError
 from orchestrator.specs.constants import DEFAULT_LAUNCHER
 from orchestrator.specs.jobenv import check_name
-from orchestrator.specs.options import check_launcher
+from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import AccelerateOptions, Recipe, RecoveryOptions
 
 
@@ -44,6 +44,7 @@ class HostsRequest:
     hostfile: str | None = None
     slurm: bool = False
     nodes: int | None = None  # the allocation's first N; with --sbatch, how many to ask for
+    nodelist: str | None = None  # -w: a node set instead of a hostfile (--nproc-per-node each)
     include: str | None = None
     exclude: str | None = None
     transport: str | None = None  # --transport: ssh or slurm; None: decided up front
@@ -81,6 +82,18 @@ class SbatchRequest:
 
 
 @dataclass(frozen=True)
+class LaunchOverrides:
+    """`orch submit`'s options over its recipe's values (those of `orch launch`), as given:
+    each given one wins; None or empty: the recipe's."""
+
+    launcher: str | None = None
+    nproc_per_node: int | None = None
+    python: str | None = None
+    workdir: str | None = None
+    env: tuple[str, ...] = ()  # --env NAME=VALUE (set) or NAME (forwarded), as given
+
+
+@dataclass(frozen=True)
 class JobRequest:
     """One request, from the command line (and a recipe) to the job."""
 
@@ -96,6 +109,7 @@ class JobRequest:
     recovery: RecoveryRequest = field(default_factory=RecoveryRequest)
     env_keep: tuple[str, ...] = ()  # --env-keep as given (the spec also holds a recipe's)
     job_id: str | None = None  # given: the batch script's own submit names its job
+    overrides: LaunchOverrides = field(default_factory=LaunchOverrides)  # submit: over the recipe
 
     @property
     def hang_timeout(self) -> float | None:
@@ -166,27 +180,33 @@ def launch_spec(script: str, args: Sequence[str], *, launcher: str, env: Sequenc
                 python: str | None = None, workdir: str | None = None,
                 main_port: int | None = None) -> LaunchSpec:  # fmt: skip
     """`orch launch`'s flags as a spec; `environ` the head's (what --env NAME forwards)."""
-    check_launcher(launcher)
     given, forwarded = env_options(env, environ)
     return LaunchSpec(
-        script=script, args=tuple(args), launcher=launcher, python=python, workdir=workdir,
+        script=script, args=tuple(args), launcher=launcher_named(launcher), python=python,
+        workdir=workdir,
         nproc_per_node=nproc_per_node, env=tuple(given.items()), passthrough=forwarded,
         main_port=main_port,
     )  # fmt: skip
 
 
 def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
-                main_port: int | None = None) -> LaunchSpec:  # fmt: skip
-    """A recipe as a spec, with the ARGS and --main-port given after it."""
+                main_port: int | None = None,
+                overrides: LaunchOverrides = LaunchOverrides(),
+                environ: Mapping[str, str] | None = None) -> LaunchSpec:  # fmt: skip
+    """A recipe as a spec, with the ARGS, --main-port and launch's options given after it
+    (`overrides`: each given one wins over the recipe's); `environ` the head's (what --env
+    NAME forwards)."""
+    given = overrides
+    env, passthrough = _env_over(recipe, given.env, environ or {})
     return LaunchSpec(
         script=recipe.script,
         args=(*recipe.args, *extra_args),
-        launcher=recipe.launcher,
-        python=recipe.python,
-        workdir=recipe.workdir,
-        nproc_per_node=recipe.nproc_per_node,
-        env=tuple(recipe.env.items()),
-        passthrough=tuple(recipe.passthrough_env),
+        launcher=launcher_named(given.launcher) if given.launcher else recipe.launcher,
+        python=given.python or recipe.python,
+        workdir=given.workdir or recipe.workdir,
+        nproc_per_node=given.nproc_per_node or recipe.nproc_per_node,
+        env=tuple(env.items()),
+        passthrough=passthrough,
         env_keep=tuple(recipe.env_keep),
         main_port=main_port if main_port is not None else recipe.main_port,
         accelerate=recipe.accelerate,
@@ -194,6 +214,18 @@ def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
         rdzv_id=recipe.torchrun.rdzv_id,
         recipe=path,
     )
+
+
+def _env_over(recipe: Recipe, pairs: Sequence[str],
+              environ: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:  # fmt: skip
+    """The recipe's env and passthrough_env with --env given over them: a name given wins,
+    set (NAME=VALUE) or forwarded (NAME), whichever the recipe did with it."""
+    given, forwarded = env_options(pairs, environ)
+    env = {name: value for name, value in recipe.env.items() if name not in forwarded}
+    env.update(given)
+    passthrough = [name for name in recipe.passthrough_env if name not in given]
+    passthrough += [name for name in forwarded if name not in passthrough]
+    return env, tuple(passthrough)
 
 
 RESTART_ON = ("infra", "any")
@@ -222,8 +254,8 @@ def check_recovery(recovery: RecoveryRequest) -> None:
 
 def check_sbatch_hosts(hosts: HostsRequest) -> None:
     """--sbatch runs on the nodes Slurm allocates: options naming nodes cannot apply."""
-    named = (("--hostfile", hosts.hostfile), ("--include", hosts.include),
-             ("--exclude", hosts.exclude))  # fmt: skip
+    named = (("--hostfile", hosts.hostfile), ("--nodelist", hosts.nodelist),
+             ("--include", hosts.include), ("--exclude", hosts.exclude))  # fmt: skip
     ignored = [name for name, value in named if value]
     if ignored:
         raise UsageError(

@@ -71,9 +71,9 @@ def request_batch(request: JobRequest, *, job_id: str, cwd: str, output: str,
         job_id=job_id,
         name=f"orch-{recipe.name}",
         nodes=request.hosts.nodes,
-        ntasks_per_node=recipe.nproc_per_node,
+        ntasks_per_node=request.spec.nproc_per_node,  # --nproc-per-node, else the recipe's
         gpus_per_node=asked.gpus_per_node or wanted.gpus_per_node,
-        workdir=recipe.workdir or cwd,
+        workdir=request.spec.workdir or cwd,
         output=output,
         command=command,
         time=asked.time or wanted.time,
@@ -88,7 +88,7 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
     """The orch command the batch script runs: the request's own submit, naming the job, on
     the allocation's nodes (--slurm), as many as the allocation asks for (--nodes given on the
     head wins over the recipe's, inside too). Otherwise only what was given is passed on: the
-    recipe says the rest again."""
+    recipe says the rest again, and the options given over it win again."""
     argv = [python, "-m", "orchestrator", "submit", recipe, "--slurm", "--job-id", job_id,
             "--runs-dir", runs_dir]  # fmt: skip
     if request.hosts.nodes is not None:  # the allocation's size, --nodes or the recipe's
@@ -107,11 +107,35 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
     for option, value in values:
         if value is not None:
             argv += [option, f"{value}"]
+    argv += _overrides_argv(request)
     for name in request.env_keep:
         argv += ["--env-keep", name]
     if request.extra_args:
         argv += ["--", *request.extra_args]
     return tuple(argv)
+
+
+def _overrides_argv(request: JobRequest) -> list[str]:
+    """Launch's options given over the recipe, passed on. An --env value is not: the batch
+    script and the inner orch's arguments are readable by others; sbatch passes the
+    submitting environment on, so a forwarded --env NAME is."""
+    given = request.overrides
+    argv: list[str] = []
+    for option, value in (("--launcher", given.launcher),
+                          ("--nproc-per-node", given.nproc_per_node),
+                          ("--python", given.python), ("--workdir", given.workdir)):  # fmt: skip
+        if value is not None:
+            argv += [option, f"{value}"]
+    for pair in given.env:
+        name, sep, _ = pair.partition("=")
+        if sep:
+            raise UsageError(
+                f"--sbatch: --env {name}=... would write the value into the batch script",
+                f"export {name}=... here and give --env {name} (sbatch passes the "
+                "environment on), or set it in the recipe's env:",
+            )
+        argv += ["--env", name]
+    return argv
 
 
 def render_batch_script(request: BatchRequest) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from orchestrator.errors import UsageError
 from orchestrator.nodes.pdsh import find_pdsh
 from orchestrator.nodes.transport import choose_transport
 from orchestrator.outcome.events import WatchSettings
@@ -24,7 +25,14 @@ from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import HostsRequest, JobRequest
 from orchestrator.prepare.ports import plan_with_main_port
 from orchestrator.records.job import new_job_id, runs_root
-from orchestrator.specs.inventory import Hostfile, filter_hosts, job_nodes, read_hostfile
+from orchestrator.specs.inventory import (
+    Hostfile,
+    expand_nodeset,
+    filter_hosts,
+    job_nodes,
+    make_hostfile,
+    read_hostfile,
+)
 from orchestrator.specs.recipe import recipe_hosts
 from orchestrator.specs.slurm import JOB_ID_VAR, allocation_from_env, chosen_fanout, job_inventory
 
@@ -113,12 +121,29 @@ def prepare_job(request: JobRequest, environ: Mapping[str, str], *,
 
 
 def _given_hosts(request: JobRequest, environ: Mapping[str, str]) -> Hostfile | None:
-    """--hostfile; else a recipe's own hosts, unless the job runs in a Slurm allocation."""
+    """--hostfile, or -w; else a recipe's own hosts, unless the job runs in a Slurm
+    allocation."""
+    if request.hosts.hostfile is not None and request.hosts.nodelist is not None:
+        raise UsageError(
+            "give --hostfile or -w/--nodelist, not both",
+            "to run on some nodes of a hostfile: -i/--include 'gpu[01-02]'",
+        )
     if request.hosts.hostfile is not None:
         return read_hostfile(request.hosts.hostfile)
+    if request.hosts.nodelist is not None:
+        return nodelist_hosts(request.hosts.nodelist, request.spec.nproc_per_node)
     if request.recipe is None or request.hosts.slurm or allocation_from_env(environ) is not None:
         return None
     return recipe_hosts(request.recipe, None)
+
+
+def nodelist_hosts(nodelist: str, nproc_per_node: int | None) -> Hostfile:
+    """-w's nodes, each with --nproc-per-node slots (as a recipe's nodelist: with its
+    nproc_per_node)."""
+    if nproc_per_node is None:
+        raise UsageError(f"-w {nodelist} needs --nproc-per-node N: the ranks of each node",
+                         "or give a hostfile (orch hostfile -w ... --slots N -o FILE)")  # fmt: skip
+    return make_hostfile(expand_nodeset(nodelist), nproc_per_node)
 
 
 def check_pushable(plan: LaunchPlan) -> None:
@@ -131,10 +156,11 @@ def check_pushable(plan: LaunchPlan) -> None:
 
 def push_hosts(request: JobRequest) -> HostsRequest:
     """Where `orch env push` finds the job's nodes, as the job found them: --hostfile, else
-    the recipe's hostfile, else the allocation (--slurm)."""
+    the recipe's hostfile (unless -w), else the allocation (--slurm)."""
     hosts = request.hosts
     recipe = request.recipe.hostfile if request.recipe is not None else None
-    if hosts.hostfile is None and recipe is not None and not hosts.slurm:
+    given = hosts.hostfile is not None or hosts.nodelist is not None
+    if not given and recipe is not None and not hosts.slurm:
         return replace(hosts, hostfile=recipe)
     return hosts
 

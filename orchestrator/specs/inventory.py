@@ -90,7 +90,7 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> Hostfile:
             source,
             "hostfile lists no hosts",
             hint="add one 'HOST slots=N' line per node, e.g. 'gpu01 slots=8' "
-            "(or write one with `orch hostfile --nodes ... --slots N`)",
+            "(or write one with `orch hostfile -w ... --slots N`)",
         )
     return Hostfile(tuple(hosts), source=source)
 
@@ -140,7 +140,7 @@ def read_hostfile(path: str | os.PathLike[str]) -> Hostfile:
         raise InputFileError(
             name,
             "hostfile not found",
-            hint="check the path, or write one with `orch hostfile --nodes ... --slots N -o FILE`",
+            hint="check the path, or write one with `orch hostfile -w ... --slots N -o FILE`",
         ) from None
     except IsADirectoryError:
         raise InputFileError(name, "is a directory, not a hostfile") from None
@@ -176,6 +176,14 @@ def make_hostfile(
     hostfile = Hostfile(tuple(HostSlots(n, c) for n, c in zip(names, counts, strict=True)))
     # Same checks as parsing: round-trip the text so both paths agree.
     return parse_hostfile(render_hostfile(hostfile), source=source)
+
+
+def is_node_count(value: object) -> bool:
+    """`4` or '4': a count of nodes (-N, a recipe's slurm/recovery `nodes:`), never a node set
+    (-w, `nodelist:`): no node is called 4, which reads as an address."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True
+    return isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()
 
 
 def expand_nodeset(expr: str) -> list[str]:

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -30,9 +29,12 @@ from orchestrator.specs.constants import PORT_RANGE
 from orchestrator.specs.inventory import (
     Hostfile,
     expand_nodeset,
+    is_node_count,
     make_hostfile,
     read_hostfile,
 )
+from orchestrator.specs.options import LAUNCHER_ALIASES
+from orchestrator.specs.yaml_lines import line_for, load_yaml_with_lines
 
 # In `script`, `workdir` and `hostfile`, this is replaced by the recipe file's directory.
 RECIPE_DIR_VAR = "${RECIPE_DIR}"
@@ -148,6 +150,14 @@ class TorchrunOptions(_Strict):
         return _scalars_to_text(value)
 
 
+def _count_of_nodes(value: Any) -> Any:
+    """A `nodes:` count; a node set there (what `nodes:` was at the top) says where it goes."""
+    if isinstance(value, str) and not is_node_count(value):
+        raise ValueError(f"{value!r} is a node set, and nodes here is a count (as srun's -N); "
+                         f"a node set is the top-level key nodelist: {value}")  # fmt: skip
+    return value
+
+
 class SlurmOptions(_Strict):
     """What `orch submit RECIPE --sbatch` asks Slurm for (options on the command line win)."""
 
@@ -157,6 +167,8 @@ class SlurmOptions(_Strict):
     partition: str | None = None
     account: str | None = None
 
+    _nodes_count = field_validator("nodes", mode="before")(_count_of_nodes)
+
 
 class RecoveryOptions(_Strict):
     """Restarts after a failure a restart can fix (options on the command line win)."""
@@ -165,6 +177,8 @@ class RecoveryOptions(_Strict):
     restart_on: Literal["infra", "any"] = "infra"
     nodes: int | None = Field(None, ge=1)  # the first N healthy nodes; the rest are spares
     min_nodes: int | None = Field(None, ge=1)  # go on with fewer, down to this
+
+    _nodes_count = field_validator("nodes", mode="before")(_count_of_nodes)
 
 
 class Recipe(_Strict):
@@ -176,7 +190,7 @@ class Recipe(_Strict):
     args: list[str] = Field(default_factory=list)
     launcher: Launcher = "pdsh"
     hostfile: str | None = None
-    nodes: str | None = None  # a node set, used when no hostfile is given
+    nodelist: str | None = None  # a node set (as -w), used when no hostfile is given
     nproc_per_node: int | None = Field(None, ge=1)  # None: the hostfile's slots
     workdir: str | None = None  # None: the head's working directory
     python: str | None = None  # None: the head's sys.executable
@@ -228,10 +242,19 @@ class Recipe(_Strict):
             _as_value_error(jobenv.check_name, name)
         return value
 
-    @field_validator("nodes")
+    @field_validator("launcher", mode="before")
     @classmethod
-    def _nodes_parse(cls, value: str | None) -> str | None:
-        if value is not None:
+    def _launcher_by_tool(cls, value: Any) -> Any:
+        return LAUNCHER_ALIASES.get(value, value) if isinstance(value, str) else value
+
+    @field_validator("nodelist", mode="before")
+    @classmethod
+    def _nodelist_parse(cls, value: Any) -> Any:
+        if is_node_count(value):
+            raise ValueError(f"{value} is a count, and nodelist names the nodes ('gpu[01-04]'); "
+                             f"a count goes under recovery: {{nodes: {value}}} (the first "
+                             f"{value} healthy nodes) or slurm: {{nodes: {value}}}")  # fmt: skip
+        if isinstance(value, str):
             _as_value_error(expand_nodeset, value)
         return value
 
@@ -282,13 +305,15 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
 
 def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     """Validate recipe text; `${RECIPE_DIR}` refers to the directory of `source`."""
-    data, lines = _load_yaml_with_lines(text, source)
+    data, lines = load_yaml_with_lines(text, source)
     if not isinstance(data, dict):
         raise InputFileError(
             source, "a recipe is a YAML mapping (name:, script:, launcher:, ...)", line=1
         )
     if "source" in data:
         raise InputFileError(source, "unknown key 'source'", line=lines.get(("source",)))
+    if "nodes" in data:
+        raise _top_level_nodes(data["nodes"], source, lines.get(("nodes",)))
     recipe_dir = str(Path(source).resolve().parent)
     for key in ("script", "workdir", "hostfile"):
         if isinstance(data.get(key), str):
@@ -300,10 +325,23 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
         raise _first_problem(err, lines, source) from None
 
 
+def _top_level_nodes(value: Any, source: str, line: int | None) -> InputFileError:
+    """`nodes:` at the top was a node set: it is `nodelist:` now, and a count of nodes goes
+    under recovery: or slurm: (as srun's -N)."""
+    if is_node_count(value):
+        return InputFileError(source, "'nodes' at the top level: a count of nodes goes under "
+                              "recovery: (the first N healthy nodes) or slurm: (how many to "
+                              "ask Slurm for)", line=line,
+                              hint=f"did you mean recovery: {{nodes: {value}}}?")  # fmt: skip
+    return InputFileError(source, "'nodes' is a count of nodes (under recovery: and slurm:); "
+                          "a node set is 'nodelist'", line=line,
+                          hint=f"did you mean nodelist: {value}?")  # fmt: skip
+
+
 def _first_problem(err: ValidationError, lines: dict[tuple, int], source: str) -> InputFileError:
     problem = err.errors(include_url=False)[0]
     loc = tuple(problem["loc"])
-    line = _line_for(loc, lines)
+    line = line_for(loc, lines)
     where = ".".join(str(part) for part in loc)
     message = problem["msg"].removeprefix("Value error, ")
     if problem["type"] == "extra_forbidden":
@@ -318,88 +356,23 @@ def _first_problem(err: ValidationError, lines: dict[tuple, int], source: str) -
     return InputFileError(source, message, line=line, hint=hint)
 
 
-def _line_for(loc: tuple, lines: dict[tuple, int]) -> int | None:
-    """The line of the longest prefix of `loc` present in the file."""
-    for end in range(len(loc), 0, -1):
-        if loc[:end] in lines:
-            return lines[loc[:end]]
-    return None
-
-
-def _load_yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
-    """Parse YAML and map each key path (('accelerate', 'zero_stage')) to its 1-based line."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise InputFileError(source, f"not valid YAML: {err.problem}", line=line) from None
-    except yaml.YAMLError as err:
-        raise InputFileError(source, f"not valid YAML: {err}") from None
-    lines: dict[tuple, int] = {}
-    if node is not None:
-        _record_lines(node, (), lines, source, set())
-    return data, lines
-
-
-def _record_lines(
-    node: yaml.Node, path: tuple, lines: dict[tuple, int], source: str, seen: set[int]
-) -> None:
-    if id(node) in seen:  # an alias of a node already walked (or a recursive one)
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = _scalar_key(key_node)
-            here = (*path, key)
-            if here in lines:
-                raise InputFileError(
-                    source,
-                    f"duplicate key {'.'.join(map(str, here))!r} (first on line {lines[here]})",
-                    line=key_node.start_mark.line + 1,
-                )
-            lines[here] = key_node.start_mark.line + 1
-            _record_lines(value_node, here, lines, source, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            lines[(*path, index)] = item.start_mark.line + 1
-            _record_lines(item, (*path, index), lines, source, seen)
-
-
-def _scalar_key(node: yaml.Node) -> Any:
-    if isinstance(node, yaml.ScalarNode):
-        # Same value safe_load gives the key (so 3 and '3' stay apart like in the data).
-        return _construct(node)
-    return repr(node.value)
-
-
-def _construct(node: yaml.ScalarNode) -> Any:
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node)
-    except yaml.YAMLError:  # e.g. the '<<' merge key
-        return node.value
-    finally:
-        loader.dispose()
-
-
 def recipe_hosts(recipe: Recipe, hostfile: str | os.PathLike[str] | None = None) -> Hostfile:
     """The hosts a recipe runs on: `hostfile` (e.g. --hostfile) wins, then the recipe's own."""
     if hostfile is not None:
         return read_hostfile(hostfile)
     if recipe.hostfile is not None:
         return read_hostfile(recipe.hostfile)
-    if recipe.nodes is not None:
+    if recipe.nodelist is not None:
         if recipe.nproc_per_node is None:
             raise InputFileError(
                 recipe.source or "<recipe>",
-                "'nodes' needs 'nproc_per_node' (the slots of each node)",
+                "'nodelist' needs 'nproc_per_node' (the slots of each node)",
             )
-        return make_hostfile(expand_nodeset(recipe.nodes), recipe.nproc_per_node)
+        return make_hostfile(expand_nodeset(recipe.nodelist), recipe.nproc_per_node)
     raise UsageError(
         f"recipe {recipe.name!r} names no hosts",
-        hint="pass --hostfile FILE, or set 'hostfile:' or 'nodes:' in the recipe",
+        hint="pass --hostfile FILE (or -w NODESET), or set 'hostfile:' or 'nodelist:' in the "
+        "recipe",
     )
 
 

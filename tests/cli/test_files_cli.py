@@ -29,7 +29,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def test_hostfile_from_node_set_is_read_by_deepspeed(tmp_path: Path, capsys) -> None:
     target = tmp_path / "sub" / "hostfile"
-    code, out, _ = run(capsys, "hostfile", "--nodes", "gpu[01-03],10.0.0.9", "--slots", "8",
+    code, out, _ = run(capsys, "hostfile", "-w", "gpu[01-03],10.0.0.9", "--slots", "8",
                        "-o", str(target))  # fmt: skip
     assert code == 0
     assert out.strip() == str(target)
@@ -39,7 +39,7 @@ def test_hostfile_from_node_set_is_read_by_deepspeed(tmp_path: Path, capsys) -> 
 
 
 def test_hostfile_to_stdout_and_filters(tmp_path: Path, capsys) -> None:
-    code, out, _ = run(capsys, "hostfile", "--nodes", "n[1-3]", "--slots", "4",
+    code, out, _ = run(capsys, "hostfile", "--nodelist", "n[1-3]", "--slots", "4",
                        "--include", "n1:0,1@n3")  # fmt: skip
     assert (code, out) == (0, "n1 slots=2\nn3 slots=4\n")
     source = tmp_path / "hf"
@@ -51,13 +51,13 @@ def test_hostfile_to_stdout_and_filters(tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--nodes", "gpu[01-", "--slots", "8"], "cannot parse node set"),
-        (["--nodes", "a,b", "--slots", "0"], "at least one slot"),
-        (["--nodes", "a,b", "--slots", "many"], "give a number or 'auto'"),
-        (["--nodes", "a,b"], "needs --slots"),
-        ([], "give either --nodes or --from"),
-        (["--nodes", "a;rm", "--slots", "1"], "not allowed"),
-        (["--nodes", "a,b", "--slots", "1", "--include", "c"], "'c' is not in"),
+        (["-w", "gpu[01-", "--slots", "8"], "cannot parse node set"),
+        (["-w", "a,b", "--slots", "0"], "at least one slot"),
+        (["-w", "a,b", "--slots", "many"], "give a number or 'auto'"),
+        (["-w", "a,b"], "needs --slots"),
+        ([], "give either -w/--nodelist or --from"),
+        (["-w", "a;rm", "--slots", "1"], "not allowed"),
+        (["-w", "a,b", "--slots", "1", "-i", "c"], "'c' is not in"),
         (["--from", "/nonexistent/hf"], "/nonexistent/hf: hostfile not found"),
     ],
 )
@@ -105,7 +105,7 @@ def test_config_pdsh_from_hostfile(tmp_path: Path, capsys) -> None:
 
 
 def test_config_from_node_set_writes_the_hostfile_it_names(tmp_path: Path, capsys) -> None:
-    code, out, err = run(capsys, "config", "--nodes", "n[1-2]", "--slots", "2", "-o", str(tmp_path))
+    code, out, err = run(capsys, "config", "-w", "n[1-2]", "--slots", "2", "-o", str(tmp_path))
     assert code == 0, err
     config = load_config_from_file(str(tmp_path / "accelerate-pdsh.yaml"))
     named = config.deepspeed_config["deepspeed_hostfile"]
@@ -177,7 +177,7 @@ def test_config_without_hosts_is_a_usage_error(tmp_path: Path, capsys) -> None:
 def test_real_console_script() -> None:
     """The installed `orch` reaches these commands and maps usage errors to exit 2."""
     bad = subprocess.run(
-        [ORCH, "hostfile", "--nodes", "a[1-", "--slots", "2"],
+        [ORCH, "hostfile", "-w", "a[1-", "--slots", "2"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode == 2
@@ -189,7 +189,7 @@ def test_real_console_script() -> None:
 def test_slots_auto_without_gpus_says_so(sandbox, capsys) -> None:
     _, state = sandbox
     names = ",".join(node.name for node in state.nodes)
-    code, out, err = run(capsys, "hostfile", "--nodes", names, "--slots", "auto")
+    code, out, err = run(capsys, "hostfile", "-w", names, "--slots", "auto")
     assert code == 1, err
     assert out == ""
     for node in state.nodes:
@@ -201,7 +201,7 @@ def test_slots_auto_without_gpus_says_so(sandbox, capsys) -> None:
 def test_slots_auto_reports_every_bad_node(sandbox, capsys) -> None:
     _, state = sandbox
     names = ",".join([state.nodes[0].name, "orch-no-such-node", state.nodes[1].name])
-    code, out, err = run(capsys, "hostfile", "--nodes", names, "--slots", "auto",
+    code, out, err = run(capsys, "hostfile", "-w", names, "--slots", "auto",
                          "--timeout", "5")  # fmt: skip
     assert code == 1
     assert out == ""

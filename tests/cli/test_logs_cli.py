@@ -86,15 +86,39 @@ def test_by_node_and_by_time(runs: Path, orch) -> None:
 
 
 def test_one_node_is_printed_as_its_file(runs: Path, orch) -> None:
-    result = orch("logs", JOB, "--node", "n2", runs=runs)
+    result = orch("logs", JOB, "--nodelist", "n2", runs=runs)
     assert result.returncode == 0
     assert result.stdout == (runs / JOB / "logs" / "n2.log").read_bytes()
+    # --node, its earlier spelling, is a hidden alias of -w/--nodelist.
+    assert orch("logs", JOB, "--node", "n2", runs=runs).stdout == result.stdout
+
+
+def test_a_node_set_selects_the_nodes_it_names(runs: Path, orch) -> None:
+    both = orch("logs", JOB, "-w", "n[1-2]", runs=runs)
+    assert both.returncode == 0
+    assert both.stdout == orch("logs", JOB, runs=runs).stdout
 
 
 def test_unknown_node_is_a_usage_error(runs: Path, orch) -> None:
-    result = orch("logs", JOB, "--node", "n9", runs=runs)
+    result = orch("logs", JOB, "-w", "n9", runs=runs)
     assert result.returncode == 2
     assert b"no node n9" in result.stderr and b"n1, n2" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["-n", "50"], b"hint: for the last 50: orch logs JOB | tail -n 50"),
+        (["-w", "50"], b"hint: for the last 50 lines: orch logs JOB | tail -n 50"),
+        (["-n", "n2"], b"hint: did you mean -w n2?"),
+    ],
+)
+def test_a_line_count_or_the_old_short_node_flag_is_refused_with_what_to_type(
+    runs: Path, orch, argv: list[str], said: bytes
+) -> None:
+    result = orch("logs", JOB, *argv, runs=runs)
+    assert (result.returncode, result.stdout) == (2, b"")
+    assert said in result.stderr
 
 
 def test_raw_prints_pulled_back_files_and_names_missing_nodes(runs: Path, orch) -> None:
@@ -105,7 +129,7 @@ def test_raw_prints_pulled_back_files_and_names_missing_nodes(runs: Path, orch) 
     assert result.returncode == 0
     assert b"==> n1/stdout.raw <==\n\rraw 1\rraw 2\n\xff" in result.stdout
     assert b"no raw logs for n2" in result.stderr
-    missing = orch("logs", JOB, "--raw", "-n", "n2", runs=runs)
+    missing = orch("logs", JOB, "--raw", "-w", "n2", runs=runs)
     assert missing.returncode == 1
     assert b"error:" in missing.stderr and b"/tmp/orch-<uid>/runs/" + JOB.encode() in missing.stderr
 
@@ -118,7 +142,7 @@ def test_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
         run = make_job(tmp_path, state="running", head_pid=head.pid)
         writer = NodeLogWriter(run.logs / "n1.log", flush_interval=0)
         follower = subprocess.Popen(
-            [str(ORCH), "logs", JOB, "-f", "-n", "n1", "--runs-dir", str(tmp_path)],
+            [str(ORCH), "logs", JOB, "-f", "-w", "n1", "--runs-dir", str(tmp_path)],
             stdout=subprocess.PIPE,
         )
         got: list[bytes] = []

@@ -92,7 +92,7 @@ def test_status_lists_the_attempts_and_logs_reads_an_earlier_ones(tmp_path, orch
     as_json = json.loads(orch_here(["status", JOB, "--json", "--runs-dir", str(runs)], runs).stdout)
     assert [a["number"] for a in as_json["attempts"]] == [1, 2]
     assert as_json["attempts"][0]["cause"]["class"] == "node-lost"
-    logs = orch_here(["logs", JOB, "--attempt", "1", "--node", "n3", "--runs-dir", str(runs)], runs)
+    logs = orch_here(["logs", JOB, "--attempt", "1", "-w", "n3", "--runs-dir", str(runs)], runs)
     assert logs.returncode == 0 and "the first attempt" in logs.stdout, logs.stderr
     missing = orch_here(["logs", JOB, "--attempt", "7", "--runs-dir", str(runs)], runs)
     assert missing.returncode == 2 and "has no attempt 7" in missing.stderr

@@ -21,6 +21,7 @@ from orchestrator.plan.launch_plan import HeadContext, Placement
 from orchestrator.plan.request import (
     HostsRequest,
     JobRequest,
+    LaunchOverrides,
     LaunchSpec,
     RecoveryRequest,
     SbatchRequest,
@@ -253,6 +254,38 @@ def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given()
     restarting = request_batch(_sbatch_request(recovery=RecoveryRequest(max_restarts=1)),
                                job_id="j1", cwd="/w", output="/o", command=argv)  # fmt: skip
     assert "#SBATCH --no-kill\n" in render_batch_script(restarting)  # a node's loss keeps it
+
+
+def test_the_batch_job_runs_with_launchs_options_given_over_the_recipe():
+    from orchestrator.specs.recipe import parse_recipe
+
+    recipe = parse_recipe("name: smoke\nscript: t.py\nnproc_per_node: 2\nworkdir: /w\n"
+                          "slurm: {nodes: 2}\n")  # fmt: skip
+    given = LaunchOverrides(launcher="torchrun", nproc_per_node=4, python="/py3",
+                            workdir="/srv", env=("HF_TOKEN",))  # fmt: skip
+    spec = recipe_spec(recipe, "r.yaml", overrides=given, environ={"HF_TOKEN": "x"})
+    request = _sbatch_request(spec=spec, overrides=given)
+    argv = submit_argv(request, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
+    assert argv[12:] == ("--launcher", "torchrun", "--nproc-per-node", "4", "--python", "/py3",
+                         "--workdir", "/srv", "--env", "HF_TOKEN")  # fmt: skip
+    batch = request_batch(request, job_id="j1", cwd="/here", output="/o", command=argv)
+    assert (batch.ntasks_per_node, batch.workdir) == (4, "/srv")  # the given ones, not the recipe's
+    valued = _sbatch_request(overrides=LaunchOverrides(env=("HF_TOKEN=hf_secret",)))
+    with pytest.raises(UsageError, match="would write the value into the batch script") as err:
+        submit_argv(valued, python="/py", recipe="/r.yaml", job_id="j1", runs_dir="/runs")
+    assert "hf_secret" not in str(err.value) + (err.value.hint or "")
+
+
+def test_env_given_over_a_recipe_wins_whether_set_or_forwarded():
+    from orchestrator.specs.recipe import parse_recipe
+
+    recipe = parse_recipe("name: r\nscript: t.py\nenv: {A: '1', B: '2'}\n"
+                          "passthrough_env: [C, D]\n")  # fmt: skip
+    given = LaunchOverrides(env=("A", "C=3", "E=5"))
+    spec = recipe_spec(recipe, "r.yaml", overrides=given, environ={"A": "head"})
+    assert dict(spec.env) == {"B": "2", "C": "3", "E": "5"}
+    assert spec.passthrough == ("D", "A")
+    assert recipe_spec(recipe, "r.yaml").passthrough == ("C", "D")  # nothing given: the recipe's
 
 
 def test_a_batch_job_needs_a_node_count():

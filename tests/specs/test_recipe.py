@@ -41,7 +41,7 @@ def test_every_expected_recipe_is_shipped() -> None:
 
 def _configs(recipe: Recipe, tmp_path: Path) -> list[Path]:
     """Render the recipe's accelerate config(s) the way a launch would, and write them."""
-    hosts = recipe_hosts(recipe) if recipe.nodes else make_hostfile(["n1", "n2"], 2)
+    hosts = recipe_hosts(recipe) if recipe.nodelist else make_hostfile(["n1", "n2"], 2)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(render_hostfile(hosts))
     common = {
@@ -132,7 +132,14 @@ MINIMAL = "name: r\nscript: train.py\n"
         (MINIMAL + "env:\n  OK: 1\n  BAD NAME: x\n", 3, "invalid environment variable name"),
         (MINIMAL + "env:\n  FLAG: true\n", 3, "in quotes"),
         (MINIMAL + "env:\n  ORCH_JOB_ID: x\n", 3, "set by orch"),
-        (MINIMAL + "nodes: gpu[01-\n", 3, "cannot parse node set"),
+        (MINIMAL + "nodelist: gpu[01-\n", 3, "cannot parse node set"),
+        # A node set and a count in each other's key: the message says which key means it.
+        (MINIMAL + "nodes: 'gpu[01-04]'\n", 3, "'nodes' is a count of nodes"),
+        (MINIMAL + "nodes: 4\n", 3, "a count of nodes goes under recovery:"),
+        (MINIMAL + "nodelist: 4\n", 3, "nodelist: 4 is a count"),
+        (MINIMAL + "nodelist: '4'\n", 3, "nodelist: 4 is a count"),
+        (MINIMAL + "slurm:\n  nodes: gpu[1-2]\n", 4, "slurm.nodes: 'gpu[1-2]' is a node set"),
+        (MINIMAL + "recovery:\n  nodes: n1,n2\n", 4, "top-level key nodelist: n1,n2"),
         (MINIMAL + "args: [a, [b]]\n", 3, "args.1"),
         (
             MINIMAL + "launcher: pdsh\naccelerate:\n  distributed_type: MULTI_GPU\n",
@@ -181,17 +188,31 @@ def test_defaults_and_numbers_as_text() -> None:
 def test_recipe_hosts_priority(tmp_path: Path) -> None:
     hostfile = tmp_path / "hf"
     hostfile.write_text("a slots=2\nb slots=2\n")
-    recipe = parse_recipe(MINIMAL + f"hostfile: {hostfile}\nnodes: x[1-3]\nnproc_per_node: 4\n")
+    recipe = parse_recipe(MINIMAL + f"hostfile: {hostfile}\nnodelist: x[1-3]\nnproc_per_node: 4\n")
     assert recipe_hosts(recipe).names == ("a", "b")
     other = tmp_path / "other"
     other.write_text("c slots=1\n")
     assert recipe_hosts(recipe, other).names == ("c",)
-    by_nodes = parse_recipe(MINIMAL + "nodes: x[1-3]\nnproc_per_node: 4\n")
+    by_nodes = parse_recipe(MINIMAL + "nodelist: x[1-3]\nnproc_per_node: 4\n")
     assert recipe_hosts(by_nodes) == make_hostfile(["x1", "x2", "x3"], 4)
     with pytest.raises(InputFileError, match="nproc_per_node"):
-        recipe_hosts(parse_recipe(MINIMAL + "nodes: x[1-3]\n"))
+        recipe_hosts(parse_recipe(MINIMAL + "nodelist: x[1-3]\n"))
     with pytest.raises(UsageError, match="names no hosts"):
         recipe_hosts(parse_recipe(MINIMAL))
+
+
+def test_the_hint_of_a_node_set_under_nodes_is_the_key_that_takes_it() -> None:
+    with pytest.raises(InputFileError) as top:
+        parse_recipe(MINIMAL + "nodes: gpu[01-04]\n", source="r.yaml")
+    assert top.value.hint == "did you mean nodelist: gpu[01-04]?"
+    with pytest.raises(InputFileError) as count:
+        parse_recipe(MINIMAL + "nodes: 4\n", source="r.yaml")
+    assert count.value.hint == "did you mean recovery: {nodes: 4}?"
+
+
+def test_the_launchers_by_their_tools_names() -> None:
+    assert parse_recipe(MINIMAL + "launcher: deepspeed\n").launcher == "pdsh"
+    assert parse_recipe(MINIMAL + "launcher: accelerate\n").launcher == "standard"
 
 
 def _free_port() -> int:
