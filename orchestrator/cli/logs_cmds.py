@@ -18,9 +18,15 @@ from orchestrator.cli.app import app
 from orchestrator.cli.options import node_set
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines
-from orchestrator.logs.writer import HEAD_NODE, log_file_name
 from orchestrator.records.attempts import attempt_run_dir
-from orchestrator.records.job import RUNNING_STATES, JobRecord, head_alive, runs_root
+from orchestrator.records.job import (
+    HEAD_NODE,
+    RUNNING_STATES,
+    JobRecord,
+    head_alive,
+    log_file_name,
+    runs_root,
+)
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import RunDir, find_job
 from orchestrator.remote.agent_spec import node_dir_shown

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.logs.writer import HEAD_NODE, NodeLogWriter, Timestamps, log_file_name
+from orchestrator.logs.writer import NodeLogWriter, Timestamps
 from orchestrator.nodes.pdsh import is_pdsh_own, split_node_line
+from orchestrator.records.job import HEAD_NODE, log_file_name
 from orchestrator.remote.logwire import (
     KIND_CONTROL,
     KIND_FRAME,

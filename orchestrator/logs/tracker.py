@@ -19,12 +19,12 @@ from collections.abc import Iterable
 
 from orchestrator.logs.progress import ProgressRecorder
 from orchestrator.logs.router import LogView
-from orchestrator.logs.writer import HEAD_NODE
 from orchestrator.nodes.pdsh import is_pdsh_own, ssh_exit_of
 from orchestrator.outcome.events import Event, NodeExited, NodeHeard, RankOutput, SshEnded
 from orchestrator.outcome.explanation import TAIL_LINES, KeptOutput
 from orchestrator.outcome.rank_ends import ClockOffsets, RankEnd, rank_end_from_fields
 from orchestrator.outcome.rootcause import TRACEBACK_HEADER
+from orchestrator.records.job import HEAD_NODE
 from orchestrator.remote.logwire import ControlKind, global_rank
 
 RANK_TAIL_LINES = 300  # a rank's own last lines: enough for its last traceback

@@ -35,8 +35,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.logs.writer import HEAD_NODE, strip_terminal_codes
+from orchestrator.logs.writer import strip_terminal_codes
 from orchestrator.nodes.pdsh import is_pdsh_own
+from orchestrator.records.job import HEAD_NODE
 from orchestrator.remote.logwire import ControlKind, global_rank
 
 MAX_SHOWN_CHARS = 2000  # a 1 MiB line goes to the log file, not to the screen

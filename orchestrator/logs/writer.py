@@ -48,10 +48,8 @@ _ANSI = re.compile(
     rb"|[ -/]*[0-~])?"  # two-byte escapes; a lone ESC goes too
 )
 _BLANK = b" \t\x0b\x0c"
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 DEFAULT_FRAME_SAMPLE_S = 30.0
-HEAD_NODE = "_head"  # what the fan-out itself printed (pdsh's or srun's own lines): no node prefix
 STAMP_LEN = len("2026-11-21T23:30:01.123Z")
 
 
@@ -63,11 +61,6 @@ def strip_terminal_codes(data: bytes) -> bytes:
     if b"\x1b" in data:
         data = _ANSI.sub(b"", data)
     return data
-
-
-def log_file_name(node: str) -> str:
-    """The file name of a node's log: the node name made safe for a path."""
-    return (_SAFE_NAME.sub("_", node) or HEAD_NODE) + ".log"
 
 
 class Timestamps:

@@ -11,6 +11,7 @@ are given here, and records/rundir.py opens them.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from collections.abc import Collection, Mapping
@@ -30,6 +31,15 @@ RUNS_DIR_VAR = "ORCH_RUNS_DIR"
 JOB_FILE = "job.json"
 ENV_FILE = "env.json"  # the job's environment, secrets redacted
 LOGS_DIR = "logs"  # logs/<node>.log: every rank's output as the head received it
+HEAD_NODE = "_head"  # what the fan-out itself printed (pdsh's or srun's own lines): no node prefix
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def log_file_name(node: str) -> str:
+    """The file name of a node's log in logs/: the node name made safe for a path."""
+    return (_SAFE_NAME.sub("_", node) or HEAD_NODE) + ".log"
+
+
 NODES_DIR = "nodes"  # nodes/<node>/: the raw node-local logs pulled back at the end
 STACKS_DIR = "stacks"  # stacks/<UTC time>.json: each `orch stacks` (and the teardown's)
 ATTEMPTS_DIR = "attempts"  # attempts/<number>/: an earlier attempt's own files

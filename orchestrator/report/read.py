@@ -23,6 +23,7 @@ from orchestrator.records.job import (
     FirstFailure,
     JobRecord,
     RankRecord,
+    log_file_name,
 )
 from orchestrator.records.moments import MomentKind, read_moments
 from orchestrator.records.rundir import RunDir
@@ -94,12 +95,13 @@ def _node_names(record: JobRecord) -> list[str]:
 def _node_row(
     run: RunDir, record: JobRecord, node: str, ranks: Sequence[RankRecord], cause: Cause | None
 ) -> NodeRow:
-    log = run.logs / f"{node}.log"
+    name = log_file_name(node)
+    log = run.logs / name
     raw = record.node_logs.get(node)
     return NodeRow(
         node=node, exit_code=record.node_exit_codes.get(node),
         ranks=tuple(rank for rank in ranks if rank.node == node),
-        last_lines=tail_lines(log), log_href=f"{LOGS_DIR}/{node}.log" if log.is_file() else None,
+        last_lines=tail_lines(log), log_href=f"{LOGS_DIR}/{name}" if log.is_file() else None,
         is_cause=cause is not None and cause.node == node,
         raw_logs=raw if raw not in (None, "ok") else None, raw_files=raw_files(run, node),
     )  # fmt: skip

@@ -5,7 +5,7 @@ reports of ended ssh connections. Fed values, as the log router feeds it."""
 from __future__ import annotations
 
 from orchestrator.logs.tracker import RANK_TAIL_LINES, TAIL_LINES, OutputTracker
-from orchestrator.logs.writer import HEAD_NODE
+from orchestrator.records.job import HEAD_NODE
 from orchestrator.remote.logwire import ControlKind
 
 HOSTS = ("n1", "n2")

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.logs.router import LogRouter
-from orchestrator.logs.writer import NodeLogWriter, log_file_name, strip_terminal_codes
+from orchestrator.logs.writer import NodeLogWriter, strip_terminal_codes
+from orchestrator.records.job import log_file_name
 from orchestrator.remote.logwire import WireFramer
 
 

@@ -10,7 +10,7 @@ import pytest
 from _report_job import CAUSE_NODE, CAUSE_RANK, EXCEPTION, HOSTILE, failed_job
 
 from orchestrator.errors import OrchError
-from orchestrator.records.job import AttemptRecord
+from orchestrator.records.job import AttemptRecord, log_file_name
 from orchestrator.report import build_report, render_html, write_report
 from orchestrator.report.model import FOLD_RANKS_ABOVE
 from orchestrator.report.read import duration, shape, tail_lines
@@ -186,3 +186,17 @@ def test_the_page_says_which_environment_each_node_ran(run):
     assert "the head's environment was pushed to n1 first (3.0 MiB sent)" in html
     run.save(replace(record, environment=None))  # no pre-flight looked: no column, no line
     assert 'id="environment"' not in render_html(build_report(run.path))
+
+
+def test_a_node_named_unlike_a_file_shows_its_log_as_the_writer_named_it(tmp_path):
+    """Node names are made safe for a path when their log is written (`user@gpu1` ->
+    `user_gpu1.log`); the page reads and links the file by that same name."""
+    run = failed_job(tmp_path)
+    record = run.load()
+    odd = "user@n1"
+    (run.logs / "n1.log").rename(run.logs / log_file_name(odd))
+    run.save(replace(record, hosts=(odd, *record.hosts[1:]),
+                     node_exit_codes={odd: 143, **record.node_exit_codes}))  # fmt: skip
+    [row] = [row for row in build_report(run.path).nodes if row.node == odd]
+    assert row.log_href == f"logs/{log_file_name(odd)}" == "logs/user_n1.log"
+    assert row.last_lines and row.last_lines[-1].endswith("step 7 on n1")
