@@ -82,8 +82,8 @@ class StopSummary:
             if rank.end == RankStopEnd.FAILED:
                 lines.append(f"  {where} exited with code {rank.exit_code}")
             elif rank.end == RankStopEnd.STOP_SIGNAL:
-                lines.append(f"  {where} was ended by {self.signal} itself: the script has no "
-                             "handler for it, and saved nothing")  # fmt: skip
+                lines.append(f"  {where} was ended by {self.signal} itself: the script had "
+                             "no handler for it then")  # fmt: skip
         killed = [r for r in self.ranks if r.end == RankStopEnd.KILLED]
         if killed:
             when = (f"at the end of the {self.grace:g} s grace"

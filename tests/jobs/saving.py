@@ -66,6 +66,7 @@ def main() -> int:
         flag = torch.tensor([1.0 if asked else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         if flag.item() > 0:
+            signal.signal(stop_signal, signal.SIG_IGN)  # a late signal must not end it
             break
         step += 1
         if step % 10 == 0:

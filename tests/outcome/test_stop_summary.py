@@ -47,8 +47,7 @@ def test_ranks_still_running_at_the_graces_end_are_named_as_killed() -> None:
     assert summary.lines() == [
         "stopped by Ctrl-C: 3 of 6 ranks exited by themselves within 90 s",
         "  rank 2 on n1 exited with code 3",
-        "  rank 3 on n1 was ended by SIGTERM itself: the script has no handler for it, and "
-        "saved nothing",
+        "  rank 3 on n1 was ended by SIGTERM itself: the script had no handler for it then",
         "  killed at the end of the 120 s grace: ranks 4, 5 on n2",
     ]
 

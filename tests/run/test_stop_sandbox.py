@@ -175,3 +175,34 @@ def test_the_time_limit_stops_the_job_and_the_graces_end_kills_a_rank_still_savi
     assert (stop["cause"], stop["ending"], stop["grace"]) == ("time-limit", "grace-over", 15.0)
     assert [r["end"] for r in stop["ranks"]] == ["exited", "exited", "exited", "killed"]
     assert json.loads(json.dumps(stop))["torn_down_at"] >= stop["asked_at"] + 15
+
+
+@pytest.mark.slow
+def test_the_resume_recipe_saves_when_stopped_and_a_new_job_goes_on_from_there(pair, tmp_path):
+    _box, state = pair
+    names = [n.name for n in state.nodes]
+    checkpoints = tmp_path / "checkpoints"
+    base = ["submit", str(REPO / "recipes" / "cpu-resume.yaml"), "--hostfile", state.hostfile,
+            "--nodes", "2", "--no-doctor"]  # fmt: skip
+    first_runs = tmp_path / "first"
+    stopped = run_orch([*base, "--main-port", str(free_port()), "--time-limit", "30s", "--",
+                        "--steps", "100000", "--checkpoint-dir", str(checkpoints)],
+                       first_runs, timeout=300)  # fmt: skip
+    assert stopped.returncode == 124, stopped.stderr[-3000:]
+    assert "stopped by the time limit: 2 of 2 ranks exited by themselves" in stopped.stderr
+    [first] = job_ids(first_runs)
+    said = [line for line in log_text(first_runs, first, names[0]).splitlines()
+            if "stopped at step" in line]  # fmt: skip
+    assert len(said) == 1, log_text(first_runs, first, names[0])[-2000:]
+    step = int(said[0].split("stopped at step ")[1].split(":")[0])
+    saved = checkpoints / f"{first}.pt"
+    assert saved.exists()
+    second_runs = tmp_path / "second"
+    resumed = run_orch([*base, "--main-port", str(free_port()), "--", "--steps", str(step + 3),
+                        "--checkpoint-dir", str(checkpoints), "--resume-from", str(saved)],
+                       second_runs, timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    [second] = job_ids(second_runs)
+    log = log_text(second_runs, second, names[0])
+    assert f"attempt 1, from step {step}" in log
+    assert f"done at step {step + 3}" in log
