@@ -10,9 +10,8 @@ heartbeats and an `exit` message; the watcher here turns them into one verdict:
   (the earliest failure seen within a short settle window) are the job's;
 - a node goes silent (no heartbeat for `heartbeat_timeout` s) or its ssh
   connection breaks: that node failed;
-- the first SIGINT on the head, `orch stop` or the time limit: a stop (run/stop.py): every
-  rank gets the stop signal and its grace to save and exit; a second SIGINT, SIGTERM on the
-  head (or `orch kill`): interrupted / killed at once.
+- the first SIGINT, `orch stop`, the time limit: every rank gets its grace to save (run/stop.py);
+  a second SIGINT, SIGTERM on the head (or `orch kill`): interrupted / killed at once.
 
 Any failure tears the job down on every node through a separate channel: a
 fresh pdsh running the agent's kill-by-job-id program, so it works even when the
@@ -232,8 +231,7 @@ class JobRunner:
         redactor: Redactor,
     ) -> None:
         """Read the fan-out's output until the verdict says to stop."""
-        signals_seen = 0
-        teardown_noted = stop_noted = False
+        signals_seen, teardown_noted, stop_noted = 0, False, False
         while True:
             try:
                 item = chunks.get(timeout=0.25)
@@ -270,8 +268,7 @@ class JobRunner:
                     self._node_logs.start(event.node)
                 decision = self.verdict.feed(event)
                 if decision.begin_stop is not None:
-                    self.stop = begin_stop(self.plan, decision.begin_stop)
-                    self._moment(MomentKind.STOP, detail=str(decision.begin_stop))
+                    self._begin_stop(decision.begin_stop)
                 if decision.tear_down is not None:
                     self._begin_teardown(decision.tear_down)
                 stop = stop or decision.stop_reading
@@ -300,7 +297,13 @@ class JobRunner:
             )
         return {h: outcome[h] for h in self.plan.hosts}
 
-    # -- teardown ------------------------------------------------------------------
+    # -- stop and teardown --------------------------------------------------------
+    def _begin_stop(self, cause: StopCause) -> None:
+        self.stop = begin_stop(self.plan, cause)
+        self.record = replace(self.record, state=JobState.STOPPING)
+        self.run_dir.save(self.record)
+        self._moment(MomentKind.STOP, detail=str(cause))
+
     def _begin_teardown(self, failure: Failure) -> None:
         # The lines before the failure, not the teardown's own noise that follows it.
         self.tails_at_failure = self.tracker.node_tails()
@@ -374,8 +377,7 @@ class JobRunner:
                 outcome = replace(outcome, exit_code=why.failure.exit_code, failure=why.failure)
         first = _first_failure(why) if why is not None else None
         order = why.order if why is not None else None
-        ends = self.tracker.rank_ends.values()
-        stop = self.stop.summary(ends, self.tracker.clocks) if self.stop is not None else None
+        stop = self.stop.summary(self.tracker) if self.stop is not None else None
         self.record = finished(
             self.record,
             state=outcome.state,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from orchestrator.errors import OrchError
 from orchestrator.logs.router import LogView
+from orchestrator.logs.tracker import OutputTracker
 from orchestrator.logs.view import LiveView, PlainView
 from orchestrator.nodes.transport import SLURM, NodeTransport, plan_transport
 from orchestrator.outcome.rank_ends import ClockOffsets, RankEnd
@@ -118,7 +119,12 @@ class Stop:
             self._shown = exited
             view.status(self.status(exited))
 
-    def summary(self, ends: Collection[RankEnd], clocks: ClockOffsets) -> StopSummary:
+    def summary(self, tracker: OutputTracker) -> StopSummary:
+        """What came of the stop: the ranks' ends and each node's clock as the tracker has
+        them."""
+        return self.summary_of(tracker.rank_ends.values(), tracker.clocks)
+
+    def summary_of(self, ends: Collection[RankEnd], clocks: ClockOffsets) -> StopSummary:
         if self._thread is not None:
             self._thread.join(_CONNECT_S + _ANSWER_S)
         signalled: dict[int, tuple[str, float]] = {}

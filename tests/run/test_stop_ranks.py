@@ -54,7 +54,7 @@ def test_the_summary_puts_the_nodes_times_on_the_heads_clock() -> None:
     stop.begin(lambda: signal_ranks(["n1", "n2"], "job-1", "python3", StopSettings(), fake))
     clocks = ClockOffsets()
     clocks.note("n1", 400.0, 410.0)  # n1's clock is 10 s behind the head's
-    summary = stop.summary([RankEnd("n1", 0, stop.asked_at + 3, 0)], clocks)
+    summary = stop.summary_of([RankEnd("n1", 0, stop.asked_at + 3, 0)], clocks)
     assert summary.ending == StopEnding.RANKS_EXITED and summary.cause == StopCause.TIME_LIMIT
     first, second = summary.ranks
     assert (first.signalled_at, first.end) == (510.0, RankStopEnd.EXITED)
