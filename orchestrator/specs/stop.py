@@ -75,13 +75,3 @@ def duration_seconds(text: str | float, what: str = "--time-limit") -> float:
         raise UsageError(f"{what} {text!r}: the job needs some time to run", "e.g. 90m or 2h")
     return seconds
 
-
-def format_duration(seconds: float) -> str:
-    """`2h`, `1h30m`, `90s`: how orch writes a duration back."""
-    whole = round(seconds)
-    if whole != seconds or whole < 60:
-        return f"{seconds:g}s"
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    text = f"{hours}h" * bool(hours) + f"{minutes}m" * bool(minutes) + f"{secs}s" * bool(secs)
-    return text

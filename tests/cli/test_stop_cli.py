@@ -111,3 +111,45 @@ def test_orch_stop_refuses_a_job_with_nothing_left_to_save(
     assert result.returncode == 1
     assert said in " ".join(result.stderr.split())
     assert not (runs / "job-1" / "stop-requested").exists()
+
+
+def test_the_batch_scripts_own_submit_is_given_the_stop_options_as_given() -> None:
+    from orchestrator.plan.request import JobRequest, LaunchSpec, WatchRequest
+    from orchestrator.plan.sbatch_script import submit_argv
+    from orchestrator.specs.stop import duration_seconds
+
+    watch = WatchRequest(time_limit=duration_seconds("2h"), stop_signal="usr1", stop_grace=300)
+    argv = submit_argv(JobRequest(spec=LaunchSpec("t.py"), watch=watch), python="/py",
+                       recipe="/r.yaml", job_id="j1", runs_dir="/runs")  # fmt: skip
+    text = " ".join(argv)
+    assert "--stop-signal usr1 --stop-grace 300 --time-limit 7200.0" in text
+    assert duration_seconds("7200.0") == 7200
+    plain = submit_argv(JobRequest(spec=LaunchSpec("t.py")), python="/py", recipe="/r.yaml",
+                        job_id="j1", runs_dir="/runs")  # fmt: skip
+    assert not any(word.startswith(("--stop", "--time-limit")) for word in plain)
+
+
+def test_orch_status_says_why_the_job_stopped_and_how_each_rank_ended(
+    tmp_path: Path, orch_here
+) -> None:
+    from orchestrator.outcome.rank_ends import RankEnd
+    from orchestrator.outcome.states import StopCause
+    from orchestrator.outcome.stop import StopEnding, stop_summary
+    from orchestrator.specs.stop import StopSettings
+
+    runs = tmp_path / "runs"
+    run = RunDir(runs / "job-1")
+    record = _record(run, head_alive=False)
+    ends = [RankEnd("n1", 0, 1041.0, 0), RankEnd("n1", 1, 1130.0, -9)]
+    stop = stop_summary(StopCause.TIME_LIMIT, 1000.0, StopSettings(), ending=StopEnding.GRACE_OVER,
+                        torn_down_at=1120.0, world_size=2, ends=ends, signalled={},
+                        unreached={})  # fmt: skip
+    run.save(finished(replace(record, state=JobState.STOPPED, exit_code=124, stop=stop)))
+    result = orch_here(["status", "job-1"], runs)
+    assert result.returncode == 0, result.stderr
+    assert "job job-1: stopped" in result.stdout
+    said = "stopped by the time limit: 1 of 2 ranks exited by themselves within 41 s"
+    assert said in result.stdout
+    assert "killed at the end of the 120 s grace: rank 1 on n1" in result.stdout
+    doc = json.loads(orch_here(["status", "job-1", "--json"], runs).stdout)
+    assert doc["stop"]["cause"] == "time-limit" and doc["stop"]["ranks"][1]["end"] == "killed"
