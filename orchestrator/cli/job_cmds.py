@@ -156,7 +156,9 @@ def _print_summary(result: LaunchResult, *, restarts: bool = False) -> None:
     else:
         failure = result.first_failure
         err.print(f"[red]job {result.job_id} {result.state}[/], exit code {result.exit_code}")
-        if failure is not None:
+        for line in result.stop.lines() if result.stop is not None else ():
+            err.print(line, markup=False)
+        if failure is not None and result.stop is None:
             _print_root_cause(err, failure)
             rank = f" rank {failure.rank}" if failure.rank is not None else ""
             err.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
@@ -417,8 +419,10 @@ def status(
         out.print(f"  {node}: exit {'-' if code is None else code}")
     out.print(environment_line(record.environment), markup=False)
     _print_attempts(out, record.attempts)
+    for line in record.stop.lines() if record.stop is not None else ():
+        out.print(line, markup=False)
     failure = record.first_failure
-    if failure is not None:
+    if failure is not None and record.stop is None:
         _print_root_cause(out, failure)
         rank = f" rank {failure.rank}" if failure.rank is not None else ""
         out.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)

@@ -35,8 +35,10 @@ from orchestrator.plan.request import (
     check_push_env,
     check_recovery,
     kept_env,
+    with_stop,
 )
 from orchestrator.specs.secret_args import secret_args
+from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S, duration_seconds
 
 _DECLARED = "option"  # the field's typer declaration, in its metadata
 
@@ -125,6 +127,26 @@ _HANG_TIMEOUT = typer.Option(
     help="Seconds without any output from any rank after which the job hung: every rank's "
     f"stack is taken, the job torn down, exit code {HANG_EXIT_CODE}. Off unless given.",
 )
+_STOP_SIGNAL = typer.Option(
+    None,
+    "--stop-signal",
+    help="What a stop (the first Ctrl-C, `orch stop`, --time-limit) sends every rank, to "
+    "its own process only: save and exit. Ranks see it as ORCH_STOP_SIGNAL. Recipe: "
+    "stop_signal. Default: SIGTERM.",
+)
+_STOP_GRACE = typer.Option(
+    None,
+    "--stop-grace",
+    help="Seconds a stop gives the ranks to exit by themselves (ORCH_STOP_GRACE) before "
+    f"the job is torn down. Recipe: stop_grace. Default: {DEFAULT_STOP_GRACE_S:g}.",
+)
+_TIME_LIMIT = typer.Option(
+    None,
+    "--time-limit",
+    metavar="DURATION",
+    help="Stop the job this long after it started (3600, 90m, 2h, 1h30m; restarts "
+    "included), as `orch stop` does; exit code 124. Recipe: time_limit.",
+)
 
 _ENV_KEEP = typer.Option(
     [],
@@ -183,6 +205,9 @@ class JobOptions:
     max_restarts: int | None = field(metadata=_declared(_MAX_RESTARTS))
     restart_on: str | None = field(metadata=_declared(_RESTART_ON))
     min_nodes: int | None = field(metadata=_declared(_MIN_NODES))
+    stop_signal: str | None = field(metadata=_declared(_STOP_SIGNAL))
+    stop_grace: float | None = field(metadata=_declared(_STOP_GRACE))
+    run_time_limit: str | None = field(metadata=_declared(_TIME_LIMIT))
     env_keep: list[str] = field(metadata=_declared(_ENV_KEEP))
     launcher: str | None = field(metadata=_declared(_LAUNCHER))
     nproc_per_node: int | None = field(metadata=_declared(_NPROC_PER_NODE))
@@ -249,12 +274,16 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     for line in secret_args_warnings(spec.args):
         typer.echo(line, err=True)
     heartbeat = options.heartbeat_timeout
+    limit = options.run_time_limit
     watch = WatchRequest(
         preflight=not options.no_doctor, sync=options.sync,
         keep_remote_logs=options.keep_remote_logs,
         heartbeat_timeout=None if heartbeat == WatchSettings.heartbeat_timeout else heartbeat,
         hang_timeout=options.hang_timeout, push_env=options.push_env,
+        time_limit=duration_seconds(limit) if limit is not None else None,
+        stop_signal=options.stop_signal, stop_grace=options.stop_grace,
     )  # fmt: skip
+    spec = with_stop(spec, options.stop_signal, options.stop_grace)
     hosts = HostsRequest(
         hostfile=str(options.hostfile) if options.hostfile is not None else None,
         slurm=options.slurm, nodes=nodes, include=options.include, exclude=options.exclude,

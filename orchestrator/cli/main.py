@@ -16,6 +16,7 @@ from orchestrator.cli import (
     report_cmds,
     sandbox_cmds,
     stacks_cmds,
+    stop_cmds,
 )
 from orchestrator.cli.app import app, debug_requested
 from orchestrator.errors import OrchError
@@ -23,6 +24,7 @@ from orchestrator.errors import OrchError
 # Importing a command module registers its commands on `app`.
 COMMAND_GROUPS = (
     doctor_cmds, env_cmds, files_cmds, job_cmds, logs_cmds, report_cmds, sandbox_cmds, stacks_cmds,
+    stop_cmds,
 )  # fmt: skip
 
 

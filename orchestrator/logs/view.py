@@ -153,6 +153,11 @@ class PlainView:
     def control(self, node: str, kind: str, fields: dict) -> None:
         pass
 
+    def status(self, text: str) -> None:
+        """A line of orch's own about the job (a stop under way)."""
+        with self._lock:
+            self._write(f"{_HEAD}: {text}\n".encode())
+
     def _write(self, data: bytes) -> None:
         if self._broken:
             return
@@ -220,6 +225,7 @@ class LiveView:
         self.console = console if console is not None else Console(highlight=False)
         self._rows: dict[str, _NodeRow] = {node: _NodeRow() for node in nodes}
         self._caption = ""  # which attempt runs, and why the last one ended
+        self._status = ""  # what orch is doing with the job (a stop under way)
         self._pending: deque[tuple[str, str, bytes]] = deque()
         self._budget = max(1, int(max_lines_per_second * tick))
         self._hidden = 0
@@ -276,6 +282,12 @@ class LiveView:
         with self._lock:
             self._rows = {node: _NodeRow() for node in nodes}
             self._caption = caption
+            self._status = ""
+
+    def status(self, text: str) -> None:
+        """A line above the nodes' rows that says what orch is doing (a stop under way)."""
+        with self._lock:
+            self._status = text
 
     # -- rendering -----------------------------------------------------------
 
@@ -286,9 +298,9 @@ class LiveView:
         table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
         with self._lock:
             rows = list(self._rows.items())
-            caption = self._caption
-        if caption:
-            table.add_row("", "", Text(caption, style="yellow", overflow="ellipsis"))
+            caption, status = self._caption, self._status
+        for line in filter(None, (caption, status)):
+            table.add_row("", "", Text(line, style="yellow", overflow="ellipsis"))
         for node, row in rows:
             style = "green" if row.state == "done" else "red" if "exit" in row.state else ""
             latest = Text(strip_terminal_codes(row.latest.encode()).decode(), overflow="ellipsis")

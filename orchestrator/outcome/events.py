@@ -2,15 +2,18 @@
 verdict judges it by.
 
 One frozen value per thing the loop reads or sees (a node heard from, a node's exit, an
-ended ssh, the output's end, the head's exit, an interrupt, the teardown's end, the
-clock), each with its time on the loop's monotonic clock; every timeout is a named
-`WatchSettings` field. Pure values.
+ended ssh, the output's end, the head's exit, an interrupt, a stop asked for, the
+teardown's end, the clock), each with its time on the loop's monotonic clock; every timeout
+is a named `WatchSettings` field. Pure values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from orchestrator.outcome.states import StopCause
+from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,10 @@ class WatchSettings:
     stacks_timeout: float = 3.0  # taking the stacks before a teardown (per node, doubled
     # at most by the connect): it never delays the teardown by more than that
     hang_stacks_timeout: float = 15.0  # the same after a hang: the stacks are the answer
+    # A stop (first Ctrl-C, `orch stop`, the time limit): how long the ranks have to exit by
+    # themselves before the job is torn down; the time limit counts from the first event.
+    rank_grace: float = DEFAULT_STOP_GRACE_S
+    time_limit: float | None = None  # None: no limit
 
     @property
     def teardown_budget(self) -> float:
@@ -102,6 +109,15 @@ class Interrupted:
 
 
 @dataclass(frozen=True)
+class StopAsked:
+    """The job was asked to stop and save, other than by a signal on the head: `orch stop`
+    (its marker in the run directory)."""
+
+    cause: StopCause
+    at: float
+
+
+@dataclass(frozen=True)
 class TeardownDone:
     at: float
 
@@ -124,6 +140,7 @@ Event = (
     | OutputEnded
     | HeadExited
     | Interrupted
+    | StopAsked
     | TeardownDone
     | Tick
 )

@@ -170,6 +170,8 @@ def classify(failure: AttemptFailure) -> Cause:
     who = _who(failure)
     if failure.kind in (FailureKind.SIGNAL, FailureKind.KILLED):
         return Cause(FailureClass.STOPPED, f"{failure.reason} on the head")
+    if failure.kind == FailureKind.STOPPED:  # asked to stop: never restarted
+        return Cause(FailureClass.STOPPED, failure.reason)
     lost = tuple(failure.unreachable)
     if failure.kind in (FailureKind.SILENT, FailureKind.LOST) and failure.node:
         lost = tuple(dict.fromkeys((failure.node, *lost)))

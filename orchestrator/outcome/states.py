@@ -23,6 +23,31 @@ class FailureKind(StrEnum):
     HEAD = "head"  # the head launcher failed, or srun refused the step
     SIGNAL = "signal"  # SIGINT or SIGTERM on the head
     KILLED = "killed"  # `orch kill`
+    STOPPED = "stopped"  # a stop (Ctrl-C, `orch stop`, the time limit) whose grace ran out
+
+
+class StopCause(StrEnum):
+    """What asked the job to stop (and save): job.json's `stop.cause`."""
+
+    CTRL_C = "ctrl-c"  # the first Ctrl-C on the head
+    ORCH_STOP = "orch-stop"  # `orch stop JOB`, from any terminal
+    TIME_LIMIT = "time-limit"  # --time-limit ran out
+
+    @property
+    def said(self) -> str:
+        """`stopped by Ctrl-C`'s words for it."""
+        return _STOP_WORDS[self]
+
+    @property
+    def exit_code(self) -> int:
+        """The job's exit code after a stop: 130 as a shell's Ctrl-C, 143 as a TERM (and as
+        `orch kill`), 124 as `timeout` reports a command that ran out of time."""
+        return _STOP_CODES[self]
+
+
+_STOP_WORDS = {StopCause.CTRL_C: "Ctrl-C", StopCause.ORCH_STOP: "`orch stop`",
+               StopCause.TIME_LIMIT: "the time limit"}  # fmt: skip
+_STOP_CODES = {StopCause.CTRL_C: 130, StopCause.ORCH_STOP: 143, StopCause.TIME_LIMIT: 124}
 
 
 class JobState(StrEnum):
@@ -36,4 +61,5 @@ class JobState(StrEnum):
     FAILED = "failed"
     KILLED = "killed"
     INTERRUPTED = "interrupted"
+    STOPPED = "stopped"  # by `orch stop` or the time limit (a Ctrl-C's stop: interrupted)
     HEAD_DIED = "head-died"  # never written: shown for a running record whose head is gone

@@ -18,7 +18,13 @@ The rules:
   (once any node was heard), else the head launcher itself, failed;
 - no rank wrote anything (a line or a progress frame) for `hang_timeout` seconds, while
   every node still answers: the job hung (exit code HANG_EXIT_CODE);
-- SIGINT / SIGTERM on the head: interrupted; `orch kill`: killed (128 + the signal).
+- a stop (the first SIGINT on the head, `orch stop`, `time_limit` seconds after the first
+  event): every rank is sent the stop signal (`begin_stop`) and the job waits: nothing a
+  node does then is a failure, until every node exited (the stop's outcome: interrupted
+  after Ctrl-C, else stopped, with the cause's exit code) or `rank_grace` seconds passed
+  (then it is torn down);
+- SIGTERM on the head, or SIGINT during a stop: interrupted; `orch kill`: killed (128 +
+  the signal), at once.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from orchestrator.outcome.events import (
     OutputEnded,
     RankOutput,
     SshEnded,
+    StopAsked,
     TeardownDone,
     Tick,
     WatchSettings,
@@ -47,6 +54,7 @@ from orchestrator.outcome.states import (
     SSH_LOST,
     FailureKind,
     JobState,
+    StopCause,
 )
 from orchestrator.stacks.report import StacksResult
 
@@ -70,6 +78,7 @@ class Failure:
 class Decision:
     tear_down: Failure | None = None  # begin tearing the job down, because of this
     stop_reading: bool = False  # end the fan-out now
+    begin_stop: StopCause | None = None  # send every rank the stop signal, because of this
 
 
 KEEP_GOING = Decision()
@@ -109,11 +118,21 @@ class JobVerdict:
         self.all_exited_at: float | None = None
         # How far the head has read what arrived; silence is judged up to there only.
         self.read_up_to: float | None = None
+        self.started_at: float | None = None  # the first event's: the time limit counts from it
+        self.stop: StopAsked | None = None  # the stop asked for, whatever came of it
+        self._stop_begun = False
 
     # -- events ---------------------------------------------------------------------
     def feed(self, event: Event) -> Decision:
+        if self.started_at is None:
+            self.started_at = event.at
         self._record(event)
         return self._decide(event.at)
+
+    @property
+    def stopping(self) -> bool:
+        """A stop is under way: the ranks have their grace, nothing has been torn down."""
+        return self.stop is not None and self.failure is None
 
     def _record(self, event: Event) -> None:
         if isinstance(event, NodeHeard):
@@ -134,7 +153,13 @@ class JobVerdict:
         elif isinstance(event, HeadExited):
             self.head_code = event.code
         elif isinstance(event, Interrupted):
-            self.interrupt = self.interrupt or event
+            if event.signum == signal.SIGINT and not event.killed and self._may_stop():
+                self.stop = StopAsked(StopCause.CTRL_C, event.at)  # the first Ctrl-C: save
+            else:
+                self.interrupt = self.interrupt or event
+        elif isinstance(event, StopAsked):
+            if self._may_stop():
+                self.stop = event
         elif isinstance(event, TeardownDone):
             self.teardown_done_at = event.at
         elif isinstance(event, Tick):
@@ -165,12 +190,24 @@ class JobVerdict:
         )
 
     # -- decisions ------------------------------------------------------------------
+    def _may_stop(self) -> bool:
+        return self.stop is None and self.failure is None and self.interrupt is None
+
     def _decide(self, now: float) -> Decision:
+        limit, started = self.settings.time_limit, self.started_at
+        up = limit is not None and started is not None and now - started >= limit
+        if up and self._may_stop():
+            self.stop = StopAsked(StopCause.TIME_LIMIT, now)
+        begin = None
+        if self.stop is not None and not self._stop_begun and self.failure is None:
+            self._stop_begun = True
+            begin = self.stop.cause
         tear_down = None
         if self.failure is None:
             self.failure = self._find_failure(now)
             tear_down = self.failure
-        return Decision(tear_down=tear_down, stop_reading=self._should_stop(now))
+        return Decision(tear_down=tear_down, stop_reading=self._should_stop(now),
+                        begin_stop=begin)  # fmt: skip
 
     def _should_stop(self, now: float) -> bool:
         if self.output_ended and self.head_code is not None:
@@ -187,6 +224,8 @@ class JobVerdict:
     def _find_failure(self, now: float) -> Failure | None:
         if self.interrupt is not None:
             return _interrupted(self.interrupt)
+        if self.stop is not None:  # the ranks are saving: only the grace's end tears down
+            return self._grace_over(now, self.stop)
         if self.candidates and self.first_candidate_at is not None:
             if now - self.first_candidate_at >= self.settings.settle or self.output_ended:
                 return min(self.candidates, key=lambda c: c.when)
@@ -197,6 +236,13 @@ class JobVerdict:
         return (
             self._silent_node(read) or self._lost_node() or self._ended_early() or self._hung(read)
         )
+
+    def _grace_over(self, now: float, stop: StopAsked) -> Failure | None:
+        grace = self.settings.rank_grace
+        if now - stop.at < grace or self.all_exited():
+            return None
+        reason = f"stopped by {stop.cause.said}: the {grace:g} s grace ran out"
+        return Failure("", reason, stop.cause.exit_code, kind=FailureKind.STOPPED)
 
     def _silent_node(self, now: float) -> Failure | None:
         timeout = self.settings.heartbeat_timeout
@@ -268,6 +314,13 @@ class JobVerdict:
             for h in self.hosts
         }
         failure = self.failure
+        stop = self.stop
+        if stop is not None and (failure is None or failure.kind == FailureKind.STOPPED):
+            # Whatever the ranks did with their grace, the job ended because it was asked to.
+            failure = failure or Failure("", f"stopped by {stop.cause.said}",
+                                         stop.cause.exit_code, kind=FailureKind.STOPPED)
+            state = JobState.INTERRUPTED if stop.cause == StopCause.CTRL_C else JobState.STOPPED
+            return Outcome(state, failure.exit_code, failure, node_codes)
         if failure is None and self.head_launcher and head_code not in (0, None):
             # Every node said 0 but the head launcher failed: still a failure.
             failure = _head_failed(head_code)

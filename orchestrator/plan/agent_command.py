@@ -66,6 +66,15 @@ def kill_command(python: str, job_id: str, grace: float, node: str = "%h") -> st
                              (job_id, f"{grace:g}", node))  # fmt: skip
 
 
+def stop_command(python: str, job_id: str, node: str, signum: int, grace: float) -> str:
+    """The remote shell command that stops the job's ranks on `node` (`-` under srun: Slurm's
+    name for it): its stop file for the keepers, then `signum` to every rank's own process
+    (remote/rank_stop.py); one JSON line back. Any python3 runs it."""
+    parts = ("owned", "agent_spec", "procs", "rank")
+    return _with_any_python3(python, _boot_blob(parts, "rank_stop"),
+                             (job_id, node, str(signum), f"{grace:g}"))  # fmt: skip
+
+
 def stacks_command(
     python: str, job_id: str, node: str, *, seconds: float, rate: int, method: str = "auto",
     root: str = "",

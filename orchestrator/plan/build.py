@@ -44,7 +44,7 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
     counts = ranks_per_node(hostfile, spec.nproc_per_node)
     _check_uneven(hostfile, counts, spec.launcher)
     env = build_job_env(place.job_id, dict(spec.env), spec.passthrough, head.environ,
-                        restart_count=place.restart_count)  # fmt: skip
+                        restart_count=place.restart_count, stop=spec.stop)  # fmt: skip
     job = JobShape(
         job_id=place.job_id, launcher=spec.launcher, hostfile=hostfile, ranks_per_node=counts,
         script=spec.script, args=spec.args, python=spec.python or head.orch_python,
@@ -53,6 +53,7 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
         slurm_job=place.slurm_job, accelerate=spec.accelerate,
         torchrun_args=spec.torchrun_args, rdzv_id=spec.rdzv_id or "",
         private_nonce=head.private_nonce, node_root=owned.root_setting(head.environ),
+        stop=spec.stop,
     )  # fmt: skip
     launch = LAUNCHERS[spec.launcher](job, head)
     return LaunchPlan(

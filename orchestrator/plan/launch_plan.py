@@ -31,6 +31,7 @@ from orchestrator.specs.constants import STOP_GRACE_S, Transport
 from orchestrator.specs.inventory import Hostfile
 from orchestrator.specs.jobenv import REDACTED, is_secret
 from orchestrator.specs.recipe import AccelerateOptions
+from orchestrator.specs.stop import StopSettings
 from orchestrator.specs.words import Fanout, StrEnum
 
 HEAD_LAUNCHER_NAME = "accelerate_head.py"  # the pdsh and standard launchers' config writer
@@ -148,6 +149,7 @@ class JobShape:
     rdzv_id: str = ""  # torchrun's rendezvous id
     private_nonce: str = ""  # HeadContext's: in node_private, never on a command line
     node_root: str = ""  # the user's ORCH_NODE_ROOT: orch's directory on each node ("": its own)
+    stop: StopSettings = field(default_factory=StopSettings)  # the ranks' stop signal, grace
 
     @property
     def nproc(self) -> int:

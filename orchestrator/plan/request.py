@@ -14,6 +14,7 @@ from orchestrator.specs.constants import DEFAULT_LAUNCHER
 from orchestrator.specs.jobenv import check_name
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import AccelerateOptions, Recipe, RecoveryOptions
+from orchestrator.specs.stop import StopSettings, check_grace, duration_seconds, signal_named
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class LaunchSpec:
     torchrun_args: tuple[str, ...] = ()
     rdzv_id: str | None = None  # None: the job id
     recipe: str | None = None  # the recipe file it came from
+    stop: StopSettings = field(default_factory=StopSettings)  # what a stop sends, its grace
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class WatchRequest:
     heartbeat_timeout: float | None = None  # None: the default (outcome/events.py)
     hang_timeout: float | None = None  # None: off, unless the recipe sets one
     push_env: bool = False  # --push-env: copy the head's environment where it differs
+    time_limit: float | None = None  # --time-limit in seconds; None: the recipe's, else none
+    stop_signal: str | None = None  # --stop-signal as given (the spec holds the one used)
+    stop_grace: float | None = None  # --stop-grace as given
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,14 @@ class JobRequest:
         """--hang-timeout, else the recipe's."""
         recipe = self.recipe.hang_timeout if self.recipe is not None else None
         return self.watch.hang_timeout or recipe
+
+    @property
+    def time_limit(self) -> float | None:
+        """--time-limit, else the recipe's (seconds); None: the job runs until it ends."""
+        if self.watch.time_limit is not None:
+            return self.watch.time_limit
+        given = self.recipe.time_limit if self.recipe is not None else None
+        return duration_seconds(given, "time_limit") if given is not None else None
 
     @property
     def push_env(self) -> bool:
@@ -213,6 +226,8 @@ def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
         torchrun_args=tuple(recipe.torchrun.extra_args),
         rdzv_id=recipe.torchrun.rdzv_id,
         recipe=path,
+        stop=StopSettings(recipe.stop_signal or StopSettings.signal,
+                          recipe.stop_grace or StopSettings.grace),
     )
 
 
@@ -226,6 +241,16 @@ def _env_over(recipe: Recipe, pairs: Sequence[str],
     passthrough = [name for name in recipe.passthrough_env if name not in given]
     passthrough += [name for name in forwarded if name not in passthrough]
     return env, tuple(passthrough)
+
+
+def with_stop(spec: LaunchSpec, signal: str | None, grace: float | None) -> LaunchSpec:
+    """The spec with --stop-signal and --stop-grace where given (each checked: a UsageError
+    names what is wrong before anything runs)."""
+    chosen = StopSettings(
+        signal_named(signal) if signal is not None else spec.stop.signal,
+        check_grace(grace) if grace is not None else spec.stop.grace,
+    )
+    return replace(spec, stop=chosen)
 
 
 RESTART_ON = ("infra", "any")

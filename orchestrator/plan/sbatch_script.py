@@ -103,7 +103,9 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
               ("--fanout", request.fanout),
               ("--max-restarts", request.recovery.max_restarts),
               ("--restart-on", request.recovery.restart_on),
-              ("--min-nodes", request.recovery.min_nodes))  # fmt: skip
+              ("--min-nodes", request.recovery.min_nodes),
+              ("--stop-signal", watch.stop_signal), ("--stop-grace", watch.stop_grace),
+              ("--time-limit", watch.time_limit))  # fmt: skip
     for option, value in values:
         if value is not None:
             argv += [option, f"{value}"]

@@ -183,7 +183,8 @@ def pipeline_options(request: JobRequest) -> PipelineOptions:
     heartbeat = watch.heartbeat_timeout
     settings = WatchSettings(
         heartbeat_timeout=WatchSettings.heartbeat_timeout if heartbeat is None else heartbeat,
-        hang_timeout=request.hang_timeout,
+        hang_timeout=request.hang_timeout, rank_grace=request.spec.stop.grace,
+        time_limit=request.time_limit,
     )
     return PipelineOptions(sync=watch.sync, preflight=watch.preflight,
                            keep_remote_logs=watch.keep_remote_logs, settings=settings,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.outcome.states import FailureKind, JobState
+from orchestrator.outcome.stop import StopSummary
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
 from orchestrator.specs.words import Fanout
 
@@ -49,12 +50,14 @@ MOMENTS_FILE = "moments.jsonl"  # the job's moments for the report's timeline
 PREFLIGHT_FILE = "preflight.json"  # the pre-flight's report
 TEARDOWN_UNANSWERED_FILE = "teardown-unanswered.log"  # what nodes the teardown missed said
 KILL_MARKER = "kill-requested"  # `orch kill` leaves it, so the head reports "killed"
+STOP_MARKER = "stop-requested"  # `orch stop` leaves it: the head stops the job, ranks save
 SBATCH_SCRIPT_FILE = "sbatch.sh"  # a batch job's script, as submitted
 SBATCH_OUTPUT_FILE = "sbatch.out"  # a batch job's own output, as Slurm writes it
 
 # States a record can hold (and QUEUED); HEAD_DIED is derived when reading a running record.
 RUNNING_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
-FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.INTERRUPTED)
+FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.INTERRUPTED,
+                JobState.STOPPED)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -213,9 +216,11 @@ class JobRecord:
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt that ended, first to last
     # the environments the nodes run (the latest attempt's); None: no pre-flight looked
     environment: EnvironmentRecord | None = None
+    stop: StopSummary | None = None  # a stop's cause, time and every rank's part in it
 
     def to_json(self) -> dict:
         data = asdict(self)
+        data["stop"] = None if self.stop is None else self.stop.to_json()
         data["command"] = list(self.command)
         data["hosts"] = list(self.hosts)
         data["node_exit_codes"] = dict(self.node_exit_codes)
@@ -258,6 +263,7 @@ class JobRecord:
             attempt_started=data.get("attempt_started"),
             attempts=tuple(AttemptRecord.from_json(a) for a in data.get("attempts", ())),
             environment=EnvironmentRecord.from_json(data.get("environment")),
+            stop=StopSummary.from_json(data.get("stop")),
         )
 
 

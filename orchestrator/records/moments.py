@@ -33,6 +33,7 @@ class MomentKind(str, Enum):
     FIRST_FAILURE = "first-failure"  # when the head learnt of it
     HANG = "hang"  # no output for --hang-timeout
     INTERRUPT = "interrupt"  # Ctrl-C, SIGTERM or orch kill
+    STOP = "stop"  # every rank was sent the stop signal (detail: the stop's cause)
     TEARDOWN_START = "teardown-start"
     TEARDOWN_END = "teardown-end"
     ATTEMPT = "attempt"  # a restart's attempt began (detail: its number and why)

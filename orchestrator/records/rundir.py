@@ -35,6 +35,7 @@ from orchestrator.records.job import (
     PROGRESS_FILE,
     SBATCH_OUTPUT_FILE,
     STACKS_DIR,
+    STOP_MARKER,
     TEARDOWN_UNANSWERED_FILE,
     JobRecord,
 )
@@ -152,6 +153,10 @@ class RunDir:
     @property
     def kill_marker(self) -> Path:
         return self.path / KILL_MARKER
+
+    @property
+    def stop_marker(self) -> Path:
+        return self.path / STOP_MARKER
 
     @property
     def sbatch_output(self) -> Path:

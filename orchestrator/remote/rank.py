@@ -23,6 +23,9 @@ torchrun `--no-python orch-rank`. For one rank it
    forwarded (a teardown, not the rank's own fault), and ends as the rank ended: the same
    exit code, or the same signal raised on itself, so every launcher sees the rank's end.
    The rank dies with its keeper (PR_SET_PDEATHSIG), so a launcher's SIGKILL still ends it.
+6. while the job is being stopped (STOP_FILE, written by remote/rank_stop.py, which sends
+   the rank itself the stop signal), passes nothing on: the rank has its grace to save,
+   whatever its launcher does then; and a rank not started yet is not started at all.
 
 When the agent cannot be reached, the rank still starts, with the launcher's pipes.
 """
@@ -42,6 +45,8 @@ from collections.abc import MutableMapping
 
 START_DIR = "bin"  # under the node directory: start-up files, not logs, so never pulled back
 COMMAND_FILE = os.path.join(START_DIR, "rank.json")
+# A stop under way on this node: {"signal": N, "until": the grace's end on this node's clock}.
+STOP_FILE = os.path.join(START_DIR, "stop.json")
 SITE_DIR = os.path.join(START_DIR, "site")  # sitecustomize.py: stacks without ptrace
 SITE_DIR_VAR = "ORCH_RANK_SITE"
 NODE_DIR_VAR = "ORCH_NODE_DIR"  # procs.NODE_DIR_VAR: this program runs alone on the node
@@ -107,6 +112,21 @@ def use_site(site_dir: str, environ: MutableMapping[str, str]) -> None:
 
 
 # ----- the keeper --------------------------------------------------------------------
+def stop_until(directory: str) -> float | None:
+    """The end of the grace of a stop under way (STOP_FILE), or None."""
+    try:
+        with open(os.path.join(directory, STOP_FILE), encoding="utf-8") as handle:
+            return float(json.load(handle)["until"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def stopping(directory: str, now: float) -> bool:
+    """Whether the job is being stopped on this node, its grace not over yet."""
+    until = stop_until(directory)
+    return until is not None and now < until
+
+
 def oom_kills() -> int | None:
     """How many processes the kernel's OOM killer ended in this process's cgroup (v2),
     or None where that cannot be read."""
@@ -126,6 +146,7 @@ def oom_kills() -> int | None:
 def end_report(
     started: float, ended: float, pid: int, status: int, usage: resource.struct_rusage,
     forwarded: list[int], oom_before: int | None, oom_after: int | None,
+    held: list[int] | None = None,
 ) -> dict[str, object]:
     """What the agent learns of a rank's end: when, how, and what may explain it."""
     code = os.waitstatus_to_exitcode(status)
@@ -135,6 +156,8 @@ def end_report(
     }  # fmt: skip
     if forwarded:
         report["forwarded"] = sorted(set(forwarded))
+    if held:
+        report["held"] = sorted(set(held))
     if code == -signal.SIGKILL and oom_before is not None and oom_after is not None:
         report["oom_kill"] = oom_after > oom_before
     return report
@@ -143,13 +166,18 @@ def end_report(
 class Keeper:
     """Starts the rank as its child and waits for it, passing signals on."""
 
-    def __init__(self, command: list[str], environ: dict[str, str]) -> None:
+    def __init__(self, command: list[str], environ: dict[str, str], directory: str = "") -> None:
         self.command = command
         self.environ = environ
+        self.directory = directory  # the node directory, where a stop leaves STOP_FILE
         self.child = 0
         self.forwarded: list[int] = []
+        self.held: list[int] = []  # the launcher's signals not passed on during a stop
 
     def _forward(self, signum: int, _frame: object) -> None:
+        if self.directory and stopping(self.directory, time.time()):
+            self.held.append(signum)  # the rank has the stop signal and its grace
+            return
         self.forwarded.append(signum)
         if self.child:
             with contextlib.suppress(OSError):
@@ -236,14 +264,19 @@ def main(argv: list[str]) -> int:
         )
         use_site(os.path.join(directory, SITE_DIR), os.environ)
     environ = {**os.environ, KEEPER_VAR: str(os.getpid())}
-    oom_before = oom_kills()
-    keeper = Keeper(command, environ)
     started = time.time()
+    if directory and stopping(directory, started):  # stopped before it started: nothing to save yet
+        _report(ended_on, {"pid": os.getpid(), "start": round(started, 6),
+                           "end": round(started, 6), "code": 0, "not_started": True})
+        return 0
+    oom_before = oom_kills()
+    keeper = Keeper(command, environ, directory)
     pid = keeper.start()
     status, usage = keeper.wait()
     ended = time.time()
     report = end_report(started, ended, pid, status, usage, keeper.forwarded, oom_before,
-                        oom_kills() if oom_before is not None else None)  # fmt: skip
+                        oom_kills() if oom_before is not None else None,
+                        keeper.held)  # fmt: skip
     _report(ended_on, report)
     sys.stdout.flush()
     return end_as(status)

@@ -28,6 +28,7 @@ WIDTH = LABEL_W + PLOT_W + RIGHT_PAD
 LINE_KINDS: dict[str, str] = {
     MomentKind.HANG: "hang detected",
     MomentKind.INTERRUPT: "interrupted",
+    MomentKind.STOP: "stop: ranks signalled",
     MomentKind.TEARDOWN_START: "teardown",
     MomentKind.TEARDOWN_END: "teardown done",
     MomentKind.ATTEMPT: "restart",

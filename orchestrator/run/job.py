@@ -62,8 +62,11 @@ def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporte
 
 
 def _run_attempt(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
-                 view: LogView | None, reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
+                 view: LogView | None, reporter: PipelineReporter,
+                 time_left: float | None = None) -> LaunchResult:  # fmt: skip
     options = pipeline_options(job.request)
+    if time_left is not None:  # a restart: the time limit counts from the first attempt
+        options = replace(options, settings=replace(options.settings, time_limit=time_left))
 
     def with_port() -> LaunchPlan:
         return plan_with_main_port(job.build, job.request.spec.main_port, job.plan.job_id,
@@ -83,14 +86,19 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
                       minimum=request.min_nodes or len(job.plan.hosts))  # fmt: skip
     job = _healthy_start(job, state.wanted, state.minimum)
     result = _run_attempt(job, run, None, view=view, reporter=reporter)
+    first_started = result.started
     while True:
         record = run.load()
         if result.state == JobState.SUCCEEDED or result.first_failure is None:
             return _ended(run, record, result, None)
         decision, excluded, nodes = state.after(job, record, result.first_failure,
                                                 result.progress)  # fmt: skip
+        time_left = _time_left(job, first_started)
         if not decision.restart:  # nothing is dropped: no attempt follows
             return _ended(run, record, result, decision)
+        if time_left is not None and time_left <= 0:
+            return _ended(run, record, result, replace(
+                decision, restart=False, why=f"{decision.why}; but the time limit is reached"))
         reporter.attempt_ended(run.path)  # its page, kept with its logs
         attempt = keep_apart(run, attempt_record(record, decision, excluded))
         note_attempt(run, time.time(), attempt.number + 1, decision.why)
@@ -102,7 +110,8 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
         job = following
         try:
             time.sleep(pause)
-            result = _run_attempt(job, run, earlier, view=view, reporter=reporter)
+            result = _run_attempt(job, run, earlier, view=view, reporter=reporter,
+                                  time_left=_time_left(job, first_started))  # fmt: skip
         except (OrchError, KeyboardInterrupt) as err:
             # The next attempt never started: the job ended with the one before, and so does
             # its exit code, whatever kept the next one from starting.
@@ -110,6 +119,14 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
             if isinstance(err, KeyboardInterrupt):
                 return replace(result, attempts=ended.attempts)
             raise RestartNotStarted(record.attempt, err, record.exit_code or 1) from err
+
+
+def _time_left(job: PreparedJob, first_started: float | None) -> float | None:
+    """What is left of --time-limit, counted from the first attempt's start; None: no limit."""
+    limit = job.request.time_limit
+    if limit is None or first_started is None:
+        return None
+    return limit - (time.monotonic() - first_started)
 
 
 @dataclass

@@ -10,7 +10,8 @@ heartbeats and an `exit` message; the watcher here turns them into one verdict:
   (the earliest failure seen within a short settle window) are the job's;
 - a node goes silent (no heartbeat for `heartbeat_timeout` s) or its ssh
   connection breaks: that node failed;
-- SIGINT / SIGTERM on the head (or `orch kill`): interrupted / killed.
+- the first SIGINT, `orch stop`, the time limit: every rank gets its grace to save (run/stop.py);
+  a second SIGINT, SIGTERM on the head (or `orch kill`): interrupted / killed at once.
 
 Any failure tears the job down on every node through a separate channel: a
 fresh pdsh running the agent's kill-by-job-id program, so it works even when the
@@ -46,19 +47,22 @@ from orchestrator.outcome.events import (
     Interrupted,
     NodeExited,
     OutputEnded,
+    StopAsked,
     TeardownDone,
     Tick,
     WatchSettings,
 )
 from orchestrator.outcome.explanation import Explanation, explain
 from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress
-from orchestrator.outcome.states import FailureKind, JobState
+from orchestrator.outcome.states import FailureKind, JobState, StopCause
+from orchestrator.outcome.stop import StopSummary
 from orchestrator.outcome.verdict import Failure, JobVerdict, Outcome, hang_culprit, in_slurm_words
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan, process_environment
 from orchestrator.records.job import (
     KILL_MARKER,
     LOGS_DIR,
+    STOP_MARKER,
     AttemptRecord,
     FirstFailure,
     JobRecord,
@@ -72,6 +76,7 @@ from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.run.collect import LogCollector
 from orchestrator.run.plan_files import remove_private_files, write_private_files
 from orchestrator.run.stacks import gather_stacks, save_stacks
+from orchestrator.run.stop import Stop, begin_stop
 from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
 from orchestrator.specs.words import Fanout
 from orchestrator.stacks.report import StacksResult, analyse, result_json
@@ -94,6 +99,8 @@ class LaunchResult:
     stacks_problem: str | None = None  # why they were not taken
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt of the job, this one last
     progress: AttemptProgress = NO_PROGRESS  # how far this attempt got, for a restart
+    stop: StopSummary | None = None  # the stop that ended it, and each rank's part in it
+    started: float | None = None  # when the watch began (monotonic): the time limit's start
 
 
 def attempt_progress(steps: Mapping[int, int], started: float | None,
@@ -135,7 +142,9 @@ class JobRunner:
         self.verdict = JobVerdict(
             plan.hosts, self.settings, head_launcher=bool(plan.launch.head_command)
         )
-        self.signal: int | None = None
+        self.view = view
+        self.signals: list[int] = []  # every signal the head got, in order
+        self.stop: Stop | None = None
         self.teardown: GroupResult[StopReport] | None = None
         self.stacks: StacksResult | None = None  # taken before a failure's teardown
         self.stacks_file: Path | None = None
@@ -155,7 +164,7 @@ class JobRunner:
         )  # fmt: skip
 
     def interrupt(self, signum: int) -> None:
-        self.signal = signum
+        self.signals.append(signum)
 
     def _moment(self, kind: MomentKind, failure: Failure | None = None,
                 detail: str | None = None) -> None:  # fmt: skip
@@ -231,7 +240,7 @@ class JobRunner:
         redactor: Redactor,
     ) -> None:
         """Read the fan-out's output until the verdict says to stop."""
-        interrupted = teardown_noted = False
+        signals_seen, teardown_noted, stop_noted = 0, False, False
         while True:
             try:
                 item = chunks.get(timeout=0.25)
@@ -250,11 +259,14 @@ class JobRunner:
             code = process.poll()
             if code is not None:
                 events.append(HeadExited(code, now))
-            if self.signal is not None and not interrupted:
-                interrupted = True
+            for signum in self.signals[signals_seen:]:
+                signals_seen += 1
                 killed = self.run_dir.exists(KILL_MARKER)
-                events.append(Interrupted(self.signal, killed, now))
+                events.append(Interrupted(signum, killed, now))
                 self._moment(MomentKind.INTERRUPT, detail="orch kill" if killed else None)
+            if not stop_noted and self.run_dir.exists(STOP_MARKER):
+                stop_noted = True
+                events.append(StopAsked(StopCause.ORCH_STOP, now))
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
                 events.append(TeardownDone(now))
@@ -264,9 +276,13 @@ class JobRunner:
                 if isinstance(event, NodeExited):
                     self._node_logs.start(event.node)
                 decision = self.verdict.feed(event)
+                if decision.begin_stop is not None:
+                    self._begin_stop(decision.begin_stop)
                 if decision.tear_down is not None:
                     self._begin_teardown(decision.tear_down)
                 stop = stop or decision.stop_reading
+            if self.stop is not None and self.verdict.stopping:
+                self.stop.show(self.view, len(self.tracker.rank_ends))
             if stop:
                 return
 
@@ -289,13 +305,21 @@ class JobRunner:
             )
         return {h: outcome[h] for h in self.plan.hosts}
 
-    # -- teardown ------------------------------------------------------------------
+    # -- stop and teardown --------------------------------------------------------
+    def _begin_stop(self, cause: StopCause) -> None:
+        self.stop = begin_stop(self.plan, cause)
+        self.record = replace(self.record, state=JobState.STOPPING)
+        self.run_dir.save(self.record)
+        self._moment(MomentKind.STOP, detail=str(cause))
+
     def _begin_teardown(self, failure: Failure) -> None:
         # The lines before the failure, not the teardown's own noise that follows it.
         self.tails_at_failure = self.tracker.node_tails()
         self._failed_at = time.monotonic()
         self.record = replace(self.record, state=JobState.STOPPING)
         self.run_dir.save(self.record)
+        if self.stop is not None:
+            self.stop.torn_down(grace_over=failure.kind == FailureKind.STOPPED)
         if failure.kind == FailureKind.HANG:
             self._moment(MomentKind.HANG, failure, failure.reason)
         self._moment(MomentKind.FIRST_FAILURE, failure, failure.reason)
@@ -303,7 +327,8 @@ class JobRunner:
 
         def work() -> None:
             try:
-                if failure.kind not in (FailureKind.SIGNAL, FailureKind.KILLED):
+                if failure.kind not in (FailureKind.SIGNAL, FailureKind.KILLED,
+                                        FailureKind.STOPPED):  # fmt: skip
                     self._take_stacks(failure)
                 self.teardown = teardown_job(
                     self.plan.hosts,
@@ -361,6 +386,7 @@ class JobRunner:
                 outcome = replace(outcome, exit_code=why.failure.exit_code, failure=why.failure)
         first = _first_failure(why) if why is not None else None
         order = why.order if why is not None else None
+        stop = self.stop.summary(self.tracker) if self.stop is not None else None
         self.record = finished(
             self.record,
             state=outcome.state,
@@ -373,6 +399,7 @@ class JobRunner:
             ),
             slurm_step=self.tracker.slurm_step,
             ranks=rank_records(self.tracker.rank_ends.values(), order),
+            stop=stop,
         )
         self.run_dir.save(self.record)
         self._moment(MomentKind.END, detail=str(outcome.state))
@@ -389,6 +416,8 @@ class JobRunner:
             stacks_file=self.stacks_file,
             stacks_problem=self.stacks_problem,
             progress=self._progress(),
+            stop=stop,
+            started=self._started,
         )
 
     def _progress(self) -> AttemptProgress:

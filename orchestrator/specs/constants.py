@@ -32,6 +32,10 @@ JOB_ID_VAR = "ORCH_JOB_ID"
 # Which attempt of the job this is: 0 on the first, 1 after one restart (as torchrun's
 # TORCHELASTIC_RESTART_COUNT), so a script knows to resume from its checkpoint.
 RESTART_COUNT_VAR = "ORCH_RESTART_COUNT"
+# How every stop of the job reaches its ranks: the signal's name (SIGTERM) and the seconds
+# the ranks have to save and exit by themselves, so a script installs the right handler.
+STOP_SIGNAL_VAR = "ORCH_STOP_SIGNAL"
+STOP_GRACE_VAR = "ORCH_STOP_GRACE"
 
 
 def is_tcp_port(port: int) -> bool:

@@ -13,12 +13,21 @@ import re
 from collections.abc import Iterable, Mapping
 
 from orchestrator.errors import UsageError
-from orchestrator.specs.constants import JOB_ID_VAR, RESTART_COUNT_VAR
+from orchestrator.specs.constants import (
+    JOB_ID_VAR,
+    RESTART_COUNT_VAR,
+    STOP_GRACE_VAR,
+    STOP_SIGNAL_VAR,
+)
+from orchestrator.specs.stop import StopSettings
 
 REDACTED = "***"
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # Variables forwarded from the head without being asked for.
 AUTO_PREFIXES = ("NCCL_",)
+
+# What orch sets for each job, which neither the user nor the head's environment changes.
+ORCH_SET = (JOB_ID_VAR, RESTART_COUNT_VAR, STOP_SIGNAL_VAR, STOP_GRACE_VAR)
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
@@ -61,26 +70,29 @@ def build_job_env(
     passthrough: Iterable[str] = (),
     environ: Mapping[str, str] = os.environ,
     restart_count: int = 0,
+    stop: StopSettings | None = None,
 ) -> dict[str, str]:
-    """The job's variables: ORCH_JOB_ID and ORCH_RESTART_COUNT, the head's NCCL_*, the
-    passthrough names set, then extra.
+    """The job's variables: ORCH_JOB_ID, ORCH_RESTART_COUNT, ORCH_STOP_SIGNAL and
+    ORCH_STOP_GRACE, the head's NCCL_*, the passthrough names set, then extra.
 
     `extra` (a recipe's `env`, `--env` options) wins over the head's values, but
-    may not change ORCH_JOB_ID (teardown finds the job's processes by it) nor
-    ORCH_RESTART_COUNT (a script resumes by it).
+    may not change ORCH_JOB_ID (teardown finds the job's processes by it),
+    ORCH_RESTART_COUNT (a script resumes by it) nor the stop's (orch sends that signal).
     """
     if not job_id:
         raise UsageError("empty job id")
-    env: dict[str, str] = {JOB_ID_VAR: job_id, RESTART_COUNT_VAR: str(restart_count)}
+    stop = stop or StopSettings()
+    env: dict[str, str] = {JOB_ID_VAR: job_id, RESTART_COUNT_VAR: str(restart_count),
+                           STOP_SIGNAL_VAR: stop.signal, STOP_GRACE_VAR: f"{stop.grace:g}"}
     for name in sorted(environ):
         if name.startswith(AUTO_PREFIXES):
             env[name] = environ[name]
     for name in passthrough:
         check_name(name)
-        if name in environ and name not in (JOB_ID_VAR, RESTART_COUNT_VAR):
+        if name in environ and name not in ORCH_SET:
             env[name] = environ[name]
     for name, value in extra.items():
-        if name in (JOB_ID_VAR, RESTART_COUNT_VAR) and value != env[name]:
+        if name in ORCH_SET and value != env[name]:
             raise UsageError(
                 f"{name} is set by orch for each job and cannot be overridden",
                 hint=f"remove {name} from the job's env",

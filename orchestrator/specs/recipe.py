@@ -34,6 +34,7 @@ from orchestrator.specs.inventory import (
     read_hostfile,
 )
 from orchestrator.specs.options import LAUNCHER_ALIASES
+from orchestrator.specs.stop import duration_seconds, signal_named
 from orchestrator.specs.yaml_lines import line_for, load_yaml_with_lines
 
 # In `script`, `workdir` and `hostfile`, this is replaced by the recipe file's directory.
@@ -202,6 +203,9 @@ class Recipe(_Strict):
     main_port: int | None = Field(None, ge=PORT_RANGE[0], le=PORT_RANGE[1])
     hang_timeout: float | None = Field(None, ge=1)  # None: no hang detection (--hang-timeout)
     push_env: bool = False  # copy the head's environment to nodes where it differs (--push-env)
+    stop_signal: str | None = None  # what a stop sends every rank (--stop-signal; SIGTERM)
+    stop_grace: float | None = Field(None, gt=0)  # the ranks' time to save (--stop-grace)
+    time_limit: str | None = None  # 90m, 2h, 3600: the job is stopped then (--time-limit)
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
@@ -231,9 +235,28 @@ class Recipe(_Strict):
         for name, item in value.items():
             _as_value_error(jobenv.check_name, name)
             _as_value_error(jobenv.check_value, name, item)
-            if name in (jobenv.JOB_ID_VAR, jobenv.RESTART_COUNT_VAR):
+            if name in jobenv.ORCH_SET:
                 raise ValueError(f"{name} is set by orch for each job")
         return value
+
+    @field_validator("stop_signal")
+    @classmethod
+    def _signal_known(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return signal_named(value, "stop_signal")
+        except UsageError as err:
+            raise ValueError(err.message) from None
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        text = _number_as_text(value)
+        _as_value_error(duration_seconds, text, "time_limit")
+        return text
 
     @field_validator("passthrough_env", "env_keep")
     @classmethod

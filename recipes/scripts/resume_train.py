@@ -8,12 +8,18 @@ from its step; a new job (another job id) starts from scratch. The checkpoint di
 be one every node can read: a shared filesystem (here: the sandbox's nodes share this
 machine's). The world size may change between attempts (--min-nodes): each rank takes its
 share of every batch by its rank, so a data-parallel run goes on with fewer ranks.
+
+When orch stops the job (the first Ctrl-C, `orch stop`, --time-limit), every rank gets
+ORCH_STOP_SIGNAL: the handler only sets a flag, the ranks agree at the next step boundary
+(an all-reduce of the flag), rank 0 saves that step's checkpoint, and every rank exits 0
+within ORCH_STOP_GRACE seconds. A new job goes on from it with `--resume-from <file>`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -30,7 +36,35 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.1, help="seconds per step")
     parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
+    parser.add_argument("--resume-from", type=Path, default=None,
+                        help="a checkpoint of an earlier job (one a stop saved) to go on from")
     return parser.parse_args()
+
+
+class StopFlag:
+    """Set by orch's stop signal (ORCH_STOP_SIGNAL): the handler does nothing else, since the
+    rank may be inside a collective when it comes."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.signum = signal.Signals[os.environ.get("ORCH_STOP_SIGNAL", "SIGTERM")]
+        signal.signal(self.signum, self._asked)
+
+    def _asked(self, _signum: int, _frame: object) -> None:
+        self.asked = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any rank was asked to stop: every rank gets the same answer at the same
+        step, however far apart the signal reached them."""
+        flag = torch.tensor([1.0 if self.asked else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() == 0:
+            return False
+        # The others may have agreed before the signal reached this rank: when it comes, it
+        # must not end the rank while it saves, nor as Python exits (which puts back the
+        # default action of a signal with a handler, not of one ignored).
+        signal.signal(self.signum, signal.SIG_IGN)
+        return True
 
 
 def batch(step: int, rank: int, world: int, size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +84,10 @@ def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
 
 def main() -> int:
     args = parse_args()
+    stop = StopFlag()  # before anything slow: a stop may come at any time
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("ORCH_RESTART_COUNT", "0"))
@@ -58,8 +95,9 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     start = 0
-    if restart > 0 and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=True)
+    earlier = checkpoint if restart > 0 and checkpoint.exists() else args.resume_from
+    if earlier is not None:
+        state = torch.load(earlier, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
@@ -78,6 +116,13 @@ def main() -> int:
             save(checkpoint, model, optimizer, step + 1)
         if rank == 0 and step % 10 == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
+        if stop.agreed(device):
+            if rank == 0:
+                save(checkpoint, model, optimizer, step + 1)
+                print(f"stopped at step {step + 1}: saved {checkpoint}", flush=True)
+            dist.barrier()  # nobody leaves before the checkpoint is whole
+            dist.destroy_process_group()
+            return 0
         time.sleep(args.step_sleep)
     print(f"rank {rank}: done at step {args.steps}, loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()

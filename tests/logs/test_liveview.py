@@ -196,3 +196,28 @@ def test_a_bars_count_drawn_again_is_printed_once() -> None:
     assert out.getvalue().decode().splitlines() == [
         "n2 r3: rank 3 done", "n2 r2: epoch 1: 100%|##########| 11/11 [00:00<00:00, 33.97it/s]"
     ]  # fmt: skip
+
+
+def test_a_stop_under_way_is_said_above_the_nodes_and_once_per_change_in_a_pipe() -> None:
+    from orchestrator.outcome.states import StopCause
+    from orchestrator.run.stop import Stop
+    from orchestrator.specs.stop import StopSettings
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=160, color_system=None)
+    live = LiveView(["n1", "n2"], console=console, tick=0.05)
+    stop = Stop(StopCause.CTRL_C, StopSettings(), world_size=4)
+    stop.show(live, 1)
+    rendered = Console(file=io.StringIO(), width=160, color_system=None)
+    rendered.print(live)
+    live.close()
+    assert ("stopping (Ctrl-C): 1 of 4 ranks exited, 0 s of the 120 s grace; Ctrl-C again "
+            "stops at once") in rendered.file.getvalue()  # fmt: skip
+    out = io.BytesIO()
+    plain = PlainView(out)
+    for exited in (0, 0, 0, 2, 2, 4):
+        stop.show(plain, exited)
+    plain.close()
+    lines = out.getvalue().decode().splitlines()
+    assert [line.split(" exited,")[0] for line in lines] == [
+        f"head: stopping (Ctrl-C): {n} of 4 ranks" for n in (0, 2, 4)]

@@ -78,6 +78,7 @@ AGENT_NEVER_RAN = AttemptFailure(FailureKind.LOST, "n2", None, 127,
 SLURM_TOOK_IT = AttemptFailure(FailureKind.LOST, "n2", None, 143,
                                "Slurm took n2 out: down (reason: ECC errors on GPU 3)")  # fmt: skip
 INTERRUPTED = AttemptFailure(FailureKind.SIGNAL, "", None, 130, "interrupted by SIGINT")
+TIMED_OUT = AttemptFailure(FailureKind.STOPPED, "", None, 124, "stopped by the time limit")
 
 
 @pytest.mark.parametrize(
@@ -97,6 +98,7 @@ INTERRUPTED = AttemptFailure(FailureKind.SIGNAL, "", None, 130, "interrupted by 
         (OWN_EXIT_CODE, FailureClass.SCRIPT, ()),
         (AGENT_NEVER_RAN, FailureClass.SCRIPT, ()),
         (INTERRUPTED, FailureClass.STOPPED, ()),
+        (TIMED_OUT, FailureClass.STOPPED, ()),
     ],
 )
 def test_each_failure_has_its_class_and_the_nodes_at_fault(failure, expected, at_fault):
@@ -132,6 +134,12 @@ def test_the_scripts_own_error_is_restarted_only_when_asked(failure):
 def test_a_stop_on_the_head_is_never_restarted():
     decision = decide(INTERRUPTED, ANY, restarts_done=0)
     assert not decision.restart and decision.why == "stopped: stopped on purpose; not restarted"
+
+
+def test_a_stop_for_its_ranks_to_save_is_never_restarted():
+    decision = decide(TIMED_OUT, ANY, restarts_done=0)
+    assert not decision.restart and decision.why == "stopped: stopped on purpose; not restarted"
+    assert classify(TIMED_OUT).message == "stopped by the time limit"
 
 
 def test_no_restart_without_max_restarts_and_none_past_it():

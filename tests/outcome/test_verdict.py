@@ -221,15 +221,20 @@ def test_every_node_exited_zero_but_the_head_launcher_failed():
 
 
 @pytest.mark.parametrize(
-    ("signum", "killed", "state", "code", "reason"),
+    ("signals", "killed", "state", "code", "reason"),
     [
-        (signal.SIGINT, False, JobState.INTERRUPTED, 130, "interrupted by SIGINT"),
-        (signal.SIGTERM, True, JobState.KILLED, 143, "killed by `orch kill`"),
+        # The first Ctrl-C is a stop (tests/outcome/test_stop_verdict.py); the second ends
+        # the job at once.
+        ((signal.SIGINT, signal.SIGINT), False, JobState.INTERRUPTED, 130,
+         "interrupted by SIGINT"),
+        ((signal.SIGTERM,), False, JobState.INTERRUPTED, 143, "interrupted by SIGTERM"),
+        ((signal.SIGTERM,), True, JobState.KILLED, 143, "killed by `orch kill`"),
     ],
-)
-def test_ctrl_c_and_orch_kill(signum, killed, state, code, reason):
+)  # fmt: skip
+def test_ctrl_c_and_orch_kill(signals, killed, state, code, reason):
     verdict = _verdict()
-    [failure] = _teardowns(_feed(verdict, *_all_heard(), Interrupted(signum, killed, 4)))
+    interrupts = [Interrupted(signum, killed, 4 + i) for i, signum in enumerate(signals)]
+    [failure] = _teardowns(_feed(verdict, *_all_heard(), *interrupts))
     assert failure.reason == reason
     outcome = verdict.outcome(-15, stopped_by_us=True)
     assert (outcome.state, outcome.exit_code) == (state, code)
@@ -238,7 +243,7 @@ def test_ctrl_c_and_orch_kill(signum, killed, state, code, reason):
 def test_an_interrupt_wins_over_a_pending_failure():
     verdict = _verdict()
     _feed(verdict, *_all_heard(), _exit("n1", 1, 3))
-    [failure] = _teardowns(_feed(verdict, Interrupted(signal.SIGINT, False, 1.2)))
+    [failure] = _teardowns(_feed(verdict, Interrupted(signal.SIGTERM, False, 1.2)))
     assert failure.kind == FailureKind.SIGNAL
 
 

@@ -45,6 +45,8 @@ def test_every_value_the_user_set_is_redacted_unless_kept() -> None:
     assert plan.redacted_env == {
         "ORCH_JOB_ID": "job-1",  # orch's own, and the head's NCCL_*, show as they are
         "ORCH_RESTART_COUNT": "0",
+        "ORCH_STOP_SIGNAL": "SIGTERM",  # how a stop reaches the ranks, and their grace
+        "ORCH_STOP_GRACE": "120",
         "NCCL_DEBUG": "INFO",
         "DB_PASS": "***",  # no secret by its name: redacted all the same
         "MODE": "train",

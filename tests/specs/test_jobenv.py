@@ -13,6 +13,7 @@ from orchestrator.specs.jobenv import (
     is_secret,
     redact,
 )
+from orchestrator.specs.stop import StopSettings
 
 
 @pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "", "A;B", "A=B"])
@@ -71,6 +72,8 @@ def test_build_job_env_order_and_sources() -> None:
     assert env == {
         JOB_ID_VAR: "job-1",
         "ORCH_RESTART_COUNT": "0",  # the first attempt
+        "ORCH_STOP_SIGNAL": "SIGTERM",  # what a stop sends every rank, and its grace
+        "ORCH_STOP_GRACE": "120",
         "NCCL_IB_DISABLE": "0",
         "NCCL_SOCKET_IFNAME": "eth0",
         "HF_TOKEN": "t",
@@ -87,6 +90,16 @@ def test_each_attempt_sees_its_restart_count_which_the_user_cannot_set() -> None
         build_job_env("job-1", {"ORCH_RESTART_COUNT": "5"}, environ={})
     forwarded = build_job_env("job-1", {}, ["ORCH_RESTART_COUNT"], {"ORCH_RESTART_COUNT": "9"})
     assert forwarded["ORCH_RESTART_COUNT"] == "0"
+
+
+def test_the_ranks_see_the_stop_signal_and_grace_which_the_user_cannot_set() -> None:
+    stop = StopSettings("SIGUSR1", 300.0)
+    env = build_job_env("job-1", {}, environ={}, stop=stop)
+    assert (env["ORCH_STOP_SIGNAL"], env["ORCH_STOP_GRACE"]) == ("SIGUSR1", "300")
+    with pytest.raises(UsageError, match="ORCH_STOP_GRACE is set by orch"):
+        build_job_env("job-1", {"ORCH_STOP_GRACE": "5"}, environ={}, stop=stop)
+    forwarded = build_job_env("job-1", {}, ["ORCH_STOP_SIGNAL"], {"ORCH_STOP_SIGNAL": "SIGINT"})
+    assert forwarded["ORCH_STOP_SIGNAL"] == "SIGTERM"
 
 
 def test_job_id_cannot_be_overridden() -> None:

@@ -1,0 +1,34 @@
+"""`orch stop`: stop a job from any terminal as its first Ctrl-C would: every rank gets the
+stop signal and the job's grace to save and exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from orchestrator.cli.app import app
+from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.records.job import runs_root
+from orchestrator.records.rundir import find_job
+from orchestrator.run.status import shown_state
+from orchestrator.run.stop import request_stop
+
+
+@app.command()
+def stop(
+    job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Stop a job so it can save (from any terminal): every rank gets the stop signal
+    (--stop-signal) and the grace (--stop-grace) to exit by itself; then the job is torn
+    down. Waits for the job to end (its exit code is then 143). `orch kill` stops at once."""
+    run = find_job(runs_root(runs_dir), job)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    asked = request_stop(run, say=lambda text: err.print(text, markup=False))
+    record = asked.record
+    for line in record.stop.lines() if record.stop is not None else ():
+        err.print(line, markup=False)
+    err.print(f"job {record.id}: {shown_state(record)}")
+    raise typer.Exit(0 if asked.ended else 1)

@@ -1,0 +1,87 @@
+"""A torch.distributed (gloo) job that saves when told to stop, as docs/guides/stopping.md
+shows: its handler for ORCH_STOP_SIGNAL sets a flag; the ranks agree at a step boundary (an
+all_reduce of the flag); each saves (`--save-seconds`, longer than a launcher's own 30 s
+limit), writes `<out>/rank<R>.saved`, and exits 0.
+
+Each rank forks `--workers` children first, as a DataLoader does; a worker that gets a
+signal writes `<out>/worker<R>.<i>.<SIGNAL>` and goes on. `--slow-rank R`: rank R saves for
+`--slow-save-seconds` instead (longer than the grace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def _note(path: Path) -> None:
+    path.write_text(f"{time.time()}\n")
+
+
+def _worker(out: Path, rank: int, index: int) -> None:
+    """A DataLoader-like child: it notes every signal it gets, and lives until killed."""
+    def noted(signum: int, _frame: object) -> None:
+        _note(out / f"worker{rank}.{index}.{signal.Signals(signum).name}")
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, noted)
+    while True:
+        time.sleep(0.2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--save-seconds", type=float, default=40.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--step-sleep", type=float, default=0.2)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-save-seconds", type=float, default=300.0)
+    args = parser.parse_args()
+
+    stop_signal = signal.Signals[os.environ.get("ORCH_STOP_SIGNAL", "SIGTERM")]
+    asked: list[float] = []
+    signal.signal(stop_signal, lambda _n, _f: asked.append(time.time()))
+    rank = int(os.environ["RANK"])
+    workers = []
+    for index in range(args.workers):  # before the process group: nothing of it is copied
+        pid = os.fork()
+        if pid == 0:
+            _worker(args.out, rank, index)
+            os._exit(0)
+        workers.append(pid)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    world = dist.get_world_size()
+    print(f"rank {rank}/{world} up, grace {os.environ.get('ORCH_STOP_GRACE')} s", flush=True)
+    step = 0
+    while True:
+        flag = torch.tensor([1.0 if asked else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        if flag.item() > 0:
+            signal.signal(stop_signal, signal.SIG_IGN)  # a late signal must not end it
+            break
+        step += 1
+        if step % 10 == 0:
+            print(f"rank {rank} step {step}", flush=True)
+        time.sleep(args.step_sleep)
+    print(f"rank {rank} saving at step {step}", flush=True)
+    time.sleep(args.slow_save_seconds if rank == args.slow_rank else args.save_seconds)
+    _note(args.out / f"rank{rank}.saved")
+    print(f"rank {rank} saved", flush=True)
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The verdict's stops as a table: the first Ctrl-C, `orch stop` and the time limit give the
+ranks their grace (nothing a node does then is a failure), a second Ctrl-C or `orch kill`
+ends the job at once, the grace's end tears it down."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from orchestrator.outcome.events import (
+    HeadExited,
+    Interrupted,
+    NodeExited,
+    NodeHeard,
+    OutputEnded,
+    SshEnded,
+    StopAsked,
+    Tick,
+    WatchSettings,
+)
+from orchestrator.outcome.states import FailureKind, JobState, StopCause
+from orchestrator.outcome.verdict import Decision, JobVerdict
+
+HOSTS = ("n1", "n2")
+SETTINGS = WatchSettings(heartbeat_timeout=10, settle=1, rank_grace=120, hang_timeout=30)
+CTRL_C = Interrupted(signal.SIGINT, False, 5)
+
+
+def _verdict(**changes: float) -> JobVerdict:
+    settings = WatchSettings(**{**SETTINGS.__dict__, **changes})
+    verdict = JobVerdict(HOSTS, settings, head_launcher=False)
+    for node in HOSTS:
+        verdict.feed(NodeHeard(node, 0.0))
+    return verdict
+
+
+def _exit(node: str, at: float, code: int = 0, **fields: object) -> NodeExited:
+    return NodeExited(node, {"code": code, **fields}, at=at, wall_time=1000.0 + at)
+
+
+def _feed(verdict: JobVerdict, *events) -> list[Decision]:
+    return [verdict.feed(event) for event in events]
+
+
+def _begun(decisions: list[Decision]) -> list[StopCause]:
+    return [d.begin_stop for d in decisions if d.begin_stop is not None]
+
+
+def _teardowns(decisions: list[Decision]) -> list:
+    return [d.tear_down for d in decisions if d.tear_down is not None]
+
+
+@pytest.mark.parametrize(
+    ("asked", "cause", "state", "code"),
+    [
+        (CTRL_C, StopCause.CTRL_C, JobState.INTERRUPTED, 130),
+        (StopAsked(StopCause.ORCH_STOP, 5), StopCause.ORCH_STOP, JobState.STOPPED, 143),
+    ],
+)
+def test_a_stop_signals_the_ranks_once_and_ranks_that_exit_end_the_job_by_its_cause(
+    asked, cause, state, code
+):
+    verdict = _verdict()
+    decisions = _feed(verdict, asked, Tick(6), StopAsked(StopCause.ORCH_STOP, 7), Tick(50),
+                      _exit("n1", 41), _exit("n2", 42), OutputEnded(43), HeadExited(0, 43))
+    assert _begun(decisions) == [cause]  # once, whatever is asked again
+    assert _teardowns(decisions) == []
+    assert decisions[-1].stop_reading
+    outcome = verdict.outcome(0, stopped_by_us=False)
+    assert (outcome.state, outcome.exit_code) == (state, code)
+    assert outcome.failure is not None and outcome.failure.kind == FailureKind.STOPPED
+    assert outcome.failure.reason == f"stopped by {cause.said}"
+
+
+def test_during_the_grace_no_failure_silence_or_hang_tears_the_job_down():
+    verdict = _verdict()
+    decisions = _feed(
+        verdict, CTRL_C,
+        _exit("n1", 6, 1, rank=0, rank_code=-15),  # a rank without a handler: the signal ended it
+        SshEnded("n2", 255, 7), Tick(100),  # n2 silent, its ssh gone, no output: still waiting
+    )  # fmt: skip
+    assert _teardowns(decisions) == []
+    assert verdict.stopping
+
+
+def test_the_graces_end_tears_down_what_is_left_with_the_causes_exit_code():
+    verdict = _verdict()
+    decisions = _feed(verdict, StopAsked(StopCause.ORCH_STOP, 5), _exit("n1", 30),
+                      Tick(124.9), Tick(125))  # fmt: skip
+    [failure] = _teardowns(decisions)
+    assert failure.kind == FailureKind.STOPPED
+    assert failure.reason == "stopped by `orch stop`: the 120 s grace ran out"
+    assert not verdict.stopping
+    outcome = verdict.outcome(-15, stopped_by_us=True)
+    assert (outcome.state, outcome.exit_code) == (JobState.STOPPED, 143)
+
+
+@pytest.mark.parametrize(
+    ("second", "state", "code", "kind"),
+    [
+        (Interrupted(signal.SIGINT, False, 9), JobState.INTERRUPTED, 130, FailureKind.SIGNAL),
+        (Interrupted(signal.SIGTERM, True, 9), JobState.KILLED, 143, FailureKind.KILLED),
+    ],
+)
+def test_a_second_ctrl_c_or_orch_kill_during_the_grace_ends_the_job_at_once(
+    second, state, code, kind
+):
+    verdict = _verdict()
+    assert _teardowns(_feed(verdict, CTRL_C, Tick(8))) == []
+    [failure] = _teardowns(_feed(verdict, second))
+    assert failure.kind == kind
+    outcome = verdict.outcome(-15, stopped_by_us=True)
+    assert (outcome.state, outcome.exit_code) == (state, code)
+
+
+def test_the_time_limit_stops_the_job_from_its_first_event():
+    verdict = JobVerdict(HOSTS, WatchSettings(time_limit=60, rank_grace=20), head_launcher=False)
+    beats = [NodeHeard(node, at) for at in range(10, 71, 5) for node in HOSTS]
+    decisions = _feed(verdict, *beats[:-2], Tick(69.9), *beats[-2:])
+    assert _begun(decisions) == [StopCause.TIME_LIMIT]
+    assert [d.begin_stop for d in decisions][-2] == StopCause.TIME_LIMIT  # at 70 s, not before
+    decisions = _feed(verdict, _exit("n1", 75), _exit("n2", 76), Tick(200))
+    assert _teardowns(decisions) == [] and decisions[-1].stop_reading
+    outcome = verdict.outcome(0, stopped_by_us=True)
+    assert (outcome.state, outcome.exit_code) == (JobState.STOPPED, 124)
+
+
+def test_no_time_limit_means_the_job_runs_on():
+    verdict = JobVerdict(HOSTS, WatchSettings(), head_launcher=False)
+    decisions = _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), Tick(10**6))
+    assert _begun(decisions) == []
+
+
+def test_a_stop_asked_once_the_job_is_torn_down_changes_nothing():
+    verdict = _verdict()
+    [failure] = _teardowns(_feed(verdict, _exit("n1", 3, 7, rank=0, rank_code=7), Tick(5)))
+    assert failure.kind == FailureKind.RANK
+    # Ctrl-C now is an interrupt of a teardown under way, not a stop: nothing is begun.
+    assert _begun(_feed(verdict, StopAsked(StopCause.ORCH_STOP, 6), CTRL_C, Tick(7))) == []
+    outcome = verdict.outcome(7, stopped_by_us=True)
+    assert (outcome.state, outcome.exit_code) == (JobState.FAILED, 7)
+
+
+def test_a_job_that_ended_before_the_stop_reached_it_is_the_stops_all_the_same():
+    verdict = _verdict()
+    decisions = _feed(verdict, _exit("n1", 4), CTRL_C, _exit("n2", 6), OutputEnded(7),
+                      HeadExited(0, 7))  # fmt: skip
+    assert _begun(decisions) == [StopCause.CTRL_C] and _teardowns(decisions) == []
+    assert verdict.outcome(0, stopped_by_us=False).state == JobState.INTERRUPTED
