@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -110,6 +110,15 @@ class AttemptProgress:
 
     furthest_step: int | None = None
     duration_s: float = 0.0
+
+
+def attempt_progress(steps: Mapping[int, int], started: float | None,
+                     ended: float) -> AttemptProgress:  # fmt: skip
+    """How far an attempt got: the furthest step any rank showed (`steps`, each rank's, as
+    the progress recorder kept them) and how long it ran, from its start to its first
+    failure (or its end), on the head's monotonic clock; never started: 0 s."""
+    duration = max(0.0, ended - started) if started is not None else 0.0
+    return AttemptProgress(max(steps.values(), default=None), duration)
 
 
 NO_PROGRESS = AttemptProgress()

@@ -29,7 +29,6 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -53,7 +52,7 @@ from orchestrator.outcome.events import (
     WatchSettings,
 )
 from orchestrator.outcome.explanation import Explanation, explain
-from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress
+from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress, attempt_progress
 from orchestrator.outcome.states import FailureKind, JobState, StopCause
 from orchestrator.outcome.stop import StopSummary
 from orchestrator.outcome.verdict import Failure, JobVerdict, Outcome, hang_culprit, in_slurm_words
@@ -101,15 +100,6 @@ class LaunchResult:
     progress: AttemptProgress = NO_PROGRESS  # how far this attempt got, for a restart
     stop: StopSummary | None = None  # the stop that ended it, and each rank's part in it
     started: float | None = None  # when the watch began (monotonic): the time limit's start
-
-
-def attempt_progress(steps: Mapping[int, int], started: float | None,
-                     ended: float) -> AttemptProgress:  # fmt: skip
-    """How far an attempt got: the furthest step any rank showed (`steps`, each rank's, as
-    the progress recorder kept them) and how long it ran, from its start to its first
-    failure (or its end), on the head's monotonic clock; never started: 0 s."""
-    duration = max(0.0, ended - started) if started is not None else 0.0
-    return AttemptProgress(max(steps.values(), default=None), duration)
 
 
 def _not_answering(failure: Failure) -> tuple[str, ...]:

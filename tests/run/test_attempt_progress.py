@@ -7,12 +7,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from orchestrator.logs.progress import ProgressRecorder
-from orchestrator.outcome.restart_policy import AttemptProgress, RestartPolicy
+from orchestrator.outcome.restart_policy import AttemptProgress, RestartPolicy, attempt_progress
 from orchestrator.outcome.states import JobState
 from orchestrator.records.job import FirstFailure, JobRecord
 from orchestrator.records.rundir import RunDir
 from orchestrator.run.job import _Recovery
-from orchestrator.run.launch import attempt_progress
 from orchestrator.specs.words import Fanout
 
 
