@@ -149,6 +149,7 @@ def test_raw_and_follow_together_is_a_usage_error(runs: Path, orch) -> None:
     assert result.returncode == 2
 
 
+@pytest.mark.process
 def test_piped_into_head_is_not_an_error(runs: Path) -> None:
     # `orch logs JOB | head -1`: the reader leaves early.
     shell = f"{ORCH} logs {JOB} --runs-dir {runs} | head -1; echo ${{PIPESTATUS[0]}}"

@@ -88,6 +88,7 @@ def _environment(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
+@pytest.mark.process
 def test_the_node_builds_beside_and_swaps_or_keeps_the_old(tmp_path: Path) -> None:
     head = _environment(tmp_path / "head", {"kept.py": "kept\n", "pkg/new.py": "new\n"})
     nodes = tmp_path / "node"
@@ -116,6 +117,7 @@ def test_the_node_builds_beside_and_swaps_or_keeps_the_old(tmp_path: Path) -> No
     assert again["pkg/new.py"][2] == hashlib.sha256(b"new\n").hexdigest()
 
 
+@pytest.mark.process
 def test_a_node_keeps_its_own_files_and_passes_every_byte_on(tmp_path: Path) -> None:
     """Two nodes that need different files get one stream: the first keeps what it lacks,
     skips the rest, and passes the whole stream on, byte for byte."""
@@ -140,6 +142,7 @@ def test_a_node_keeps_its_own_files_and_passes_every_byte_on(tmp_path: Path) -> 
     assert sorted(p.name for p in second.iterdir()) == [".orch-manifest.json", "a.py", "b.py"]
 
 
+@pytest.mark.process
 def test_a_lost_next_node_stops_the_passing_on_not_the_build(tmp_path: Path) -> None:
     head = _environment(tmp_path / "head", {"a.py": "a\n" * 400_000})
     stream, sha = _stream(head, ["a.py"])

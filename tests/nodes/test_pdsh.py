@@ -121,6 +121,7 @@ def _state(pid: int) -> str:
         return handle.read().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.process
 def test_the_fan_out_is_looked_at_without_reaping_and_its_group_signalled_only_before(
     monkeypatch,
 ):
@@ -146,6 +147,7 @@ def test_the_fan_out_is_looked_at_without_reaping_and_its_group_signalled_only_b
     assert proc.stop(grace=1.0) == 3
 
 
+@pytest.mark.process
 def test_a_killed_fan_out_reads_as_its_signal():
     proc = start_streaming(["sleep", "30"], env=dict(os.environ))
     os.kill(proc.pid, signal.SIGTERM)

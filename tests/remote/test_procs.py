@@ -164,6 +164,7 @@ def _ended(process: subprocess.Popen, timeout: float = 10) -> bool:
     return process.poll() is not None
 
 
+@pytest.mark.process
 def test_the_sweep_ends_only_its_own_nodes_processes(two_nodes_processes):
     job_id, on_n1, on_n2 = two_nodes_processes
     assert stop_job(job_id, "n1", grace=2) == {"found": 1, "killed": 0, "left": 0}
@@ -171,6 +172,7 @@ def test_the_sweep_ends_only_its_own_nodes_processes(two_nodes_processes):
     assert on_n2.poll() is None
 
 
+@pytest.mark.process
 def test_orch_kill_on_a_node_ends_that_nodes_processes_of_the_job(two_nodes_processes):
     # The shipped program, as pdsh runs it on n2 (pdsh puts the node's name for %h).
     job_id, on_n1, on_n2 = two_nodes_processes

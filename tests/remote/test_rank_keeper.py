@@ -59,6 +59,7 @@ def node(tmp_path: Path) -> _Node:
     return _Node(tmp_path)
 
 
+@pytest.mark.process
 def test_the_ranks_own_exit_code_is_reported_and_kept(node: _Node) -> None:
     keeper = node.start("import os, time; print('step 1', flush=True); os._exit(7)")
     assert keeper.wait(30) == 7
@@ -70,6 +71,7 @@ def test_the_ranks_own_exit_code_is_reported_and_kept(node: _Node) -> None:
     assert b"step 1" in node.output()
 
 
+@pytest.mark.process
 def test_a_rank_killed_from_outside_is_reported_with_its_signal(node: _Node) -> None:
     keeper = node.start("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert keeper.wait(30) == -signal.SIGKILL  # the keeper ends as its rank did
@@ -78,6 +80,7 @@ def test_a_rank_killed_from_outside_is_reported_with_its_signal(node: _Node) -> 
     assert "forwarded" not in report  # nobody asked the keeper to stop it
 
 
+@pytest.mark.process
 def test_the_launchers_signal_is_passed_on_and_noted(node: _Node) -> None:
     keeper = node.start("import time; print('ready', flush=True); time.sleep(60)")
     deadline = time.monotonic() + 30
@@ -91,6 +94,7 @@ def test_the_launchers_signal_is_passed_on_and_noted(node: _Node) -> None:
     assert report["forwarded"] == [signal.SIGTERM]
 
 
+@pytest.mark.process
 def test_the_rank_not_its_keeper_is_found_under_proc(node: _Node) -> None:
     keeper = node.start("import time; print('ready', flush=True); time.sleep(60)", rank=5)
     try:
@@ -112,6 +116,7 @@ def test_the_rank_not_its_keeper_is_found_under_proc(node: _Node) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.process
 def test_a_rank_that_cannot_start_says_why(node: _Node, tmp_path: Path) -> None:
     command = {"argv": [str(tmp_path / "missing-python"), "x.py"], "socket": node.socket}
     (node.dir / rank_program.COMMAND_FILE).write_text(json.dumps(command))

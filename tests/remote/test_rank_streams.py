@@ -28,6 +28,7 @@ def _write_as_rank(path: str, text: bytes) -> None:
             conn.sendall(json.dumps(header).encode() + b"\n" + text)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_users_connection_writes_nothing_into_the_jobs_output() -> None:
     directory = Path(tempfile.mkdtemp(prefix="orch-test-"))

@@ -55,6 +55,7 @@ def test_job_json_holds_states_and_kinds_as_the_plain_words_they_always_were(tmp
     assert shown == "job j1: failed (lost)"
 
 
+@pytest.mark.process
 def test_running_job_with_a_live_head_is_running_and_a_dead_head_is_shown(tmp_path):
     assert shown_state(_record("j1")) == "running"
     gone = subprocess.Popen(["true"])
