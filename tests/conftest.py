@@ -24,6 +24,7 @@ import multiprocessing.process
 import os
 import shutil
 import subprocess
+import traceback
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -122,8 +123,11 @@ def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch) -> 
     started: list[str] = []
 
     def refuse(what: str) -> None:
-        started.append(what)
-        pytest.fail(f"a fast test started a process ({what}): mark the test `process`", False)
+        # Where: the last few frames before this guard, as a traceback would show them.
+        where = "".join(traceback.format_list(traceback.extract_stack()[-7:-2]))
+        started.append(f"{what}, from\n{where}")
+        pytest.fail(f"a fast test started a process ({started[-1]}): mark the test `process`",
+                    False)  # fmt: skip
 
     def popen(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
         refuse(f"`{_program(args)}`")

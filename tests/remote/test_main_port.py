@@ -326,3 +326,9 @@ def test_a_worker_checks_nothing(tmp_path):
                                 check=False)  # fmt: skip
     subprocess.run(["rm", "-rf", f"{runs_root(os.getuid())}/{spec.job_id}"], check=False)
     assert result.returncode == 0, result.stderr
+    # The port taken by another process is no worker's business: its launcher ran, and
+    # nothing in what it sent names the port.
+    records = [decode_wire(line + b"\n") for line in result.stdout.splitlines()]
+    assert "started" in [r.text for r in records if r and r.kind == "line"]
+    [exit_fields] = [r.fields for r in records if r and r.kind == "control" and r.text == "exit"]
+    assert exit_fields.get("error") is None and b"main port" not in result.stdout

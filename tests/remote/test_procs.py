@@ -8,12 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from launch_support import wait_for
 
 from orchestrator.plan.agent_command import kill_command
 from orchestrator.remote import procs
@@ -158,10 +158,7 @@ def two_nodes_processes() -> Iterator[tuple[str, subprocess.Popen, subprocess.Po
 
 
 def _ended(process: subprocess.Popen, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return process.poll() is not None
+    return wait_for(lambda: process.poll() is not None, timeout, 0.05)
 
 
 @pytest.mark.process

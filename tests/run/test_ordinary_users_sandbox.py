@@ -254,6 +254,8 @@ def test_two_users_share_the_nodes_and_killing_one_job_leaves_the_other(victim, 
         [victims_job] = set(victim.jobs()) - mine
         refused = attacker.orch("kill", victims_job, "--runs-dir", str(victim.runs))
         assert refused.returncode != 0
+        said = refused.stdout + refused.stderr
+        assert "error:" in refused.stderr and "Traceback" not in said, said
         killed = attacker.orch("kill", job_id)
         assert killed.returncode == 0, killed.stderr
         assert second.wait(120) != 0
@@ -315,6 +317,7 @@ def test_the_victims_files_reservations_and_records_are_out_of_reach(victim, att
     for what, script in probes.items():
         answer = attacker.shell(script)
         assert answer.returncode != 0, f"the attacker could {what}"
+        assert "Permission denied" in answer.stderr, (what, answer.stderr)
     # Reservations for the whole range in the attacker's own directory leave the victim free.
     jam = attacker.shell("mkdir -p /tmp/orch-$(id -u)/ports && cd /tmp/orch-$(id -u)/ports && "
                          "for p in $(seq 29500 29700); do echo x > $p; done")  # fmt: skip
@@ -324,6 +327,8 @@ def test_the_victims_files_reservations_and_records_are_out_of_reach(victim, att
     assert chosen.returncode == 0, chosen.stderr[-3000:]
     status = attacker.orch("status", "--runs-dir", str(victim.runs))
     assert status.returncode != 0
+    said = status.stdout + status.stderr
+    assert "error:" in status.stderr and "Traceback" not in said, said
 
 
 def test_the_records_of_another_user_are_refused_as_code(victim, attacker, tmp_path):
