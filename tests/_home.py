@@ -77,5 +77,10 @@ def make_test_home(path_environ: str) -> TestHome:
         wrapper.write_text(_ssh_wrapper(real_ssh))
         wrapper.chmod(0o755)
     environ["HOME"] = str(home)
+    # The one thing kept from the developer's home: DeepSpeed's CPU op, built there once by
+    # scripts/setup.sh (minutes on 2 cores), which a job would otherwise build again.
+    environ["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
+        Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "orch" / "torch_extensions"
+    )
     environ["PATH"] = os.pathsep.join([str(bin_dir), path_environ])
     return TestHome(path=home, environ=environ, cleared=CLEARED)

@@ -96,22 +96,40 @@ def _in_the_test_home(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
         monkeypatch.delenv(name, raising=False)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config,
+                                  items: list[pytest.Item]) -> Iterator[None]:  # fmt: skip
+    """Mark the tiers before anything selects by mark; order the modules after pytest's own
+    reordering by fixture."""
     for item in items:
         if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sandbox)
         if not any(item.get_closest_marker(name) for name in NOT_FAST):
             item.add_marker(pytest.mark.fast)
+    yield
     items[:] = _longest_modules_first(items)
 
 
 # What a test of each tier costs, roughly, in seconds: the order modules start in.
 _TIER_COST = {"slow": 60.0, "sandbox": 8.0, "process": 1.0, "fast": 0.05}
+# The modules that took longest in a parallel run of the whole suite (seconds, rounded):
+# measured, since a module's few tests may each run a job for minutes. Only an order.
+_MEASURED = {
+    "tests/prepare/test_push_env_sandbox.py": 600, "tests/run/test_slurm_sandbox.py": 420,
+    "tests/run/test_first_failure_sandbox.py": 330, "tests/stacks/test_stacks_sandbox.py": 320,
+    "tests/run/test_recovery_sandbox.py": 320, "tests/run/test_launch_torchrun.py": 250,
+    "tests/run/test_shared_kernel_sandbox.py": 230, "tests/run/test_launch_pdsh.py": 220,
+    "tests/remote/test_rank_capture_sandbox.py": 200, "tests/cli/test_doctor_sandbox.py": 160,
+    "tests/envpush/test_relay_sandbox.py": 150, "tests/run/test_ordinary_users_sandbox.py": 140,
+    "tests/run/test_slurm_nossh_sandbox.py": 140, "tests/logs/test_logs_pipeline.py": 120,
+    "tests/run/test_concurrent_sandbox.py": 120, "tests/run/test_hardened_sandbox.py": 110,
+}  # fmt: skip
 
 
 def _longest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """The modules that take longest first, each module's tests together and in order: with
     xdist (--dist loadfile) the long ones start at once instead of last on one worker."""
+
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
@@ -119,6 +137,7 @@ def _longest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
     for item in items:
         tier = next(t for t in _TIER_COST if item.get_closest_marker(t) is not None)
         cost[module(item)] = cost.get(module(item), 0.0) + _TIER_COST[tier]
+    cost.update((name, seconds) for name, seconds in _MEASURED.items() if name in cost)
     return sorted(items, key=lambda item: -cost[module(item)])  # stable: in order within
 
 

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,10 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="creates two test accounts: needs root"),
 ]
 
-VICTIM, ATTACKER, GROUP = "orchvictim", "orchattacker", "orchshared"
+# Names of this run's own: another session on the machine (its own run of this module)
+# deletes and recreates its accounts, and plants links in their /tmp/orch-<uid>.
+_RUN = uuid.uuid4().hex[:6]
+VICTIM, ATTACKER, GROUP = f"orchv{_RUN}", f"orcha{_RUN}", f"orchg{_RUN}"
 STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 VENV = Path(sys.executable).parent.parent
 
@@ -105,6 +109,8 @@ def accounts() -> Iterator[dict[str, pwd.struct_passwd]]:
         assert made.returncode == 0, made.stderr
         # No password, but not locked: sshd refuses a locked account even its keys.
         assert _run(["usermod", "-p", "*", user]).returncode == 0
+        # What an account gone before left under the uid this one got.
+        shutil.rmtree(f"/tmp/orch-{pwd_uid(user)}", ignore_errors=True)
         home = Path(pwd.getpwnam(user).pw_dir)
         # Per-project groups often come with a login umask of 002: everything a shell on
         # the node makes is then group-writable unless orch says otherwise.
