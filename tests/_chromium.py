@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from launch_support import wait_for
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Nothing a test needs: no network of its own, no first-run work, no profile of the user's.
 QUIET = (
@@ -26,6 +28,7 @@ QUIET = (
 # component updater, its sign-in service): exact names, so that a page's CDN (Google's
 # fonts.googleapis.com among them) is still seen.
 BROWSER_OWN = frozenset({"update.googleapis.com", "accounts.google.com", "clients2.google.com"})
+SETTLED = "orch-test: every request before this one is noted"
 
 
 def chromium(profile: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -69,7 +72,15 @@ class RequestRecorder:
     @property
     def page_requests(self) -> list[str]:
         """The requests that were not the browser's own."""
-        return [line for line in self.requests if _host(line) not in BROWSER_OWN]
+        return [line for line in self.requests
+                if line != SETTLED and _host(line) not in BROWSER_OWN]  # fmt: skip
+
+    def settle(self, timeout: float = 10) -> None:
+        """Return once every request sent before this call is noted: the proxy takes its
+        connections one at a time, in order, so a request of its own sent now is noted last."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as last:
+            last.sendall(f"{SETTLED}\r\n".encode())
+        assert wait_for(lambda: SETTLED in self.requests, timeout, 0.01), self.requests
 
     def close(self) -> None:
         self._server.close()

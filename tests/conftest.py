@@ -1,26 +1,37 @@
-"""Shared fixtures: a real loopback SSH cluster for integration tests, and the tiers.
+"""Shared fixtures: a home of the tests' own, a real loopback SSH cluster for integration
+tests, and the tiers.
+
+Every test runs with HOME (and the XDG directories) in a temporary home of its session
+(each xdist worker has its own), so no test reads or edits the developer's own files, its
+~/.ssh/config above all (a sandbox adds an `Include` there). OpenSSH's client reads the
+home of the passwd entry, not $HOME: the temporary home's bin/ holds an `ssh` that reads
+$HOME/.ssh/config, first on PATH, for pdsh and for the tests' own ssh. Programs the tests
+start inherit all of it.
 
 Each test module gets its own sandboxes (own state directory, subnet and node name
 prefix), so it never touches a sandbox the user has up, parallel runs on one machine do
 not collide, and every sandbox is taken down when its module ends.
 
 The tiers: a test is `fast` (pure and in-process: `pytest -m fast`) unless it needs the
-sandbox (its fixtures, or the `sandbox` mark) or real processes of orch, ssh or Slurm (the
-`process` mark), or is `slow`. A fast test that starts one of those fails, naming it.
+sandbox (its fixtures, or the `sandbox` mark) or starts processes (the `process` mark), or
+is `slow`. A fast test that starts any child process fails, naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.process
 import os
 import shutil
 import subprocess
+import traceback
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _home import TestHome, developers_ssh_config, fingerprint, make_test_home
 from hypothesis import settings
 from launch_support import REPO
 
@@ -43,47 +54,131 @@ def _sandbox_prereqs_missing() -> str | None:
 
 SANDBOX_FIXTURES = frozenset({"sandbox", "sandbox_factory", "hostfile"})
 NOT_FAST = ("sandbox", "process", "slow")
-# Programs a fast test may not start: they make it a test of real processes.
-REAL_PROCESSES = frozenset(
-    {"orch", "ssh", "sshd", "pdsh", "srun", "salloc", "sbatch", "scp", "unshare", "nsenter"}
-)
+
+_HOME = pytest.StashKey[TestHome]()
+_DEVELOPERS_SSH_CONFIG = pytest.StashKey[str | None]()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's home, before anything is collected (modules may look at ~ on import)."""
+    config.stash[_DEVELOPERS_SSH_CONFIG] = fingerprint(developers_ssh_config())
+    home = make_test_home(os.environ.get("PATH", os.defpath))
+    config.stash[_HOME] = home
+    os.environ.update(home.environ)
+    for name in home.cleared:
+        os.environ.pop(name, None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(_HOME, None)
+    if home is not None:
+        shutil.rmtree(home.path, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The developer's ~/.ssh/config is as it was: a test that edits it fails the run."""
+    config = session.config
+    if config.stash.get(_DEVELOPERS_SSH_CONFIG, None) != fingerprint(developers_ssh_config()):
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        message = f"{developers_ssh_config()} changed while the tests ran"
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _in_the_test_home(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts in the session's home, whatever a test before it left behind."""
+    home = request.config.stash[_HOME]
+    for name, value in home.environ.items():
+        monkeypatch.setenv(name, value)
+    for name in home.cleared:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config,
+                                  items: list[pytest.Item]) -> Iterator[None]:  # fmt: skip
+    """Mark the tiers before anything selects by mark; order the modules after pytest's own
+    reordering by fixture."""
     for item in items:
         if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sandbox)
         if not any(item.get_closest_marker(name) for name in NOT_FAST):
             item.add_marker(pytest.mark.fast)
+    yield
+    items[:] = _longest_modules_first(items)
 
 
-def _starts_a_real_process(args: object) -> str | None:
-    argv = [args] if isinstance(args, (str, os.PathLike)) else list(args or ())  # type: ignore[call-overload]
+# What a test of each tier costs, roughly, in seconds: the order modules start in.
+_TIER_COST = {"slow": 60.0, "sandbox": 8.0, "process": 1.0, "fast": 0.05}
+# The modules that took longest in a parallel run of the whole suite (seconds, rounded):
+# measured, since a module's few tests may each run a job for minutes. Only an order.
+_MEASURED = {
+    "tests/prepare/test_push_env_sandbox.py": 600, "tests/run/test_slurm_sandbox.py": 420,
+    "tests/run/test_first_failure_sandbox.py": 330, "tests/stacks/test_stacks_sandbox.py": 320,
+    "tests/run/test_recovery_sandbox.py": 320, "tests/run/test_launch_torchrun.py": 250,
+    "tests/run/test_shared_kernel_sandbox.py": 230, "tests/run/test_launch_pdsh.py": 220,
+    "tests/remote/test_rank_capture_sandbox.py": 200, "tests/cli/test_doctor_sandbox.py": 160,
+    "tests/envpush/test_relay_sandbox.py": 150, "tests/run/test_ordinary_users_sandbox.py": 140,
+    "tests/run/test_slurm_nossh_sandbox.py": 140, "tests/logs/test_logs_pipeline.py": 120,
+    "tests/run/test_concurrent_sandbox.py": 120, "tests/run/test_hardened_sandbox.py": 110,
+}  # fmt: skip
+
+
+def _longest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The modules that take longest first, each module's tests together and in order: with
+    xdist (--dist loadfile) the long ones start at once instead of last on one worker."""
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    cost: dict[str, float] = {}
+    for item in items:
+        tier = next(t for t in _TIER_COST if item.get_closest_marker(t) is not None)
+        cost[module(item)] = cost.get(module(item), 0.0) + _TIER_COST[tier]
+    cost.update((name, seconds) for name, seconds in _MEASURED.items() if name in cost)
+    return sorted(items, key=lambda item: -cost[module(item)])  # stable: in order within
+
+
+def _program(args: object) -> str:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args or ())  # type: ignore[call-overload]
     if not argv:
-        return None
-    words = [os.fspath(word) for word in argv]
-    program = os.path.basename(words[0].split()[0]) if words[0] else ""
-    if program in REAL_PROCESSES:
-        return program
-    if "-m" in words and "orchestrator" in words:
-        return "python -m orchestrator"
-    return None
+        return "?"
+    first = os.fsdecode(argv[0]).split()
+    return os.path.basename(first[0]) if first else "?"
 
 
 @pytest.fixture(autouse=True)
-def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch) -> None:
-    """A test the tiers call fast may not start orch, ssh or Slurm: mark it `process`."""
+def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch) -> Iterator[None]:
+    """A test the tiers call fast may not start a child process of any kind (subprocess,
+    fork, spawn, multiprocessing): it fails, naming what it started; mark it `process`.
+    Noted as well as raised, so that code which swallows the error does not hide it."""
     if request.node.get_closest_marker("fast") is None:
+        yield
         return
-    real_init = subprocess.Popen.__init__
+    started: list[str] = []
 
-    def guarded(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
-        program = _starts_a_real_process(args)
-        if program is not None:
-            pytest.fail(f"a fast test started `{program}`: mark the test `process`", False)
-        real_init(self, args, *rest, **kwargs)
+    def refuse(what: str) -> None:
+        # Where: the last few frames before this guard, as a traceback would show them.
+        where = "".join(traceback.format_list(traceback.extract_stack()[-7:-2]))
+        started.append(f"{what}, from\n{where}")
+        pytest.fail(f"a fast test started a process ({started[-1]}): mark the test `process`",
+                    False)  # fmt: skip
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    def popen(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        refuse(f"`{_program(args)}`")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, lambda *a, _name=name, **k: refuse(f"os.{_name}"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start",
+                        lambda self: refuse("multiprocessing"))  # fmt: skip
+    yield
+    if started:
+        pytest.fail(f"a fast test started a process ({started[0]}): mark the test `process`",
+                    False)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -148,10 +243,14 @@ def _remove_node_local_logs(node_names: list[str]) -> None:
     if not root.is_dir():
         return
     for job in root.iterdir():
-        for name in node_names:
-            shutil.rmtree(job / name, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            job.rmdir()  # only when nothing else is left in it
+        ours = [job / name for name in node_names if (job / name).exists()]
+        for node_dir in ours:
+            shutil.rmtree(node_dir, ignore_errors=True)
+        # Only a job of these nodes, when nothing else is left in it: an empty one may be
+        # another session's, just made, whose node directory is about to go in.
+        if ours:
+            with contextlib.suppress(OSError):
+                job.rmdir()
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,9 @@ def job_processes(node: str, job_id: str) -> list[str]:
     return [line for line in result.stdout.split() if line.startswith("/proc/")]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.5) -> bool:
+def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.1) -> bool:
+    """Whether `predicate` holds within `timeout` seconds, asked every `step` seconds: the
+    one way the tests wait for something to happen (never a fixed sleep)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -11,8 +11,10 @@ heartbeat carries), so ends on different nodes compare. Then:
 - the job's exit code is the cause's own (128 + N for signal N).
 
 Clocks of different machines agree only so far, and a keeper wakes a little after its
-rank ends: an earliest end that shows the signs of a lost peer gives way to a failure
-without them that ended within `tie_s` after it. Pure: values in, values out.
+rank ends (on a loaded node, most of a second): an earliest end that shows the signs of a
+lost peer gives way to a failure without them that ended within `tie_s` after it, or else
+to a rank killed by a signal no launcher sent, over one whose traceback says a peer went
+away. Pure: values in, values out.
 """
 
 from __future__ import annotations
@@ -189,8 +191,12 @@ def order_ends(
         return RankOrder(None, roles={e.rank: Role.SUCCEEDED for e in ends})
     cause = failed[0]
     if lost_a_peer(cause, lost_peer):
-        own = [e for e in failed if e.end - cause.end <= tie_s and not lost_a_peer(e, lost_peer)]
-        cause = own[0] if own else cause
+        near = [e for e in failed if e.end - cause.end <= tie_s]
+        own = [e for e in near if not lost_a_peer(e, lost_peer)]
+        # Next best: a rank killed by a signal nobody passed on (from outside, or a
+        # teardown's) over one whose own output says a peer went away.
+        killed = [e for e in near if e.rank not in lost_peer and not e.forwarded]
+        cause = (own or killed or [cause])[0]
     consequences = tuple(e for e in failed if e is not cause and lost_a_peer(e, lost_peer))
     roles = {e.rank: Role.SUCCEEDED for e in ends if not e.failed}
     roles |= {e.rank: Role.FAILED for e in failed}

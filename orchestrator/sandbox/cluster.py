@@ -20,7 +20,7 @@ from orchestrator.sandbox.nodes import (
     stop_node,
     wait_ready,
 )
-from orchestrator.sandbox.ports import pick_ssh_port, port_open
+from orchestrator.sandbox.ports import pick_ssh_port, port_open, ports_claimed
 from orchestrator.sandbox.processes import kill_processes_with_env, node_pids, pid_alive
 from orchestrator.sandbox.render import (
     GUESTS_DIR,
@@ -81,38 +81,40 @@ class Sandbox:
                 )
         subnet = subnet_for(self.directory)
         addresses = [f"{subnet}.{k}" for k in range(1, nodes + 1)]
-        port = pick_ssh_port(addresses)
         sandbox_id = sandbox_id_for(self.directory)
         names = [f"{prefix}{k}" for k in range(1, nodes + 1)]
         user = getpass.getuser()
-        write_keys_and_files(self.directory, names, addresses, port, user, slots)
-        for guest in guest_users:
-            guests.admit(self.directory, guest)
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         started: list[SandboxNode] = []
         try:
-            for name, address in zip(names, addresses, strict=True):
-                pid = start_node(self.directory, sshd, name, address, port, sandbox_id, use_ns,
-                                 sshd_profile, shared_pids)  # fmt: skip
-                started.append(SandboxNode(name=name, address=address, port=port, pid=pid))
-            state = SandboxState(
-                directory=str(self.directory),
-                sandbox_id=sandbox_id,
-                prefix=prefix,
-                slots=slots,
-                namespaces=use_ns,
-                user=user,
-                nodes=tuple(started),
-                sshd_profile=sshd_profile,
-                shared_pids=shared_pids,
-                guests=tuple(guest_users),
-            )
-            save_state(state)
-            wait_ready(state)
-            if slurm:
-                state = slurm_daemons.start_over(state)
+            # From picking the ports until every daemon listens on its own.
+            with ports_claimed():
+                port = pick_ssh_port(addresses)
+                write_keys_and_files(self.directory, names, addresses, port, user, slots)
+                for guest in guest_users:
+                    guests.admit(self.directory, guest)
+                for name, address in zip(names, addresses, strict=True):
+                    pid = start_node(self.directory, sshd, name, address, port, sandbox_id,
+                                     use_ns, sshd_profile, shared_pids)  # fmt: skip
+                    started.append(SandboxNode(name=name, address=address, port=port, pid=pid))
+                state = SandboxState(
+                    directory=str(self.directory),
+                    sandbox_id=sandbox_id,
+                    prefix=prefix,
+                    slots=slots,
+                    namespaces=use_ns,
+                    user=user,
+                    nodes=tuple(started),
+                    sshd_profile=sshd_profile,
+                    shared_pids=shared_pids,
+                    guests=tuple(guest_users),
+                )
                 save_state(state)
+                wait_ready(state)
+                if slurm:
+                    state = slurm_daemons.start_over(state)
+                    save_state(state)
             install_include(self.directory)
             for guest in guest_users:
                 guests.hand_to(state, guest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import stat
 import subprocess
@@ -65,7 +66,8 @@ def shell_startup(state: SandboxState, name: str, script: str) -> Path:
     node's files and bind-mounted over the user's ~/.bashrc in that node's mount namespace
     only, so the head and the other nodes keep theirs. bash runs it for every SSH command,
     as a real node's would. Undone when the node stops. Returns the file written."""
-    home_rc = Path.home() / ".bashrc"
+    # sshd starts the user's sessions in the passwd entry's home, whatever $HOME says here.
+    home_rc = Path(pwd.getpwnam(state.user).pw_dir) / ".bashrc"
     if not home_rc.is_file():
         raise SandboxError(f"{home_rc} does not exist: there is nothing to stand in for",
                            f"create it (it may be empty): touch {home_rc}")  # fmt: skip

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import socket
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from orchestrator.errors import SandboxError
 
@@ -25,6 +29,28 @@ def port_open(address: str, port: int, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+# One lock for every sandbox of this machine, whoever brings it up (flock needs no write
+# access: any user may take it).
+_CLAIM_LOCK = Path(tempfile.gettempdir()) / "orch-sandbox-ports.lock"
+
+
+@contextlib.contextmanager
+def ports_claimed() -> Iterator[None]:
+    """Held from picking a sandbox's ports until its daemons listen on them: a port is
+    picked because it is free, and two sandboxes brought up at once (two test workers, two
+    users) would otherwise both find the same port free and start two daemons on it."""
+    try:
+        fd = os.open(_CLAIM_LOCK, os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        yield  # an unusable temporary directory: bring the sandbox up as before
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def pick_ssh_port(addresses: Sequence[str]) -> int:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException, RangeSetParseError
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException, RangeSetParseError
 
 from orchestrator.errors import InputFileError, UsageError
 
@@ -231,7 +231,9 @@ def _split_top_level(text: str) -> list[str]:
 
 def _expand_part(part: str, expr: str) -> list[str]:
     try:
-        nodeset = NodeSet(part)
+        # No group resolver: a wildcard (`n*`) would run the shell commands of ClusterShell's
+        # group sources and expand to whatever hosts they list.
+        nodeset = NodeSet(part, resolver=RESOLVER_NOGROUP)
         size = len(nodeset)
         if size > MAX_NODES:
             raise UsageError(f"node set {expr!r} has {size} nodes (at most {MAX_NODES})")

@@ -317,6 +317,7 @@ def test_report_marks_unreachable_nodes_and_serialises() -> None:
     assert "s3cret" not in json.dumps(doc)
 
 
+@pytest.mark.process
 def test_checks_and_probe_parsing_import_no_ssh_or_process_code() -> None:
     check = (
         "import sys, orchestrator.checks.report, orchestrator.probe.facts; "

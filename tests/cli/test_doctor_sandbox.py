@@ -16,13 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+from launch_support import wait_for
 
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.state import SandboxState
@@ -91,18 +91,18 @@ def _sshd_listener(box: Sandbox, name: str) -> int:
     raise AssertionError(f"no listening sshd found for {name}")
 
 
+def _port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def _wait_port(address: str, port: int, open_: bool) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((address, port), timeout=0.5):
-                is_open = True
-        except OSError:
-            is_open = False
-        if is_open == open_:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{address}:{port} did not become {'open' if open_ else 'closed'}")
+    assert wait_for(lambda: _port_open(address, port) == open_, 10), (
+        f"{address}:{port} did not become {'open' if open_ else 'closed'}"
+    )
 
 
 def refuse_key(box: Sandbox, state: SandboxState, name: str) -> None:
@@ -118,10 +118,10 @@ def refuse_key(box: Sandbox, state: SandboxState, name: str) -> None:
     config.write_text("\n".join(lines) + "\n")
     os.kill(_sshd_listener(box, name), signal.SIGHUP)  # sshd re-executes itself
     node = state.node(name)
-    deadline = time.monotonic() + 30
-    while _key_accepted(name):  # until the re-executed sshd reads its new config
-        assert time.monotonic() < deadline, f"{name}'s sshd still accepts the key"
-        time.sleep(0.2)
+    # Until the re-executed sshd reads its new config.
+    assert wait_for(lambda: not _key_accepted(name), 30, 0.2), (
+        f"{name}'s sshd still accepts the key"
+    )
     _wait_port(node.address, node.port, open_=True)
 
 

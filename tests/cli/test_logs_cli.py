@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from launch_support import wait_for
 
 from orchestrator.cli.main import main
 from orchestrator.logs.writer import NodeLogWriter
@@ -148,13 +148,10 @@ def test_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
         got: list[bytes] = []
         reader = threading.Thread(target=lambda: got.extend(follower.stdout))
         reader.start()
-        for i in range(5):
+        for i in range(5):  # each line is printed before the next is written
             writer.write_wire(ord("L"), ord("o"), b"step %d" % i)
             writer.flush()
-            time.sleep(0.3)
-        deadline = time.monotonic() + 10
-        while len(got) < 5 and time.monotonic() < deadline:
-            time.sleep(0.1)
+            assert wait_for(lambda i=i: len(got) > i, 10, 0.02), got
         assert follower.poll() is None  # still following a running job
         writer.write_wire(ord("L"), ord("o"), b"last words")
         writer.close()
@@ -172,8 +169,12 @@ def test_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
 def test_raw_and_follow_together_is_a_usage_error(runs: Path, orch) -> None:
     result = orch("logs", JOB, "--raw", "--follow", runs=runs)
     assert result.returncode == 2
+    assert b"--raw and --follow cannot be combined" in result.stderr
+    assert b"follow the head-side logs instead" in result.stderr
+    assert result.stdout == b""
 
 
+@pytest.mark.process
 def test_piped_into_head_is_not_an_error(runs: Path) -> None:
     # `orch logs JOB | head -1`: the reader leaves early.
     shell = f"{ORCH} logs {JOB} --runs-dir {runs} | head -1; echo ${{PIPESTATUS[0]}}"

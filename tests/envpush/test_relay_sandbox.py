@@ -12,10 +12,10 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from launch_support import wait_for
 
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.state import SandboxState
@@ -56,13 +56,12 @@ SEEN: dict[str, Path] = {}  # where this machine sees each node's own directory 
 def stalled_mid_stream(box: Sandbox, run: subprocess.Popen, last: str, root: Path) -> None:
     """Once the stream reaches the last node of the chain, freeze that node: the chain (and
     the head's sending) stops there, mid-stream, however fast the machine is."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and run.poll() is None:
-        if list(SEEN[last].glob(f"{root.name}.orch-new-*")):
-            box.freeze(last)
-            return
-        time.sleep(0.005)
-    raise AssertionError("the push ended before the stream could be stopped mid-way")
+    def reached() -> bool:
+        return run.poll() is not None or bool(list(SEEN[last].glob(f"{root.name}.orch-new-*")))
+
+    stopped = wait_for(reached, 120, 0.005) and run.poll() is None
+    assert stopped, "the push ended before the stream could be stopped mid-way"
+    box.freeze(last)
 
 
 def push_argv(state: SandboxState, root: Path) -> list[str]:
@@ -147,11 +146,9 @@ def test_ctrl_c_ends_the_push_at_once_and_every_node_keeps_a_whole_environment(c
     assert "Traceback" not in err
     for name in names:
         assert version_on(name, root) in ("before", "after")  # a whole one, either
-        for _ in range(50):  # the node saw its channel close and dropped its build
-            if not leftovers(name, root):
-                break
-            time.sleep(0.2)
-        assert leftovers(name, root) == ""
+        # The node saw its channel close and dropped its build.
+        dropped = wait_for(lambda name=name: leftovers(name, root) == "", 10, 0.2)
+        assert dropped, leftovers(name, root)
 
 
 def test_a_node_lost_mid_chain_costs_only_itself(cluster) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import time
 
+from launch_support import wait_for
 from rich.console import Console
 
 from orchestrator.logs.router import LogRouter
@@ -126,14 +126,19 @@ def test_plain_view_prints_a_finished_bar_once_and_keeps_frames_in_order() -> No
 def test_plain_view_prints_a_held_frame_once_it_has_waited() -> None:
     out = io.BytesIO()
     now = [0.0]
-    view = PlainView(out, frame_hold=1.0, flush_interval=0.01, clock=lambda: now[0])
+    reads = [0]  # each of the flusher's rounds reads the clock once
+
+    def clock() -> float:
+        reads[0] += 1
+        return now[0]
+
+    view = PlainView(out, frame_hold=1.0, flush_interval=0.01, clock=clock)
     view.frame("n1", "err", b" 10%|#         | 1/10", rank="0/0")
-    time.sleep(0.1)
+    held_at = reads[0]
+    assert wait_for(lambda: reads[0] >= held_at + 2, 10, 0.005)  # a whole round since
     assert out.getvalue() == b""  # held: tqdm's close may still follow
     now[0] = 1.5
-    deadline = time.monotonic() + 10
-    while b"1/10" not in out.getvalue() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: b"1/10" in out.getvalue(), 10, 0.01)
     assert out.getvalue() == b"n1 r0:  10%|#         | 1/10\n"
     view.close()
 

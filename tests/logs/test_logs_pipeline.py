@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from _logmodel import expected_log, rank_tag, read_log
+from launch_support import wait_for
 
 from orchestrator.logs.router import LogRouter
 from orchestrator.records.rundir import RunDir
@@ -154,12 +155,9 @@ def test_killed_half_way_keeps_what_was_written(sandbox, job_dirs) -> None:
     pump(process, router)  # what was already in the pipe
     router.close()
     process.wait(30)
-    deadline = time.monotonic() + 30
-    while (
-        time.monotonic() < deadline
-        and subprocess.run(["pgrep", "-f", str(raw_dir)], capture_output=True).stdout
-    ):
-        time.sleep(0.2)  # the ranks notice their output is gone and end
+    # The ranks notice their output is gone and end.
+    wait_for(lambda: not subprocess.run(["pgrep", "-f", str(raw_dir)], capture_output=True).stdout,
+             30, 0.2)  # fmt: skip
 
     report = collect_logs(nodes, job, run / "nodes")
     assert report.ok, report.failed
@@ -275,14 +273,13 @@ def test_orch_launch_interrupted_half_way_keeps_what_was_written(sandbox, tmp_pa
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        logs = None
-        while time.monotonic() < deadline and launch.poll() is None:
-            time.sleep(0.5)
-            if runs.is_dir() and list(runs.glob("*/logs/*.log")):
-                logs = list(runs.glob("*/logs/*.log"))
-                if all(p.stat().st_size > 1_000_000 for p in logs if p.stem in hosts):
-                    break
+        def half_way() -> bool:  # or ended
+            logs = list(runs.glob("*/logs/*.log")) if runs.is_dir() else []
+            grown = bool(logs) and all(p.stat().st_size > 1_000_000 for p in logs
+                                       if p.stem in hosts)  # fmt: skip
+            return grown or launch.poll() is not None
+
+        wait_for(half_way, 300, 0.5)
         assert launch.poll() is None, "the job ended before it could be interrupted"
         launch.send_signal(signal.SIGINT)  # Ctrl-C on the head
         code = launch.wait(120)

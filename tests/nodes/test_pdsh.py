@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+from launch_support import wait_for
 
 from orchestrator.errors import OrchError
 from orchestrator.nodes.pdsh import (
@@ -112,8 +113,15 @@ def test_run_pdsh_returns_the_largest_exit_code(sandbox):
 @pytest.mark.sandbox
 def test_run_pdsh_never_outlives_its_timeout(sandbox):
     _box, state = sandbox
-    run = run_pdsh([state.nodes[0].name], "sleep 60", timeout=2)
+    name = state.nodes[0].name
+    started = time.monotonic()
+    run = run_pdsh([name], "sleep 60", timeout=2)
     assert run.exit_code != 0
+    assert time.monotonic() - started < 30
+    # pdsh's own command timeout ended it, and says so for the node.
+    assert not run.timed_out
+    said = [line for node, line in run.output if is_pdsh_own(node)]
+    assert any(name in line and "command timeout" in line for line in said), run.output
 
 
 def _state(pid: int) -> str:
@@ -121,13 +129,12 @@ def _state(pid: int) -> str:
         return handle.read().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.process
 def test_the_fan_out_is_looked_at_without_reaping_and_its_group_signalled_only_before(
     monkeypatch,
 ):
     proc = start_streaming(["sh", "-c", "exit 3"], env=dict(os.environ))
-    deadline = time.monotonic() + 10
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: proc.poll() is not None, 10, 0.02)
     assert proc.poll() == 3
     assert _state(proc.pid) == "Z"  # ended, not reaped: its pid is still the group's id
     signalled: list[tuple[int, int]] = []
@@ -146,11 +153,10 @@ def test_the_fan_out_is_looked_at_without_reaping_and_its_group_signalled_only_b
     assert proc.stop(grace=1.0) == 3
 
 
+@pytest.mark.process
 def test_a_killed_fan_out_reads_as_its_signal():
     proc = start_streaming(["sleep", "30"], env=dict(os.environ))
     os.kill(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: proc.poll() is not None, 10, 0.02)
     assert proc.poll() == -signal.SIGTERM
     assert proc.stop(grace=1.0) == -signal.SIGTERM

@@ -182,6 +182,7 @@ def test_the_agent_under_srun_takes_its_name_from_slurm_and_its_rank_from_the_pl
     assert slurm_node_and_rank(spec, "n1", "0") == ("n1", "0")
 
 
+@pytest.mark.process
 def test_the_agent_labels_every_line_with_its_node_under_srun():
     code = (
         "from orchestrator.remote.channel import Channel\n"

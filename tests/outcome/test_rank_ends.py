@@ -44,6 +44,19 @@ def test_a_lost_peer_first_by_a_hair_gives_way_to_the_failure_without_those_sign
     assert order.cause is not None and order.cause.rank == 2
 
 
+def test_a_peers_traceback_first_by_a_hair_gives_way_to_a_rank_killed_from_outside():
+    # Rank 1 is SIGKILLed (nobody forwarded it); rank 2's all_reduce then fails with gloo's
+    # lost-peer error, and its keeper, on a loaded node, reports first.
+    ends = [end(2, 10.000, 1), end(1, 10.400, -signal.SIGKILL, node="n1"), end(0, 10.5, 1)]
+    order = order_ends(ends, lost_peer={0, 2})
+    assert order.cause is not None and (order.cause.rank, order.cause.exit_code) == (1, 137)
+    assert order.roles == {1: Role.CAUSE, 0: Role.CONSEQUENCE, 2: Role.CONSEQUENCE}
+    # A signal the launcher sent and the keeper passed on is a teardown's: no cause.
+    forwarded = end(1, 10.400, -signal.SIGTERM, node="n1", forwarded=(15,))
+    order = order_ends([end(2, 10.000, 1), forwarded], lost_peer={2})
+    assert order.cause is not None and order.cause.rank == 2
+
+
 def test_a_signal_is_the_jobs_exit_code_as_a_shell_reports_it():
     order = order_ends([end(1, 5.0, -signal.SIGKILL), end(0, 5.2, -signal.SIGTERM,
                                                           forwarded=(15,))])

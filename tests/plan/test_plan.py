@@ -114,6 +114,7 @@ def test_pdsh_head_launcher_writes_the_config_the_dry_run_shows(tmp_path):
     assert loaded.deepspeed_config["deepspeed_hostfile"] == str(tmp_path / HOSTFILE_NAME)
 
 
+@pytest.mark.process
 def test_pdsh_head_launcher_without_arguments_prints_its_usage(tmp_path):
     path = tmp_path / HEAD_LAUNCHER_NAME
     path.write_text(_plan("pdsh").file(HEAD_LAUNCHER_NAME).content)

@@ -72,6 +72,7 @@ def test_parse_facts_rejects_what_is_not_a_probe_document(output: bytes) -> None
         parse_facts("n1", output)
 
 
+@pytest.mark.process
 def test_probe_runs_locally_and_reads_metadata_without_importing_torch(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -109,6 +110,7 @@ def test_every_part_of_the_probe_is_loaded_after_the_parts_it_imports() -> None:
     assert not_loaded_before(PROBE_PARTS, "probe") == []
 
 
+@pytest.mark.process
 def test_probe_does_not_import_torch() -> None:
     check = (
         "import sys, orchestrator.remote.probe as p; "
@@ -121,6 +123,7 @@ def test_probe_does_not_import_torch() -> None:
     assert done.stdout.split() == [metadata.version("torch"), "False"]
 
 
+@pytest.mark.process
 def test_missing_interpreter_falls_back_and_says_so(tmp_path: Path) -> None:
     command = probe_command(
         str(tmp_path / "no-such-python"), workdir=str(tmp_path / "gone"), script=None, names=[]
@@ -161,6 +164,7 @@ def test_probe_on_nodes_with_the_main_port_test(sandbox) -> None:
         again.bind(("0.0.0.0", port))
 
 
+@pytest.mark.process
 def test_listener_stops_when_stdin_closes(tmp_path: Path) -> None:
     """If the head goes away, node 0 frees the main port at once, not after its window."""
     with socket.socket() as s:

@@ -238,6 +238,7 @@ def test_a_job_is_found_by_its_directorys_name_reading_no_record(tmp_path, monke
     assert parsed == []
 
 
+@pytest.mark.process
 def test_a_batch_jobs_record_is_the_users_alone_whatever_the_umask(tmp_path, orch_here,
                                                                     monkeypatch):
     monkeypatch.setattr("orchestrator.run.batch.submit_batch", lambda _script, cwd: "4242")

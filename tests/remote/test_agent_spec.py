@@ -69,6 +69,7 @@ def test_each_node_runs_its_command(spec, rank, argv):
     assert spec.node_argv(rank) == argv
 
 
+@pytest.mark.process
 def test_the_shipped_agent_runs_a_command_and_sweeps_what_it_left(tmp_path):
     # The agent as a node runs it (every part loaded beside it), with pdsh's %h and %n filled.
     job_id = f"spec-{uuid.uuid4().hex[:8]}"

@@ -47,6 +47,7 @@ def envs(tmp_path: Path) -> tuple[Path, Path]:
     return head, root
 
 
+@pytest.mark.process
 def test_a_swap_is_refused_while_a_job_holds_the_environment(envs) -> None:
     """A job that started after the push looked (its agent holds the lock shared): the
     push keeps the environment it had, and says why and the fix."""
@@ -70,6 +71,7 @@ def test_a_swap_is_refused_while_a_job_holds_the_environment(envs) -> None:
     assert (root / "a.py").read_text() == "new\n"
 
 
+@pytest.mark.process
 def test_a_process_started_from_the_environment_since_the_look_refuses_the_swap(envs) -> None:
     head, root = envs
     (root / "bin").mkdir()
@@ -88,6 +90,7 @@ def test_a_process_started_from_the_environment_since_the_look_refuses_the_swap(
         job.wait()
 
 
+@pytest.mark.process
 def test_a_lock_file_not_the_users_own_is_never_used(envs) -> None:
     """Another user who can write beside the environment plants its lock's name: a push
     refuses to swap (naming it and the fix), a job's start does not wait on it."""

@@ -32,6 +32,7 @@ def test_every_part_is_loaded_after_the_parts_it_imports() -> None:
     assert not_loaded_before(PUSH_PARTS, "envpush") == []
 
 
+@pytest.mark.process
 def test_the_shipped_program_looks_without_orch(tmp_path: Path) -> None:
     bare = subprocess.run([*BARE, "-c", "import orchestrator"], capture_output=True, check=False)
     assert bare.returncode != 0  # what follows runs on the shipped parts alone
@@ -43,6 +44,7 @@ def test_the_shipped_program_looks_without_orch(tmp_path: Path) -> None:
     assert envpush_manifest.unpack(seen["manifest"]) == envpush_manifest.manifest(str(root))
 
 
+@pytest.mark.process
 def test_the_shipped_program_receives_the_stream_and_swaps_without_orch(tmp_path: Path) -> None:
     head = environment(tmp_path / "head", {"a.py": "a\n", "pkg/b.py": "b\n"})
     root = environment(tmp_path / "node" / "env", {"a.py": "a\n", "old.py": "old\n"})

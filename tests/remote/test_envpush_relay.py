@@ -148,6 +148,7 @@ def test_a_link_whose_target_is_not_the_heads_is_refused(tmp_path: Path) -> None
     assert sorted(os.listdir(root.parent)) == ["env"]  # nothing half-built left
 
 
+@pytest.mark.process
 def test_a_node_keeps_its_own_files_and_passes_every_byte_on(tmp_path: Path) -> None:
     """Two nodes that need different files get one stream: the first keeps what it lacks,
     skips the rest, and passes the whole stream on, byte for byte."""
@@ -172,6 +173,7 @@ def test_a_node_keeps_its_own_files_and_passes_every_byte_on(tmp_path: Path) -> 
     assert sorted(p.name for p in second.iterdir()) == [".orch-manifest.json", "a.py", "b.py"]
 
 
+@pytest.mark.process
 def test_a_lost_next_node_stops_the_passing_on_not_the_build(tmp_path: Path) -> None:
     head = environment(tmp_path / "head", {"a.py": "a\n" * 400_000})
     stream, sha = head_stream(head, ["a.py"])

@@ -19,6 +19,7 @@ from orchestrator.remote import envpush_manifest, envpush_staging
 from orchestrator.remote.envpush import look
 
 
+@pytest.mark.process
 def test_the_node_builds_beside_and_swaps_or_keeps_the_old(tmp_path: Path) -> None:
     head = environment(tmp_path / "head", {"kept.py": "kept\n", "pkg/new.py": "new\n"})
     nodes = tmp_path / "node"
@@ -83,6 +84,7 @@ def _tree(root: Path) -> dict:
     return envpush_manifest.manifest(str(root))
 
 
+@pytest.mark.process
 def test_a_link_to_a_directory_stays_a_link_with_its_target(tmp_path: Path) -> None:
     head = _venv(tmp_path / "head", {})
     root = tmp_path / "node" / "env"
@@ -98,6 +100,7 @@ def test_a_link_to_a_directory_stays_a_link_with_its_target(tmp_path: Path) -> N
     assert (root / "lib64").is_symlink() and _tree(root) == _tree(head)
 
 
+@pytest.mark.process
 def test_the_new_environment_has_the_heads_modes_whatever_the_umask(tmp_path: Path) -> None:
     head = _venv(tmp_path / "head", {"bin/tool": "#!/bin/sh\n", "secret.cfg": "x\n"})
     for rel, mode in ((".", 0o755), ("lib", 0o750), ("bin/tool", 0o755), ("secret.cfg", 0o600)):
@@ -122,6 +125,7 @@ def test_the_new_environment_has_the_heads_modes_whatever_the_umask(tmp_path: Pa
     assert writable == []
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("which", ["root", "record"])
 def test_a_root_or_record_others_can_write_is_refused_naming_it(tmp_path: Path, which) -> None:
     head = environment(tmp_path / "head", {"a.py": "a\n"})
@@ -179,6 +183,7 @@ class _WritesDuringTheBuild(io.RawIOBase):
         return len(data)
 
 
+@pytest.mark.process
 def test_a_kept_file_written_in_place_during_the_build_is_caught(tmp_path: Path) -> None:
     big = "x" * (3 << 20)  # a stream the node reads in several reads
     head = environment(tmp_path / "head", {"kept.py": "kept\n", "big.bin": big})
@@ -193,6 +198,7 @@ def test_a_kept_file_written_in_place_during_the_build_is_caught(tmp_path: Path)
     assert _push(head, root)["ok"] is True and (root / "kept.py").read_text() == "kept\n"
 
 
+@pytest.mark.process
 def test_the_record_never_vouches_for_a_file_written_after_it_was_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -49,6 +49,7 @@ def test_torch_s_version_file_is_read_without_importing_torch(source, expected):
     assert parse_version(source) == expected
 
 
+@pytest.mark.process
 def test_the_installed_torch_is_found_without_importing_it():
     installed = importlib.metadata.version("torch")
     assert torch_version() == tuple(int(part) for part in installed.split(".")[:2])

@@ -232,6 +232,7 @@ def test_a_port_this_process_listens_on_is_no_job_port():
     assert main_port.user_shown(os.getuid()) in problem
 
 
+@pytest.mark.process
 def test_a_listener_of_the_jobs_own_process_passes():
     job_id = f"j-{uuid.uuid4().hex[:8]}"
     port = _free_port()
@@ -239,6 +240,7 @@ def test_a_listener_of_the_jobs_own_process_passes():
         assert main_port.check_before_start(port, job_id, "here", os.getuid()) is None
 
 
+@pytest.mark.process
 @pytest.mark.skipif(os.geteuid() != 0, reason="binding as another user (setuid) needs root")
 def test_another_users_listener_is_named_by_its_user():
     port = _free_port()
@@ -262,6 +264,7 @@ def _run_agent(spec: AgentSpec) -> tuple[int, list[str], dict]:
     return result.returncode, lines, exit_fields
 
 
+@pytest.mark.process
 def test_node_0_does_not_start_its_launcher_on_a_port_already_taken(tmp_path):
     with socket.socket() as sock:
         sock.bind(("0.0.0.0", 0))
@@ -275,6 +278,7 @@ def test_node_0_does_not_start_its_launcher_on_a_port_already_taken(tmp_path):
     assert main_port.user_shown(os.getuid()) in fields["error"]
 
 
+@pytest.mark.process
 def test_node_0_confirms_the_listener_its_launcher_opened(tmp_path):
     port = _free_port()
     listen = (f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0',{port})); "
@@ -285,6 +289,7 @@ def test_node_0_confirms_the_listener_its_launcher_opened(tmp_path):
     assert (code, fields.get("error")) == (0, None) and "done" in lines
 
 
+@pytest.mark.process
 def test_node_0_ends_the_job_when_a_process_not_of_the_job_takes_the_port(tmp_path):
     # The launcher starts a process that is not the job's (its job id taken off) and that
     # binds the port: the agent ends the job, naming the port and the owner.
@@ -309,6 +314,7 @@ def test_node_0_ends_the_job_when_a_process_not_of_the_job_takes_the_port(tmp_pa
     assert main_port.user_shown(os.getuid()) in fields["error"]
 
 
+@pytest.mark.process
 def test_a_worker_checks_nothing(tmp_path):
     with socket.socket() as sock:
         sock.bind(("0.0.0.0", 0))
@@ -320,3 +326,9 @@ def test_a_worker_checks_nothing(tmp_path):
                                 check=False)  # fmt: skip
     subprocess.run(["rm", "-rf", f"{runs_root(os.getuid())}/{spec.job_id}"], check=False)
     assert result.returncode == 0, result.stderr
+    # The port taken by another process is no worker's business: its launcher ran, and
+    # nothing in what it sent names the port.
+    records = [decode_wire(line + b"\n") for line in result.stdout.splitlines()]
+    assert "started" in [r.text for r in records if r and r.kind == "line"]
+    [exit_fields] = [r.fields for r in records if r and r.kind == "control" and r.text == "exit"]
+    assert exit_fields.get("error") is None and b"main port" not in result.stdout

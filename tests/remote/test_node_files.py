@@ -77,6 +77,7 @@ def test_removal_leaves_the_job_directory_while_another_node_has_one(node_tmp: P
     node_files.remove("job-1", "n2", ME)  # nothing there: nothing to do
 
 
+@pytest.mark.process
 def test_the_shipped_program_writes_and_removes_in_this_users_directory() -> None:
     job = f"nf-{uuid.uuid4().hex[:8]}"
     where = Path(agent_spec.node_dir(job, "here", ME))

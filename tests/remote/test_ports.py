@@ -71,6 +71,7 @@ def test_an_expired_reservation_is_taken_over_and_a_look_reserves_nothing(tmp_pa
     assert not looked.exists()  # nothing reserved
 
 
+@pytest.mark.process
 def test_the_shipped_command_runs_with_any_python3_and_says_json(tmp_path: Path) -> None:
     candidates = tuple(_free_pair())
     command = port_command("/nonexistent/python", "job-x", str(tmp_path / "r"), 60, candidates)

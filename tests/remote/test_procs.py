@@ -8,12 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from launch_support import wait_for
 
 from orchestrator.plan.agent_command import kill_command
 from orchestrator.remote import procs
@@ -158,12 +158,10 @@ def two_nodes_processes() -> Iterator[tuple[str, subprocess.Popen, subprocess.Po
 
 
 def _ended(process: subprocess.Popen, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return process.poll() is not None
+    return wait_for(lambda: process.poll() is not None, timeout, 0.05)
 
 
+@pytest.mark.process
 def test_the_sweep_ends_only_its_own_nodes_processes(two_nodes_processes):
     job_id, on_n1, on_n2 = two_nodes_processes
     assert stop_job(job_id, "n1", grace=2) == {"found": 1, "killed": 0, "left": 0}
@@ -171,6 +169,7 @@ def test_the_sweep_ends_only_its_own_nodes_processes(two_nodes_processes):
     assert on_n2.poll() is None
 
 
+@pytest.mark.process
 def test_orch_kill_on_a_node_ends_that_nodes_processes_of_the_job(two_nodes_processes):
     # The shipped program, as pdsh runs it on n2 (pdsh puts the node's name for %h).
     job_id, on_n1, on_n2 = two_nodes_processes

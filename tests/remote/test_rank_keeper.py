@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _agent_head import RecordingHead
+from launch_support import wait_for
 
 from orchestrator.remote import procs
 from orchestrator.remote import rank as rank_program
@@ -43,11 +44,11 @@ class _Node:
         return subprocess.Popen([sys.executable, "-I", "-S", str(RANK_PROGRAM)], env=env)
 
     def wait_for_end(self) -> tuple[int, int, dict]:
-        deadline = time.monotonic() + 30
-        while not self.ends:
-            assert time.monotonic() < deadline, "no end reported"
-            time.sleep(0.01)
+        assert wait_for(lambda: self.ends, 30, 0.01), "no end reported"
         return self.ends[0]
+
+    def wait_ready(self) -> None:
+        assert wait_for(lambda: b"ready" in b"".join(self.head.lines), 30, 0.01), self.head.lines
 
     def output(self) -> bytes:
         self.channels.close(5.0)
@@ -59,6 +60,7 @@ def node(tmp_path: Path) -> _Node:
     return _Node(tmp_path)
 
 
+@pytest.mark.process
 def test_the_ranks_own_exit_code_is_reported_and_kept(node: _Node) -> None:
     keeper = node.start("import os, time; print('step 1', flush=True); os._exit(7)")
     assert keeper.wait(30) == 7
@@ -70,6 +72,7 @@ def test_the_ranks_own_exit_code_is_reported_and_kept(node: _Node) -> None:
     assert b"step 1" in node.output()
 
 
+@pytest.mark.process
 def test_a_rank_killed_from_outside_is_reported_with_its_signal(node: _Node) -> None:
     keeper = node.start("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert keeper.wait(30) == -signal.SIGKILL  # the keeper ends as its rank did
@@ -78,12 +81,10 @@ def test_a_rank_killed_from_outside_is_reported_with_its_signal(node: _Node) -> 
     assert "forwarded" not in report  # nobody asked the keeper to stop it
 
 
+@pytest.mark.process
 def test_the_launchers_signal_is_passed_on_and_noted(node: _Node) -> None:
     keeper = node.start("import time; print('ready', flush=True); time.sleep(60)")
-    deadline = time.monotonic() + 30
-    while b"ready" not in b"".join(node.head.lines):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    node.wait_ready()
     keeper.send_signal(signal.SIGTERM)
     assert keeper.wait(30) == -signal.SIGTERM
     _rank, _local, report = node.wait_for_end()
@@ -91,13 +92,11 @@ def test_the_launchers_signal_is_passed_on_and_noted(node: _Node) -> None:
     assert report["forwarded"] == [signal.SIGTERM]
 
 
+@pytest.mark.process
 def test_the_rank_not_its_keeper_is_found_under_proc(node: _Node) -> None:
     keeper = node.start("import time; print('ready', flush=True); time.sleep(60)", rank=5)
     try:
-        deadline = time.monotonic() + 30
-        while b"ready" not in b"".join(node.head.lines):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        node.wait_ready()
         children = Path(f"/proc/{keeper.pid}/task/{keeper.pid}/children").read_text().split()
         assert len(children) == 1
         rank_pid = int(children[0])
@@ -106,12 +105,12 @@ def test_the_rank_not_its_keeper_is_found_under_proc(node: _Node) -> None:
     finally:
         keeper.kill()  # the rank follows its keeper (PR_SET_PDEATHSIG)
         keeper.wait(30)
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{rank_pid}").exists() and procs.zombie_exit_code(rank_pid) is None:
-        assert time.monotonic() < deadline, "the rank outlived its keeper"
-        time.sleep(0.05)
+    assert wait_for(lambda: not Path(f"/proc/{rank_pid}").exists()
+                    or procs.zombie_exit_code(rank_pid) is not None,
+                    30, 0.05), "the rank outlived its keeper"  # fmt: skip
 
 
+@pytest.mark.process
 def test_a_rank_that_cannot_start_says_why(node: _Node, tmp_path: Path) -> None:
     command = {"argv": [str(tmp_path / "missing-python"), "x.py"], "socket": node.socket}
     (node.dir / rank_program.COMMAND_FILE).write_text(json.dumps(command))

@@ -113,6 +113,7 @@ def _stop_program(job_id: str, node: str, grace: float = 30.0) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.process
 def test_the_rank_alone_gets_the_stop_signal_and_the_launchers_is_held_back(node, tmp_path):
     keeper = node.start(SAVING_RANK, str(tmp_path))
     try:
@@ -134,6 +135,7 @@ def test_the_rank_alone_gets_the_stop_signal_and_the_launchers_is_held_back(node
     assert sorted(os.listdir(tmp_path)) == ["saved"]  # neither worker got a signal
 
 
+@pytest.mark.process
 def test_a_rank_not_started_when_the_stop_came_is_not_started(node, tmp_path):
     node.stop_file(time.time() + 60)
     keeper = node.start("import pathlib, sys; pathlib.Path(sys.argv[1]).touch()",
@@ -144,6 +146,7 @@ def test_a_rank_not_started_when_the_stop_came_is_not_started(node, tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.process
 def test_once_the_grace_is_over_the_launchers_signal_is_passed_on_again(node):
     keeper = node.start("import time; print('ready', flush=True); time.sleep(60)")
     try:
@@ -158,6 +161,7 @@ def test_once_the_grace_is_over_the_launchers_signal_is_passed_on_again(node):
     assert report["forwarded"] == [signal.SIGTERM] and "held" not in report
 
 
+@pytest.mark.process
 def test_the_stop_program_leaves_no_directory_where_the_job_has_none():
     job_id = f"test-stop-{uuid.uuid4().hex[:8]}"
     answer = _stop_program(job_id, "n9")

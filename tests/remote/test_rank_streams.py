@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from _agent_head import RecordingHead
+from launch_support import wait_for
 
 from orchestrator.remote import rank_streams
 from orchestrator.remote.rank_streams import RankChannels
@@ -30,6 +31,7 @@ def _write_as_rank(path: str, text: bytes) -> None:
             conn.sendall(json.dumps(header).encode() + b"\n" + text)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_users_connection_writes_nothing_into_the_jobs_output() -> None:
     directory = Path(tempfile.mkdtemp(prefix="orch-test-"))
@@ -52,10 +54,8 @@ def test_another_users_connection_writes_nothing_into_the_jobs_output() -> None:
         _pid, status = os.waitpid(child, 0)
         assert os.waitstatus_to_exitcode(status) == 0  # it could connect
         _write_as_rank(path, b"own line\n")
-        deadline = time.monotonic() + 30
-        while b"own line" not in b"".join(head.lines):  # the agent took it in
-            assert time.monotonic() < deadline, head.lines
-            time.sleep(0.01)
+        # The agent took it in.
+        assert wait_for(lambda: b"own line" in b"".join(head.lines), 30, 0.01), head.lines
         channels.close(5.0)
         # Connections are taken in order: the other user's came first and wrote nothing.
         assert b"forged line" not in b"".join(head.lines)
@@ -74,10 +74,7 @@ def test_a_rank_stream_still_open_when_the_agent_ends_is_counted(tmp_path: Path)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as kept:  # a process keeps it open
         kept.connect(path)
         kept.sendall(json.dumps(header).encode() + b"\nstill writing\n")
-        deadline = time.monotonic() + 30
-        while b"still writing" not in b"".join(head.lines):
-            assert time.monotonic() < deadline, head.lines
-            time.sleep(0.01)
+        assert wait_for(lambda: b"still writing" in b"".join(head.lines), 30, 0.01), head.lines
         assert channels.close(0.2) == 1
     assert channels.close(5.0) == 0  # once it ends, nothing is left open
 

@@ -101,11 +101,13 @@ def _node_says(
     return parse_node_report(node, result.stdout, python, job_id)
 
 
+@pytest.mark.process
 def test_only_the_nodes_rank_processes_are_ranks(job) -> None:
     job_id, rank = job
     assert job_ranks(job_id, "n1") == [(3, rank.pid)]
 
 
+@pytest.mark.process
 def test_the_shipped_program_dumps_every_thread_of_the_rank(job) -> None:
     job_id, rank = job
     report = _node_says(job_id, "n1", sys.executable)
@@ -117,6 +119,7 @@ def test_the_shipped_program_dumps_every_thread_of_the_rank(job) -> None:
     assert any(frame.function == "wait_here" and frame.is_user for frame in main.frames)
 
 
+@pytest.mark.process
 def test_the_shipped_program_samples_a_rank_for_a_profile(job) -> None:
     job_id, _rank = job
     report = _node_says(job_id, "n1", sys.executable, seconds=1)
@@ -130,6 +133,7 @@ NO_PY_SPY_ENV = {"PATH": "/usr/bin:/bin"}
 NOWHERE = "/nonexistent/venv/bin/python"
 
 
+@pytest.mark.process
 def test_a_node_without_py_spy_says_so_with_the_fix(job) -> None:
     job_id, _rank = job
     env = {**os.environ, **NO_PY_SPY_ENV}
@@ -140,6 +144,7 @@ def test_a_node_without_py_spy_says_so_with_the_fix(job) -> None:
     assert [r.rank for r in report.ranks] == [3]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("job", ["handler"], indirect=True)
 @pytest.mark.parametrize("method", ["faulthandler", "auto"])
 def test_without_ptrace_the_rank_dumps_its_own_stack_and_runs_on(job, method: str) -> None:
@@ -158,6 +163,7 @@ def test_without_ptrace_the_rank_dumps_its_own_stack_and_runs_on(job, method: st
     assert rank.poll() is None, "the rank did not survive its stack being taken"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("job", ["handler"], indirect=True)
 def test_without_ptrace_a_profile_samples_the_rank_by_signal(job) -> None:
     job_id, rank = job
@@ -170,6 +176,7 @@ def test_without_ptrace_a_profile_samples_the_rank_by_signal(job) -> None:
     assert rank.poll() is None
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("job", ["plain"], indirect=True)
 def test_a_rank_without_the_handler_is_named_and_never_signalled(job) -> None:
     job_id, rank = job
@@ -181,6 +188,7 @@ def test_a_rank_without_the_handler_is_named_and_never_signalled(job) -> None:
     assert rank.poll() is None, "an unhandled SIGUSR2 would have ended the rank"
 
 
+@pytest.mark.process
 def test_a_node_without_ranks_of_the_job_says_so() -> None:
     report = _node_says(f"absent-{uuid.uuid4().hex[:8]}", "n1", sys.executable)
     assert report.kind == NO_RANKS and report.ranks == ()

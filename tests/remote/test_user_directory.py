@@ -95,6 +95,7 @@ def _shell_choice(root: str = "") -> str:
 
 
 # ----- another user's /tmp/orch-<uid>: $XDG_RUNTIME_DIR/orch instead --------------------
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["owner", "link"])
 def test_another_users_directory_moves_orch_into_the_runtime_directory(
     node: Node, monkeypatch, tmp_path: Path, how: str
@@ -140,6 +141,7 @@ def test_the_probe_says_where_orch_went_instead_and_doctor_warns(
 
 
 # ----- no way around it: refused, naming what is wrong and the ways around -------------
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["owner", "link"])
 def test_a_runtime_directory_not_the_users_own_is_refused_naming_it(
     node: Node, monkeypatch, tmp_path: Path, how: str
@@ -159,6 +161,7 @@ def test_a_runtime_directory_not_the_users_own_is_refused_naming_it(
     assert _shell_choice() == str(node.default)  # the listing then refuses it (exit 5)
 
 
+@pytest.mark.process
 def test_a_runtime_directory_that_ends_with_the_session_is_no_way_around(
     node: Node, monkeypatch, tmp_path: Path
 ) -> None:
@@ -189,6 +192,7 @@ def test_doctor_names_another_users_directory_and_the_way_around(
 
 
 # ----- the user's setting wins -----------------------------------------------------------
+@pytest.mark.process
 def test_the_users_setting_wins_over_both(node: Node, monkeypatch, tmp_path: Path) -> None:
     runtime = with_runtime(node, monkeypatch)
     plant(node.default, "link", tmp_path)  # the runtime directory would do, but:
@@ -211,6 +215,7 @@ def test_the_users_setting_wins_over_both(node: Node, monkeypatch, tmp_path: Pat
     assert not (root / "runs" / "job-1").exists()
 
 
+@pytest.mark.process
 def test_the_setting_may_name_the_users_home_on_the_node(
     node: Node, monkeypatch, tmp_path: Path
 ) -> None:
@@ -243,6 +248,7 @@ def test_a_setting_that_names_no_place_of_the_users_own_is_refused(
 
 
 # ----- one choice, however it is asked --------------------------------------------------
+@pytest.mark.process
 def test_the_shell_and_the_programs_choose_alike(node: Node, monkeypatch, tmp_path) -> None:
     assert _shell_choice() == owned.user_directory(ME) == str(node.default)  # not there yet
     node.default.mkdir(mode=0o700)
@@ -263,6 +269,7 @@ def test_the_head_names_the_place_the_user_set() -> None:
     assert script == "u='/x y/orch'; tar -C \"$u\"/runs/job-1 -cf - n1"
 
 
+@pytest.mark.process
 def test_the_shipped_programs_take_the_setting(tmp_path: Path) -> None:
     root = tmp_path / "mine"
 

@@ -5,7 +5,6 @@ nothing, and makes a screenshot that is not blank."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,7 @@ def _requests_of(tmp_path: Path, page: Path) -> tuple[list[str], str]:
     with recording_requests() as proxy:
         dom = chromium(tmp_path / "profile", *proxy.flags, "--virtual-time-budget=3000",
                        "--dump-dom", page.as_uri()).stdout  # fmt: skip
-        time.sleep(0.5)  # the proxy's thread notes the last request it took
+        proxy.settle()  # the browser has ended: its requests are all sent
         return proxy.page_requests, dom
 
 

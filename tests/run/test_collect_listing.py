@@ -33,6 +33,7 @@ def _listing(job: str, node: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["sh", "-c", command], capture_output=True, timeout=30, check=False)
 
 
+@pytest.mark.process
 def test_the_node_names_its_own_directory_and_its_files(base: Path) -> None:
     node_files.write("job-1", "n1", b"settings", ME)
     directory = base / f"orch-{ME}" / "runs" / "job-1" / "n1"
@@ -44,10 +45,12 @@ def test_the_node_names_its_own_directory_and_its_files(base: Path) -> None:
     assert hashes["stdout.raw"] == (6, hashlib.sha256(b"hello\n").hexdigest())
 
 
+@pytest.mark.process
 def test_no_user_directory_is_no_logs(base: Path) -> None:
     assert _listing("job-1", "n1").returncode == 3
 
 
+@pytest.mark.process
 def test_a_user_directory_others_can_write_is_not_read(base: Path) -> None:
     node_files.write("job-1", "n1", b"settings", ME)
     (base / f"orch-{ME}").chmod(0o777)
@@ -56,6 +59,7 @@ def test_a_user_directory_others_can_write_is_not_read(base: Path) -> None:
     assert b"dir " not in listed.stdout
 
 
+@pytest.mark.process
 def test_a_linked_user_directory_is_not_read(base: Path) -> None:
     real = base / "elsewhere"
     (real / "runs" / "job-1" / "n1").mkdir(parents=True)
@@ -69,6 +73,7 @@ def _by_hand(said: str) -> str:
     return said[len("ssh n1 "):-len(" | tar -xf -")]
 
 
+@pytest.mark.process
 def test_the_hand_fetch_finds_the_nodes_own_directory(base: Path) -> None:
     node_files.write("job-1", "n1", b"settings", ME)
     word = _by_hand(collect.fetch_command("n1", "job-1"))

@@ -66,6 +66,7 @@ def test_job_json_holds_roles_and_the_fan_out_as_words_and_reads_them_back_as_me
     assert run.load().fanout is Fanout.PDSH
 
 
+@pytest.mark.process
 def test_running_job_with_a_live_head_is_running_and_a_dead_head_is_shown(tmp_path):
     assert shown_state(_record("j1")) == "running"
     gone = subprocess.Popen(["true"])

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,10 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="creates two test accounts: needs root"),
 ]
 
-VICTIM, ATTACKER, GROUP = "orchvictim", "orchattacker", "orchshared"
+# Names of this run's own: another session on the machine (its own run of this module)
+# deletes and recreates its accounts, and plants links in their /tmp/orch-<uid>.
+_RUN = uuid.uuid4().hex[:6]
+VICTIM, ATTACKER, GROUP = f"orchv{_RUN}", f"orcha{_RUN}", f"orchg{_RUN}"
 STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 VENV = Path(sys.executable).parent.parent
 
@@ -105,6 +109,8 @@ def accounts() -> Iterator[dict[str, pwd.struct_passwd]]:
         assert made.returncode == 0, made.stderr
         # No password, but not locked: sshd refuses a locked account even its keys.
         assert _run(["usermod", "-p", "*", user]).returncode == 0
+        # What an account gone before left under the uid this one got.
+        shutil.rmtree(f"/tmp/orch-{pwd_uid(user)}", ignore_errors=True)
         home = Path(pwd.getpwnam(user).pw_dir)
         # Per-project groups often come with a login umask of 002: everything a shell on
         # the node makes is then group-writable unless orch says otherwise.
@@ -258,6 +264,8 @@ def test_two_users_share_the_nodes_and_killing_one_job_leaves_the_other(victim, 
         [victims_job] = set(victim.jobs()) - mine
         refused = attacker.orch("kill", victims_job, "--runs-dir", str(victim.runs))
         assert refused.returncode != 0
+        said = refused.stdout + refused.stderr
+        assert "Invalid value for '--runs-dir'" in said and "Traceback" not in said, said
         killed = attacker.orch("kill", job_id)
         assert killed.returncode == 0, killed.stderr
         assert second.wait(120) != 0
@@ -319,6 +327,7 @@ def test_the_victims_files_reservations_and_records_are_out_of_reach(victim, att
     for what, script in probes.items():
         answer = attacker.shell(script)
         assert answer.returncode != 0, f"the attacker could {what}"
+        assert "Permission denied" in answer.stderr, (what, answer.stderr)
     # Reservations for the whole range in the attacker's own directory leave the victim free.
     jam = attacker.shell("mkdir -p /tmp/orch-$(id -u)/ports && cd /tmp/orch-$(id -u)/ports && "
                          "for p in $(seq 29500 29700); do echo x > $p; done")  # fmt: skip
@@ -328,6 +337,8 @@ def test_the_victims_files_reservations_and_records_are_out_of_reach(victim, att
     assert chosen.returncode == 0, chosen.stderr[-3000:]
     status = attacker.orch("status", "--runs-dir", str(victim.runs))
     assert status.returncode != 0
+    said = status.stdout + status.stderr
+    assert "Invalid value for '--runs-dir'" in said and "Traceback" not in said, said
 
 
 def test_the_records_of_another_user_are_refused_as_code(victim, attacker, tmp_path):

@@ -100,6 +100,14 @@ def test_written_hostfile_reads_the_same_in_deepspeed(tmp_path: Path) -> None:
     assert read_hostfile(path) == hostfile
 
 
+@pytest.mark.parametrize("text", ["*", "gpu*", "gpu0?", "a,n*"])
+def test_a_wildcard_is_no_host_name_and_asks_no_group_source(text: str) -> None:
+    # ClusterShell would expand it with its group sources' shell commands (in a fast test:
+    # a child process, which fails it) into whatever hosts they list.
+    with pytest.raises(UsageError, match="characters that are not allowed"):
+        expand_nodeset(text)
+
+
 def test_render_refuses_bad_values() -> None:
     with pytest.raises(UsageError):
         render_hostfile(Hostfile((HostSlots("a b", 1),)))
