@@ -156,10 +156,12 @@ def revoke_host_key(state: SandboxState, name: str) -> None:
     revoked = "".join(f"@revoked * {keytype} {key}\n" for keytype, key in keys)
     machine_wide.write_text(f"# {name} was compromised\n{revoked}")
     config = Path(state.ssh_config)
-    block = f"Host {name}\n"
     text = config.read_text()
-    assert keys and block in text
-    config.write_text(text.replace(block, f"{block}    GlobalKnownHostsFile {machine_wide}\n"))
+    # The node's block: `Host <name>`, or `Host <name> <address>` (a hostfile may use either).
+    block = re.search(rf"^Host {re.escape(name)}(?: \S+)*\n", text, re.M)
+    assert keys and block is not None, text
+    config.write_text(text.replace(block.group(0),
+                                   f"{block.group(0)}    GlobalKnownHostsFile {machine_wide}\n", 1))
 
 
 def _names(known_hosts_line: str, name: str) -> bool:
