@@ -56,6 +56,7 @@ from orchestrator.outcome.states import (
     JobState,
     StopCause,
 )
+from orchestrator.stacks.fold import FoldedStacks, rank_ranges, steady_outliers
 from orchestrator.stacks.report import StacksResult
 
 # The longest a node's late heartbeats put off its silence: an agent whose writes to the head
@@ -359,15 +360,18 @@ def _as_float(value: object) -> float | None:
         return None
 
 
-def hang_culprit(failure: Failure, stacks: StacksResult | None) -> Failure:
+def hang_culprit(
+    failure: Failure, stacks: StacksResult | None, earlier: Sequence[FoldedStacks] = ()
+) -> Failure:
     """A hang's failure naming the rank(s) whose stacks stand apart from the majority's (the
-    one that stopped, while the others wait for it in a collective), and where they stand."""
-    folded = stacks.folded if stacks is not None else None
-    if folded is None:
+    one that stopped, while the others wait for it in a collective), and where they stand.
+    `earlier`: the looks before the last; a rank is named when it stood apart in each."""
+    if stacks is None or stacks.folded is None:
         return replace(failure, reason=f"{failure.reason}; the ranks' stacks could not be taken")
+    folded, unread = stacks.folded, _unread(stacks)
     if not folded.outliers:
-        return replace(failure, reason=f"{failure.reason}; no rank's stack stands apart")
-    apart = folded.outliers
+        return replace(failure, reason=f"{failure.reason}; no rank's stack stands apart{unread}")
+    apart = steady_outliers(folded, earlier)
     named = ", ".join(
         f"rank {o.rank} on {o.node}" + (f" at {o.frame.where}" if o.frame else "")
         for o in apart[:4]
@@ -377,8 +381,23 @@ def hang_culprit(failure: Failure, stacks: StacksResult | None) -> Failure:
         failure,
         node=apart[0].node,
         rank=apart[0].rank if len(apart) == 1 else None,
-        reason=f"{failure.reason}; stands apart: {named}{more}",
+        reason=f"{failure.reason}; stands apart: {named}{more}{unread}",
     )
+
+
+def _unread(stacks: StacksResult) -> str:
+    """Whose stacks could not be taken, and why (the first reason), or nothing."""
+    failed_nodes = [node for node in stacks.nodes if node.error is not None]
+    failed_ranks = [rank for rank in stacks.ranks if not rank.ok]
+    parts = []
+    if failed_nodes:
+        parts.append(f"{', '.join(node.node for node in failed_nodes)} did not answer "
+                     f"({failed_nodes[0].error})")  # fmt: skip
+    if failed_ranks:
+        numbers = rank_ranges(rank.rank for rank in failed_ranks)
+        parts.append(f"the stacks of rank(s) {numbers} could not be taken "
+                     f"({failed_ranks[0].error or 'no answer'})")  # fmt: skip
+    return "".join(f"; {part}" for part in parts)
 
 
 SRUN_ERROR = "srun: error: "

@@ -74,11 +74,12 @@ from orchestrator.records.rundir import APPEND, RunDir
 from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.run.collect import LogCollector
 from orchestrator.run.plan_files import remove_private_files, write_private_files
-from orchestrator.run.stacks import gather_stacks, save_stacks
+from orchestrator.run.stacks import save_stacks, stacks_before_teardown
 from orchestrator.run.stop import Stop, begin_stop
 from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
 from orchestrator.specs.words import Fanout
-from orchestrator.stacks.report import StacksResult, analyse, result_json
+from orchestrator.stacks.fold import FoldedStacks
+from orchestrator.stacks.report import StacksResult, result_json
 
 _PULL_CONNECT_S, _PULL_TIMEOUT_S = 5.0, 60.0  # pulling one node's raw logs back
 
@@ -137,6 +138,7 @@ class JobRunner:
         self.stop: Stop | None = None
         self.teardown: GroupResult[StopReport] | None = None
         self.stacks: StacksResult | None = None  # taken before a failure's teardown
+        self.earlier_looks: tuple[FoldedStacks, ...] = ()  # a hang's looks before the last
         self.stacks_file: Path | None = None
         self.stacks_problem: str | None = None
         self.tails_at_failure: dict[str, tuple[str, ...]] | None = None
@@ -339,17 +341,11 @@ class JobRunner:
 
     def _take_stacks(self, failure: Failure) -> None:
         """Where the ranks still running stand, kept in the record before they are stopped.
-        Bounded by the settings' stacks_timeout; a node that stopped answering is skipped.
         Taking stacks is a help, never a reason to fail: nothing it meets is raised."""
-        gone = (failure.node,) if failure.kind in (FailureKind.SILENT, FailureKind.LOST) else ()
-        hosts = [h for h in self.plan.hosts if h not in gone]
-        hung = failure.kind == FailureKind.HANG
-        timeout = self.settings.hang_stacks_timeout if hung else self.settings.stacks_timeout
         try:
-            reports = gather_stacks(hosts, self.plan.job_id, self.plan.python, timeout,
-                                    transport=plan_transport(self.plan),
-                                    node_root=self.plan.job.node_root)  # fmt: skip
-            self.stacks = analyse(self.plan.job_id, now_iso(), None, reports)
+            self.stacks, self.earlier_looks = stacks_before_teardown(
+                self.plan, failure, self.settings, now_iso
+            )
             self.stacks_file = save_stacks(self.run_dir, result_json(self.stacks))
         except (OrchError, OSError) as err:
             self.stacks_problem = f"stacks not taken: {err}"
@@ -359,7 +355,7 @@ class JobRunner:
         """The verdict's failure with what only the end tells: a hang's culprit from the
         stacks taken, an srun fan-out's failure in Slurm's words."""
         if failure is not None and failure.kind == FailureKind.HANG:
-            failure = hang_culprit(failure, self.stacks)
+            failure = hang_culprit(failure, self.stacks, self.earlier_looks)
         if failure is not None and self.plan.job.fanout == Fanout.SRUN:
             failure = in_slurm_words(
                 failure, self.tracker.head_lines(), bool(self.verdict.last_seen),

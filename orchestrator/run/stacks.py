@@ -11,16 +11,21 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from orchestrator.nodes.transport import NodeTransport, SshTransport
+from orchestrator.nodes.transport import NodeTransport, SshTransport, plan_transport
+from orchestrator.outcome.events import WatchSettings
+from orchestrator.outcome.states import FailureKind
+from orchestrator.outcome.verdict import Failure
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import stacks_command
+from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.records.job import STACKS_DIR
 from orchestrator.records.rundir import RunDir
 from orchestrator.remote.stacks import STARTUP_SLACK_S
 from orchestrator.ssh import CommandResult
+from orchestrator.stacks.fold import FoldedStacks
 from orchestrator.stacks.model import (
     BAD_OUTPUT,
     TIMEOUT,
@@ -30,6 +35,7 @@ from orchestrator.stacks.model import (
     node_failure,
     parse_node_report,
 )
+from orchestrator.stacks.report import StacksResult, analyse, merged_looks, needs_another_look
 
 DEFAULT_RATE = 50  # samples per second and rank: cheap enough for many ranks on few cores
 _CONNECT_TIMEOUT_S = 10.0
@@ -81,6 +87,43 @@ def _node_report(answer: NodeResult[CommandResult], python: str, job_id: str) ->
             failure_hint(BAD_OUTPUT, python, job_id),
         )
     return parse_node_report(node, result.stdout.decode(errors="replace"), python, job_id)
+
+
+def stacks_before_teardown(
+    plan: LaunchPlan, failure: Failure, settings: WatchSettings, taken_at: Callable[[], str]
+) -> tuple[StacksResult, tuple[FoldedStacks, ...]]:
+    """Where the ranks still running stand before a failure's teardown, from every node but
+    one found gone, bounded by the settings' stacks timeout; and, for a hang, the folds of
+    the looks before the last (`look_at_a_hang`)."""
+    gone = (failure.node,) if failure.kind in (FailureKind.SILENT, FailureKind.LOST) else ()
+    hosts = [host for host in plan.hosts if host not in gone]
+    hung = failure.kind == FailureKind.HANG
+    timeout = settings.hang_stacks_timeout if hung else settings.stacks_timeout
+
+    def take() -> list[NodeReport]:
+        return gather_stacks(hosts, plan.job_id, plan.python, timeout,
+                             transport=plan_transport(plan),
+                             node_root=plan.job.node_root)  # fmt: skip
+
+    if hung:
+        return look_at_a_hang(take, plan.job_id, taken_at)
+    return analyse(plan.job_id, taken_at(), None, take()), ()
+
+
+def look_at_a_hang(
+    take: Callable[[], list[NodeReport]], job_id: str, taken_at: Callable[[], str],
+    pause: float = 1.0,
+) -> tuple[StacksResult, tuple[FoldedStacks, ...]]:
+    """A hung job's stacks, and the folds of the looks before the last: one look, and a
+    second `pause` seconds later when the first leaves a rank unread or does not split the
+    ranks into one block apart from a majority (a node slow to answer under load, a rank
+    caught between two calls)."""
+    first = analyse(job_id, taken_at(), None, take())
+    if not needs_another_look(first):
+        return first, ()
+    time.sleep(pause)
+    second = merged_looks(first, analyse(job_id, taken_at(), None, take()))
+    return second, (first.folded,) if first.folded is not None else ()
 
 
 def save_stacks(run: RunDir, document: dict) -> Path:

@@ -96,6 +96,21 @@ def fold_ranks(ranks: Sequence[RankStacks]) -> FoldedStacks:
     return FoldedStacks(tuple(blocks), majority, outliers, failed)
 
 
+def steady_outliers(latest: FoldedStacks, earlier: Sequence[FoldedStacks]) -> tuple[Outlier, ...]:
+    """The latest look's outliers that stood apart in every earlier look that read them: a
+    rank caught once between two calls is not a culprit. All of them when none was steady."""
+    def apart_or_unread(rank: int, look: FoldedStacks) -> bool:
+        read = {number for block in look.blocks for number in block.rank_numbers}
+        return rank not in read or rank in {outlier.rank for outlier in look.outliers}
+
+    steady = tuple(
+        outlier
+        for outlier in latest.outliers
+        if all(apart_or_unread(outlier.rank, look) for look in earlier)
+    )
+    return steady or latest.outliers
+
+
 def _majority(blocks: Sequence[StackBlock]) -> StackBlock | None:
     if len(blocks) < 2:
         return blocks[0] if blocks else None

@@ -79,3 +79,27 @@ def result_json(result: StacksResult) -> dict[str, Any]:
     if result.verdict is not None:
         doc["profile"] = profile_json(result.profiles, result.verdict)
     return doc
+
+
+def merged_looks(earlier: StacksResult, later: StacksResult) -> StacksResult:
+    """Two dumps of the same job as one: each node's answer from the later look where it
+    answered in full, else from the earlier one where that did (a node slow to answer once,
+    under load, still counts), folded again."""
+    before = {node.node: node for node in earlier.nodes}
+    nodes = [
+        node if node.ok or node.node not in before or not before[node.node].ok
+        else before[node.node]
+        for node in later.nodes
+    ]
+    return analyse(later.job_id, later.taken_at, None, nodes)
+
+
+def needs_another_look(result: StacksResult | None) -> bool:
+    """A hang's dump that does not single out the stuck rank(s) cleanly: a rank unread, or
+    not exactly one block apart from a majority (a rank caught between two calls looks
+    apart once, not twice)."""
+    if result is None or result.folded is None or not result.ok:
+        return True
+    folded = result.folded
+    return folded.majority is None or len(folded.blocks) != 2
+

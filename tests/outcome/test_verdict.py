@@ -22,8 +22,8 @@ from orchestrator.outcome.states import HANG_EXIT_CODE, FailureKind, JobState
 from orchestrator.outcome.verdict import Decision, Failure, JobVerdict, hang_culprit
 from orchestrator.remote.channel import HEARTBEAT_S
 from orchestrator.stacks.fold import FoldedStacks, Outlier
-from orchestrator.stacks.model import Frame
-from orchestrator.stacks.report import StacksResult
+from orchestrator.stacks.model import Frame, NodeReport, RankStacks, ThreadStack
+from orchestrator.stacks.report import StacksResult, analyse
 
 HOSTS = ("n1", "n2", "n3")
 SETTINGS = WatchSettings(
@@ -363,3 +363,19 @@ def test_a_backlog_does_not_look_like_a_hang():
     assert _teardowns(decisions) == []
     [failure] = _teardowns(_feed(verdict, *_all_heard(30.0), Tick(30.5)))
     assert failure.kind == "hang"
+
+
+def test_a_hang_says_whose_stacks_could_not_be_taken():
+    hang = Failure("", "hang: no rank wrote anything for 31 s", HANG_EXIT_CODE,
+                   kind=FailureKind.HANG)  # fmt: skip
+    waiting = RankStacks(0, "n1", 11, threads=(ThreadStack("MainThread", 11, True, True, ()),))
+    timed_out = RankStacks(1, "n1", 12, error="no stack within 5s of SIGUSR2", kind="timeout")
+    nodes = (NodeReport("n1", (waiting, timed_out)),
+             NodeReport("n2", error="n2: no answer within 15 s", kind="timeout"))  # fmt: skip
+    result = analyse("j1", "2026-11-23T00:00:00Z", None, nodes)
+    named = hang_culprit(hang, result)
+    assert named.rank is None
+    assert named.reason.endswith(
+        "; no rank's stack stands apart; n2 did not answer (n2: no answer within 15 s); "
+        "the stacks of rank(s) 1 could not be taken (no stack within 5s of SIGUSR2)"
+    )

@@ -243,8 +243,9 @@ def test_a_hang_as_an_ordinary_user_keeps_every_ranks_stack(victim):
     assert result.returncode == 124, result.stderr[-3000:]
     [job_id] = set(victim.jobs()) - before
     record = victim.record(job_id)
-    assert record["first_failure"]["kind"] == "hang" and record["first_failure"]["rank"] == 3
     kept = json.loads((victim.runs / job_id / record["teardown_stacks"]).read_text())
+    first = record["first_failure"]
+    assert first["kind"] == "hang" and first["rank"] == 3, (first, kept["nodes"], kept["stacks"])
     ranks = sorted(r for block in kept["stacks"]["blocks"] for r in block["ranks"])
     assert ranks == [0, 1, 2, 3]
 

@@ -9,12 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.stacks.fold import fold_ranks, folded_json, kept_threads, rank_ranges, user_frame
+from orchestrator.stacks.fold import (
+    fold_ranks,
+    folded_json,
+    kept_threads,
+    rank_ranges,
+    steady_outliers,
+    user_frame,
+)
 from orchestrator.stacks.model import (
     BAD_OUTPUT,
     NO_PY_SPY,
     PTRACE,
     Frame,
+    NodeReport,
     RankStacks,
     innermost_user_frame,
     is_library_file,
@@ -23,6 +31,7 @@ from orchestrator.stacks.model import (
     short_path,
     thread_from_dump,
 )
+from orchestrator.stacks.report import analyse, merged_looks, needs_another_look
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 WAITING_PID, COMPUTING_PID = 13982, 13983  # the processes the fixtures were taken from
@@ -196,3 +205,45 @@ def test_a_node_without_py_spy_names_its_ranks_and_the_fix() -> None:
 def test_an_unreadable_answer_is_a_finding_not_a_traceback() -> None:
     report = parse_node_report("n1", "Traceback (most recent call last):", "python3", "j")
     assert report.kind == BAD_OUTPUT and report.error.startswith("n1: unreadable answer")
+
+
+def _four_ranks(apart: tuple[int, ...], count: int = 4) -> list[RankStacks]:
+    """Ranks 0-3 (or `count`), two per node: those in `apart` computing, the others
+    waiting."""
+    return [
+        rank_from("dump_computing" if number in apart else "dump_waiting", number,
+                  f"n{number // 2 + 1}")
+        for number in range(count)
+    ]  # fmt: skip
+
+
+def test_a_rank_caught_apart_once_is_not_named_when_a_second_look_names_another() -> None:
+    first = fold_ranks(_four_ranks((3,), count=6))
+    second = fold_ranks(_four_ranks((1, 3), count=6))  # rank 1 caught between two calls
+    assert [o.rank for o in steady_outliers(second, [first])] == [3]
+    # A rank the first look could not read does not count against it.
+    unread = fold_ranks([r for r in _four_ranks((3,), count=6) if r.rank != 3])
+    assert [o.rank for o in steady_outliers(second, [unread])] == [3]
+    # Nothing steady: every rank apart in the last look is named.
+    assert [o.rank for o in steady_outliers(second, [fold_ranks(_four_ranks((0,), 6))])] == [1, 3]
+
+
+def _node(name: str, ranks: list[RankStacks], error: str | None = None) -> NodeReport:
+    mine = tuple(rank for rank in ranks if rank.node == name)
+    return NodeReport(name, () if error else mine, error=error, kind="timeout" if error else None)
+
+
+def test_a_node_that_did_not_answer_the_first_look_is_read_from_the_second() -> None:
+    ranks = _four_ranks((3,))
+    first = analyse("j1", "t1", None, [_node("n1", ranks), _node("n2", ranks, "no answer")])
+    assert needs_another_look(first)
+    assert first.folded.outliers == ()  # the stuck rank's node never answered
+    second = analyse("j1", "t2", None, [_node("n1", ranks, "no answer"), _node("n2", ranks)])
+    merged = merged_looks(first, second)
+    assert merged.ok and merged.taken_at == "t2"
+    assert [o.rank for o in merged.folded.outliers] == [3]
+    assert not needs_another_look(merged)
+    # Two blocks apart from the majority, or no majority at all: look again.
+    assert needs_another_look(analyse("j1", "t", None, [_node("n1", _four_ranks((0, 1)))]))
+    three = [*_four_ranks((3,)), RankStacks(4, "n2", 5, error="gone", kind="gone")]
+    assert needs_another_look(analyse("j1", "t", None, [_node("n1", three), _node("n2", three)]))
