@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from orchestrator.outcome.quiet import QuietFinding
 from orchestrator.outcome.states import StopCause
 from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S
 
@@ -34,6 +35,10 @@ class WatchSettings:
     stacks_timeout: float = 3.0  # taking the stacks before a teardown (per node, doubled
     # at most by the connect): it never delays the teardown by more than that
     hang_stacks_timeout: float = 15.0  # the same after a hang: the stacks are the answer
+    # Quiet beyond hang_timeout: look at every rank for this long before calling it a hang
+    # (outcome/quiet.py; 0: no look, silence alone decides), the look bounded by the second.
+    look_seconds: float = 3.0
+    look_timeout: float = 60.0
     # A stop (first Ctrl-C, `orch stop`, the time limit): how long the ranks have to exit by
     # themselves before the job is torn down; the time limit counts from the first event.
     rank_grace: float = DEFAULT_STOP_GRACE_S
@@ -41,8 +46,9 @@ class WatchSettings:
 
     @property
     def teardown_budget(self) -> float:
-        """The longest a teardown can take, stacks first (each bounded, connect included)."""
-        return self.teardown_timeout + 2 * max(self.stacks_timeout, self.hang_stacks_timeout)
+        """The longest a teardown can take, stacks first (each bounded, connect included; a
+        hang's stacks may take two looks a second apart)."""
+        return self.teardown_timeout + 4 * max(self.stacks_timeout, self.hang_stacks_timeout) + 1
 
 
 # ----- events --------------------------------------------------------------------------
@@ -118,6 +124,15 @@ class StopAsked:
 
 
 @dataclass(frozen=True)
+class QuietLooked:
+    """What a look at the quiet job, asked for at `asked_at`, found."""
+
+    finding: QuietFinding
+    asked_at: float
+    at: float
+
+
+@dataclass(frozen=True)
 class TeardownDone:
     at: float
 
@@ -141,6 +156,7 @@ Event = (
     | HeadExited
     | Interrupted
     | StopAsked
+    | QuietLooked
     | TeardownDone
     | Tick
 )

@@ -19,8 +19,7 @@ from orchestrator.outcome.rank_ends import (
     order_ends,
 )
 from orchestrator.outcome.rootcause import RankTraceback, rank_tracebacks
-from orchestrator.outcome.states import FailureKind
-from orchestrator.outcome.verdict import Failure
+from orchestrator.outcome.states import Failure, FailureKind
 
 TAIL_LINES = 15  # the last lines a failure shows: its node's, or its rank's own
 

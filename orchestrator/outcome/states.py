@@ -1,10 +1,13 @@
-"""The words a job's end is told in: its states, the kinds of failure, and the exit codes and
-phrases the verdict, the records, the report, the restart policy and the CLI share.
+"""The words a job's end is told in: its states, the kinds of failure, the failure itself,
+and the exit codes and phrases the verdict, the records, the report, the restart policy
+and the CLI share.
 
 Str enums whose members are the very words `job.json` holds. Pure.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from orchestrator.specs.words import StrEnum
 
@@ -63,3 +66,15 @@ class JobState(StrEnum):
     INTERRUPTED = "interrupted"
     STOPPED = "stopped"  # by `orch stop` or the time limit (a Ctrl-C's stop: interrupted)
     HEAD_DIED = "head-died"  # never written: shown for a running record whose head is gone
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What ended a job first, as the verdict found it."""
+
+    node: str  # "" for the head itself
+    reason: str
+    exit_code: int
+    rank: int | None = None
+    kind: FailureKind = FailureKind.RANK
+    when: float = 0.0  # the agent's failed_at, or when the report arrived (wall clock)

@@ -40,6 +40,7 @@ from orchestrator.outcome.events import (
     NodeExited,
     NodeHeard,
     OutputEnded,
+    QuietLooked,
     RankOutput,
     SshEnded,
     StopAsked,
@@ -47,17 +48,17 @@ from orchestrator.outcome.events import (
     Tick,
     WatchSettings,
 )
+from orchestrator.outcome.hang import hang_found
 from orchestrator.outcome.rank_ends import ended_by
 from orchestrator.outcome.states import (
     HANG_EXIT_CODE,
     REMOTE_COMMAND_FAILED,
     SSH_LOST,
+    Failure,
     FailureKind,
     JobState,
     StopCause,
 )
-from orchestrator.stacks.fold import FoldedStacks, rank_ranges, steady_outliers
-from orchestrator.stacks.report import StacksResult
 
 # The longest a node's late heartbeats put off its silence: an agent whose writes to the head
 # stay blocked this long tears its job down by itself (remote/channel.py STALL_S).
@@ -66,20 +67,11 @@ MAX_BEHIND_S = 30.0
 
 # ----- decisions and the outcome -----------------------------------------------------------
 @dataclass(frozen=True)
-class Failure:
-    node: str  # "" for the head itself
-    reason: str
-    exit_code: int
-    rank: int | None = None
-    kind: FailureKind = FailureKind.RANK
-    when: float = 0.0  # the agent's failed_at, or when the report arrived (wall clock)
-
-
-@dataclass(frozen=True)
 class Decision:
     tear_down: Failure | None = None  # begin tearing the job down, because of this
     stop_reading: bool = False  # end the fan-out now
     begin_stop: StopCause | None = None  # send every rank the stop signal, because of this
+    look: bool = False  # the job is quiet beyond its hang timeout: look at every rank
 
 
 KEEP_GOING = Decision()
@@ -122,6 +114,10 @@ class JobVerdict:
         self.started_at: float | None = None  # the first event's: the time limit counts from it
         self.stop: StopAsked | None = None  # the stop asked for, whatever came of it
         self._stop_begun = False
+        self.look_asked_at: float | None = None  # a look at the quiet job is under way
+        self._look_wanted = False
+        self.hung_finding: QuietLooked | None = None  # the look that found no rank working
+        self.quiet_work: list[QuietLooked] = []  # looks that found a quiet job working
 
     # -- events ---------------------------------------------------------------------
     def feed(self, event: Event) -> Decision:
@@ -161,6 +157,8 @@ class JobVerdict:
         elif isinstance(event, StopAsked):
             if self._may_stop():
                 self.stop = event
+        elif isinstance(event, QuietLooked):
+            self._record_look(event)
         elif isinstance(event, TeardownDone):
             self.teardown_done_at = event.at
         elif isinstance(event, Tick):
@@ -190,6 +188,16 @@ class JobVerdict:
             )
         )
 
+    def _record_look(self, event: QuietLooked) -> None:
+        self.look_asked_at = None
+        if self.last_output_at is not None and self.last_output_at > event.asked_at:
+            return  # a rank spoke meanwhile: the quiet it looked at is over
+        if event.finding.working:
+            # Busy, not hung: the silence counts again from here, a whole timeout long.
+            self.quiet_work.append(event)
+        else:
+            self.hung_finding = event
+
     # -- decisions ------------------------------------------------------------------
     def _may_stop(self) -> bool:
         return self.stop is None and self.failure is None and self.interrupt is None
@@ -207,8 +215,9 @@ class JobVerdict:
         if self.failure is None:
             self.failure = self._find_failure(now)
             tear_down = self.failure
+        look, self._look_wanted = self._look_wanted, False
         return Decision(tear_down=tear_down, stop_reading=self._should_stop(now),
-                        begin_stop=begin)  # fmt: skip
+                        begin_stop=begin, look=look)  # fmt: skip
 
     def _should_stop(self, now: float) -> bool:
         if self.output_ended and self.head_code is not None:
@@ -288,12 +297,24 @@ class JobVerdict:
         quiet_since = self.last_output_at
         if quiet_since is None:  # nothing written yet: quiet since the job started
             quiet_since = self.first_heard_at
-        if limit is None or quiet_since is None or now - quiet_since <= limit:
+        if limit is None or quiet_since is None:
             return None
-        if self.all_exited():  # every rank is done: quiet, not hung
-            return None
-        reason = f"hang: no rank wrote anything for {now - quiet_since:.0f} s"
-        return Failure("", reason, HANG_EXIT_CODE, kind=FailureKind.HANG)
+        # A look that found a rank working counts the silence again from there.
+        worked_at = max((looked.at for looked in self.quiet_work), default=quiet_since)
+        if now - max(quiet_since, worked_at) <= limit or self.all_exited():
+            return None  # not quiet long enough, or every rank is done: quiet, not hung
+        quiet = f"hang: no rank wrote anything for {now - quiet_since:.0f} s"
+        if self.settings.look_seconds <= 0:
+            return Failure("", quiet, HANG_EXIT_CODE, kind=FailureKind.HANG)
+        if self.hung_finding is not None:
+            return hang_found(quiet, self.hung_finding.finding)
+        if self.look_asked_at is None:
+            self.look_asked_at, self._look_wanted = now, True
+        elif now - self.look_asked_at > self.settings.look_timeout:
+            waited = now - self.look_asked_at
+            reason = f"{quiet}; a look at the ranks gave no answer in {waited:.0f} s"
+            return Failure("", reason, HANG_EXIT_CODE, kind=FailureKind.HANG)
+        return None
 
     def _every_answering_node_exited(self) -> bool:
         failure = self.failure
@@ -358,46 +379,6 @@ def _as_float(value: object) -> float | None:
         return float(value) if value is not None else None  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-
-
-def hang_culprit(
-    failure: Failure, stacks: StacksResult | None, earlier: Sequence[FoldedStacks] = ()
-) -> Failure:
-    """A hang's failure naming the rank(s) whose stacks stand apart from the majority's (the
-    one that stopped, while the others wait for it in a collective), and where they stand.
-    `earlier`: the looks before the last; a rank is named when it stood apart in each."""
-    if stacks is None or stacks.folded is None:
-        return replace(failure, reason=f"{failure.reason}; the ranks' stacks could not be taken")
-    folded, unread = stacks.folded, _unread(stacks)
-    if not folded.outliers:
-        return replace(failure, reason=f"{failure.reason}; no rank's stack stands apart{unread}")
-    apart = steady_outliers(folded, earlier)
-    named = ", ".join(
-        f"rank {o.rank} on {o.node}" + (f" at {o.frame.where}" if o.frame else "")
-        for o in apart[:4]
-    )
-    more = f" and {len(apart) - 4} more" if len(apart) > 4 else ""
-    return replace(
-        failure,
-        node=apart[0].node,
-        rank=apart[0].rank if len(apart) == 1 else None,
-        reason=f"{failure.reason}; stands apart: {named}{more}{unread}",
-    )
-
-
-def _unread(stacks: StacksResult) -> str:
-    """Whose stacks could not be taken, and why (the first reason), or nothing."""
-    failed_nodes = [node for node in stacks.nodes if node.error is not None]
-    failed_ranks = [rank for rank in stacks.ranks if not rank.ok]
-    parts = []
-    if failed_nodes:
-        parts.append(f"{', '.join(node.node for node in failed_nodes)} did not answer "
-                     f"({failed_nodes[0].error})")  # fmt: skip
-    if failed_ranks:
-        numbers = rank_ranges(rank.rank for rank in failed_ranks)
-        parts.append(f"the stacks of rank(s) {numbers} could not be taken "
-                     f"({failed_ranks[0].error or 'no answer'})")  # fmt: skip
-    return "".join(f"; {part}" for part in parts)
 
 
 SRUN_ERROR = "srun: error: "

@@ -88,6 +88,15 @@ def stacks_command(
     return _with_any_python3(python, _stacks_blob(), words)
 
 
+def look_command(python: str, job_id: str, node: str, seconds: float, root: str = "") -> str:
+    """The remote shell command that looks at the job's ranks on `node` for `seconds`: each
+    rank's CPU time, storage I/O and state, and its stack at both ends (remote/look.py),
+    as one JSON document. Any python3 runs it."""
+    words = (job_id, node, python, f"{seconds:g}", *([root] if root else []))
+    parts = ("owned", "agent_spec", "procs", "rank_site", "stacks")
+    return _with_any_python3(python, _boot_blob(parts, "look"), words)
+
+
 def node_files_command(python: str, action: str, job_id: str, node: str,
                        root: str = "") -> str:  # fmt: skip
     """The remote shell command that writes (`write`, the settings on its stdin) or removes

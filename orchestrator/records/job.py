@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orchestrator.outcome.explanation import Explanation
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.outcome.stop import StopSummary
@@ -318,3 +319,22 @@ def batch_state(record: JobRecord, slurm_state: str | None) -> str:
 
 def finished(record: JobRecord, **changes: object) -> JobRecord:
     return replace(record, ended_at=now_iso(), **changes)  # type: ignore[arg-type]
+
+
+def first_failure_of(why: Explanation) -> FirstFailure:
+    """The record's first failure, from its explanation."""
+    failure, root = why.failure, why.root_cause
+    return FirstFailure(
+        node=failure.node or "head",
+        rank=failure.rank,
+        exit_code=failure.exit_code,
+        reason=failure.reason,
+        last_lines=why.last_lines,
+        kind=failure.kind,
+        root_cause_rank=root.rank if root else None,
+        root_cause_node=why.root_cause_node,
+        root_cause=root.exception if root else None,
+        traceback=root.lines if root else (),
+        then=why.order.summary(),
+        hint=why.hint,
+    )

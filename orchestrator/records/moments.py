@@ -32,6 +32,7 @@ class MomentKind(str, Enum):
     LAST_HEARTBEAT = "last-heartbeat"  # per node: its agent's last sign of life
     FIRST_FAILURE = "first-failure"  # when the head learnt of it
     HANG = "hang"  # no output for --hang-timeout
+    QUIET = "quiet"  # quiet beyond --hang-timeout, and a look found a rank working
     INTERRUPT = "interrupt"  # Ctrl-C, SIGTERM or orch kill
     STOP = "stop"  # every rank was sent the stop signal (detail: the stop's cause)
     TEARDOWN_START = "teardown-start"

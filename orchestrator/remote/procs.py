@@ -143,7 +143,7 @@ def job_pids(job_id: str, node: str | None, proc: str = PROC, uid: int | None = 
     return found
 
 
-def _stat_fields(pid: int, proc: str) -> list[str]:
+def stat_fields(pid: int, proc: str) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name (which may hold spaces)."""
     try:
         with open(f"{proc}/{pid}/stat") as handle:
@@ -153,7 +153,7 @@ def _stat_fields(pid: int, proc: str) -> list[str]:
 
 
 def parent_of(pid: int, proc: str = PROC) -> int:
-    fields = _stat_fields(pid, proc)
+    fields = stat_fields(pid, proc)
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
 
 
@@ -175,7 +175,7 @@ def job_ranks(job_id: str, node: str, proc: str = PROC) -> list[tuple[int, int]]
 def zombie_exit_code(pid: int, proc: str = PROC) -> int | None:
     """The exit code of a process that ended but is not reaped yet (Linux >= 3.5), negative
     for a signal."""
-    fields = _stat_fields(pid, proc)
+    fields = stat_fields(pid, proc)
     if len(fields) < 50 or fields[0] != "Z":
         return None
     status = int(fields[-1])

@@ -37,6 +37,7 @@ from orchestrator.logs.progress import ProgressRecorder
 from orchestrator.logs.redact import Redactor, secret_values
 from orchestrator.logs.router import LogRouter, LogView
 from orchestrator.logs.tracker import OutputTracker
+from orchestrator.logs.view import LiveView, PlainView
 from orchestrator.nodes import slurm
 from orchestrator.nodes.pdsh import StreamingProcess, start_streaming
 from orchestrator.nodes.transport import plan_transport
@@ -46,16 +47,18 @@ from orchestrator.outcome.events import (
     Interrupted,
     NodeExited,
     OutputEnded,
+    QuietLooked,
     StopAsked,
     TeardownDone,
     Tick,
     WatchSettings,
 )
 from orchestrator.outcome.explanation import Explanation, explain
+from orchestrator.outcome.hang import hang_culprit
 from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress, attempt_progress
-from orchestrator.outcome.states import FailureKind, JobState, StopCause
+from orchestrator.outcome.states import Failure, FailureKind, JobState, StopCause
 from orchestrator.outcome.stop import StopSummary
-from orchestrator.outcome.verdict import Failure, JobVerdict, Outcome, hang_culprit, in_slurm_words
+from orchestrator.outcome.verdict import JobVerdict, Outcome, in_slurm_words
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan, process_environment
 from orchestrator.records.job import (
@@ -66,6 +69,7 @@ from orchestrator.records.job import (
     FirstFailure,
     JobRecord,
     finished,
+    first_failure_of,
     now_iso,
     rank_records,
 )
@@ -74,6 +78,7 @@ from orchestrator.records.rundir import APPEND, RunDir
 from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.run.collect import LogCollector
 from orchestrator.run.plan_files import remove_private_files, write_private_files
+from orchestrator.run.quiet import QuietLook
 from orchestrator.run.stacks import save_stacks, stacks_before_teardown
 from orchestrator.run.stop import Stop, begin_stop
 from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
@@ -137,6 +142,8 @@ class JobRunner:
         self.signals: list[int] = []  # every signal the head got, in order
         self.stop: Stop | None = None
         self.teardown: GroupResult[StopReport] | None = None
+        self.quiet_look = QuietLook(plan, self.settings.look_seconds,
+                                    self.settings.hang_stacks_timeout)  # fmt: skip
         self.stacks: StacksResult | None = None  # taken before a failure's teardown
         self.earlier_looks: tuple[FoldedStacks, ...] = ()  # a hang's looks before the last
         self.stacks_file: Path | None = None
@@ -259,6 +266,9 @@ class JobRunner:
             if not stop_noted and self.run_dir.exists(STOP_MARKER):
                 stop_noted = True
                 events.append(StopAsked(StopCause.ORCH_STOP, now))
+            for looked in self.quiet_look.events():
+                events.append(looked)
+                self._noted(looked)
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
                 events.append(TeardownDone(now))
@@ -272,11 +282,22 @@ class JobRunner:
                     self._begin_stop(decision.begin_stop)
                 if decision.tear_down is not None:
                     self._begin_teardown(decision.tear_down)
+                if decision.look:
+                    self.quiet_look.start(now)
                 stop = stop or decision.stop_reading
             if self.stop is not None and self.verdict.stopping:
                 self.stop.show(self.view, len(self.tracker.rank_ends))
             if stop:
                 return
+
+    def _noted(self, looked: QuietLooked) -> None:
+        """A look at the quiet job, on the timeline and in the live view when it found
+        work (a hang is told by the failure that follows)."""
+        if looked.finding.working:
+            said = f"quiet, working: {looked.finding.summary()}"
+            self._moment(MomentKind.QUIET, detail=said)
+            if isinstance(self.view, LiveView | PlainView):
+                self.view.status(said)
 
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
@@ -370,7 +391,7 @@ class JobRunner:
             why = explain(failure, self.tracker.kept(self.tails_at_failure))
             if why.failure.kind == FailureKind.RANK:  # the job's exit code is its cause's
                 outcome = replace(outcome, exit_code=why.failure.exit_code, failure=why.failure)
-        first = _first_failure(why) if why is not None else None
+        first = first_failure_of(why) if why is not None else None
         order = why.order if why is not None else None
         stop = self.stop.summary(self.tracker) if self.stop is not None else None
         self.record = finished(
@@ -409,25 +430,6 @@ class JobRunner:
     def _progress(self) -> AttemptProgress:
         failed_at = self._failed_at if self._failed_at is not None else time.monotonic()
         return attempt_progress(self.progress.steps, self._started, failed_at)
-
-
-def _first_failure(why: Explanation) -> FirstFailure:
-    """The record's first failure, from its explanation."""
-    failure, root = why.failure, why.root_cause
-    return FirstFailure(
-        node=failure.node or "head",
-        rank=failure.rank,
-        exit_code=failure.exit_code,
-        reason=failure.reason,
-        last_lines=why.last_lines,
-        kind=failure.kind,
-        root_cause_rank=root.rank if root else None,
-        root_cause_node=why.root_cause_node,
-        root_cause=root.exception if root else None,
-        traceback=root.lines if root else (),
-        then=why.order.summary(),
-        hint=why.hint,
-    )
 
 
 def _read_into(stream, chunks: queue.Queue[tuple[float, bytes] | None]) -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from orchestrator.nodes.transport import NodeTransport, SshTransport, plan_transport
 from orchestrator.outcome.events import WatchSettings
-from orchestrator.outcome.states import FailureKind
-from orchestrator.outcome.verdict import Failure
+from orchestrator.outcome.states import Failure, FailureKind
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import stacks_command
 from orchestrator.plan.launch_plan import LaunchPlan

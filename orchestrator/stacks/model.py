@@ -226,6 +226,17 @@ def parse_node_report(node: str, text: str, python: str, job_id: str) -> NodeRep
     """The JSON document remote/stacks.py printed on `node`."""
     try:
         doc = json.loads(text)
+    except ValueError as err:
+        return node_failure(
+            node, BAD_OUTPUT, f"{node}: unreadable answer from the stacks program ({err})",
+            failure_hint(BAD_OUTPUT, python, job_id),
+        )  # fmt: skip
+    return node_report(node, doc, python, job_id)
+
+
+def node_report(node: str, doc: object, python: str, job_id: str) -> NodeReport:
+    """One node's stacks document (remote/stacks.py's report) as a value."""
+    try:
         if not isinstance(doc, dict):
             raise ValueError("not an object")
         ranks = tuple(_rank_from_doc(node, item, python, job_id) for item in doc.get("ranks", ()))

@@ -14,7 +14,8 @@ from orchestrator.checks.model import Finding
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.errors import UsageError
 from orchestrator.outcome.events import NodeExited, WatchSettings
-from orchestrator.outcome.verdict import Failure, JobVerdict, in_slurm_words
+from orchestrator.outcome.states import Failure
+from orchestrator.outcome.verdict import JobVerdict, in_slurm_words
 from orchestrator.plan.agent_command import agent_argv
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, Placement

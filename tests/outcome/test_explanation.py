@@ -16,8 +16,7 @@ from orchestrator.outcome.explanation import (
 )
 from orchestrator.outcome.rank_ends import RankEnd, Role
 from orchestrator.outcome.rootcause import RankTraceback, rank_tracebacks
-from orchestrator.outcome.states import FailureKind
-from orchestrator.outcome.verdict import Failure
+from orchestrator.outcome.states import Failure, FailureKind
 
 GLOO_CLOSED = (
     "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "

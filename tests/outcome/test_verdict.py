@@ -18,8 +18,9 @@ from orchestrator.outcome.events import (
     Tick,
     WatchSettings,
 )
-from orchestrator.outcome.states import HANG_EXIT_CODE, FailureKind, JobState
-from orchestrator.outcome.verdict import Decision, Failure, JobVerdict, hang_culprit
+from orchestrator.outcome.hang import hang_culprit
+from orchestrator.outcome.states import HANG_EXIT_CODE, Failure, FailureKind, JobState
+from orchestrator.outcome.verdict import Decision, JobVerdict
 from orchestrator.remote.channel import HEARTBEAT_S
 from orchestrator.stacks.fold import FoldedStacks, Outlier
 from orchestrator.stacks.model import Frame, NodeReport, RankStacks, ThreadStack
@@ -277,7 +278,7 @@ def test_events_of_nodes_outside_the_job_are_ignored():
 
 
 def _hang_verdict(timeout: float | None) -> JobVerdict:
-    settings = WatchSettings(heartbeat_timeout=15, hang_timeout=timeout)
+    settings = WatchSettings(heartbeat_timeout=15, hang_timeout=timeout, look_seconds=0)
     return JobVerdict(HOSTS, settings, head_launcher=False)
 
 
@@ -358,7 +359,8 @@ def test_the_heads_own_backlog_is_not_a_nodes_silence():
 
 
 def test_a_backlog_does_not_look_like_a_hang():
-    verdict = JobVerdict(HOSTS, WatchSettings(hang_timeout=10), head_launcher=False)
+    verdict = JobVerdict(HOSTS, WatchSettings(hang_timeout=10, look_seconds=0),
+                         head_launcher=False)  # fmt: skip
     decisions = _feed(verdict, *_all_heard(), RankOutput(1.0), Tick(30.0, read_up_to=8.0))
     assert _teardowns(decisions) == []
     [failure] = _teardowns(_feed(verdict, *_all_heard(30.0), Tick(30.5)))

@@ -225,6 +225,48 @@ def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path)
     _nothing_left(nodes, job_id)
 
 
+def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(running_job,
+                                                                              tmp_path):
+    start, _stop, runs, _nodes = running_job
+    # Rank 3 computes 30 s in its first step, silently, while the others wait in all_reduce.
+    job_id, head = start("--compute", "0.05", "--slow-rank", "3", "--slow-factor", "600",
+                         "--max-seconds", "1", options=("--hang-timeout", "8"))  # fmt: skip
+    code = head.wait(150)
+    said = (tmp_path / "launch.out").read_text()
+    assert code == 0, said
+    assert "quiet, working: rank 3 computing in compute (" in said
+    assert "5 ranks in all_reduce" in said
+    record = json.loads((runs / job_id / "job.json").read_text())
+    assert record["state"] == "succeeded"
+    lines = (runs / job_id / "moments.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert "quiet" in kinds and "hang" not in kinds
+
+
+def _on_node(node: str, script: str) -> str:
+    """A Python script run on `node` over plain ssh, with this checkout importable."""
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); {script}"
+    result = subprocess.run(["ssh", "-o", "BatchMode=yes", node, f"python3 -c {code!r}"],
+                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return result.stdout
+
+
+def test_a_rank_stopped_by_sigstop_is_a_hang_and_named(running_job, tmp_path):
+    start, _stop, runs, nodes = running_job
+    job_id, head = start("--compute", "0", options=("--hang-timeout", "8"))
+    find = (f"from orchestrator.remote.procs import job_ranks; "
+            f"print(dict(job_ranks({job_id!r}, {nodes[1]!r}))[3])")  # fmt: skip
+    pid = int(_on_node(nodes[1], find))
+    _on_node(nodes[1], f"import os, signal; os.kill({pid}, signal.SIGSTOP)")
+    code = head.wait(120)
+    said = (tmp_path / "launch.out").read_text()
+    assert code == 124, said
+    assert "none is working (rank 3 stopped (state T)" in said
+    failure = json.loads((runs / job_id / "job.json").read_text())["first_failure"]
+    assert (failure["kind"], failure["rank"], failure["node"]) == ("hang", 3, nodes[1])
+    _nothing_left(nodes, job_id)
+
+
 def test_a_crash_keeps_where_the_survivors_stood(running_job, tmp_path):
     start, _stop, runs, nodes = running_job
     # The others are busy in `compute` for 30 s when rank 3 exits 7.

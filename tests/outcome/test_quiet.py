@@ -1,0 +1,140 @@
+"""A quiet job judged from a look at its ranks (outcome/quiet.py), and the verdict that asks
+for the look before it calls silence a hang. On values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.outcome.events import NodeHeard, QuietLooked, RankOutput, Tick, WatchSettings
+from orchestrator.outcome.quiet import Activity, QuietFinding, RankSample, judge
+from orchestrator.outcome.states import FailureKind
+from orchestrator.outcome.verdict import Decision, JobVerdict
+from orchestrator.stacks.model import RankStacks, thread_from_dump
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
+HOSTS = ("n1", "n2")
+
+
+def _stack(name: str, rank: int, node: str) -> RankStacks:
+    threads = json.loads((FIXTURES / f"{name}.json").read_text())
+    pid = threads[0]["pid"]
+    return RankStacks(rank, node, pid, tuple(thread_from_dump(t, pid) for t in threads))
+
+
+def _waiting(rank: int, node: str = "n1", cpu: float = 0.0) -> RankSample:
+    stack = _stack("dump_waiting", rank, node)
+    return RankSample(rank, node, 3.0, cpu, 0, "S", (stack, stack))
+
+
+def _in_user_code(rank: int, cpu: float, io: int = 0, state: str = "S") -> RankSample:
+    stack = _stack("dump_computing", rank, "n2")
+    return RankSample(rank, "n2", 3.0, cpu, io, state, (stack, stack))
+
+
+def test_a_rank_computing_while_the_others_wait_is_working_and_said_where():
+    finding = judge([_waiting(0), _waiting(1), _waiting(2), _in_user_code(3, cpu=2.4)])
+    assert finding.working
+    assert [rank.activity for rank in finding.ranks] == [Activity.WAITING] * 3 + [Activity.WORKING]
+    assert finding.summary() == (
+        "rank 3 computing in compute (/home/alice/train/stepping.py:29); 3 ranks in all_reduce"
+    )
+    assert finding.culprits == ()
+
+
+def test_a_waiting_rank_that_spins_the_cpu_is_still_waiting_its_frame_decides():
+    finding = judge([_waiting(0, cpu=3.0), _waiting(1, cpu=2.9)])
+    assert not finding.working
+    assert finding.summary() == "2 ranks in all_reduce"
+
+
+def test_writing_storage_is_working_even_without_cpu():
+    finding = judge([_waiting(0), _in_user_code(1, cpu=0.0, io=64 << 20)])
+    assert finding.working
+    assert "rank 1 reading or writing storage in compute" in finding.summary()
+
+
+def test_a_rank_idle_in_its_own_code_while_the_others_wait_is_the_culprit():
+    finding = judge([_waiting(0), _waiting(1), _waiting(2), _in_user_code(3, cpu=0.01)])
+    assert not finding.working
+    [culprit] = finding.culprits
+    assert (culprit.rank, culprit.activity, culprit.why) == (3, Activity.IDLE, "idle, stuck")
+    assert finding.summary().startswith("rank 3 idle, stuck in compute (")
+
+
+def test_a_stopped_rank_is_named_and_never_counts_as_working():
+    finding = judge([_waiting(0), _in_user_code(1, cpu=1.0, state="T")])
+    assert not finding.working
+    [culprit] = finding.culprits
+    assert (culprit.rank, culprit.why) == (1, "stopped (state T)")
+
+
+def test_without_stacks_the_cpu_and_io_decide_and_a_problem_is_said():
+    bare = [RankSample(0, "n1", 3.0, 1.5, None, "R"), RankSample(1, "n1", 3.0, 0.0, 0, "S")]
+    finding = judge(bare, problem="n2 did not answer")
+    assert finding.working
+    assert finding.summary() == "rank 0 computing; rank 1 idle; n2 did not answer"
+    assert finding.culprits == ()  # no rank waits: nothing tells the idle one apart
+
+
+# ----- the verdict asks for a look before it calls silence a hang -----------------------
+def _verdict(**settings: float) -> JobVerdict:
+    return JobVerdict(HOSTS, WatchSettings(hang_timeout=10, **settings), head_launcher=False)
+
+
+def _feed(verdict: JobVerdict, *events) -> list[Decision]:
+    return [verdict.feed(event) for event in events]
+
+
+def _quiet_until(verdict: JobVerdict, end: int) -> list[Decision]:
+    decisions = []
+    for at in range(1, end + 1):  # heartbeats, no output
+        decisions += _feed(verdict, *(NodeHeard(h, at) for h in HOSTS), Tick(at))
+    return decisions
+
+
+WORKING = QuietFinding((judge([_in_user_code(0, cpu=2.0)]).ranks[0],), 3.0)
+HUNG = judge([_waiting(0), _in_user_code(1, cpu=0.0)])
+
+
+def test_silence_beyond_the_timeout_asks_for_one_look_and_tears_down_nothing_yet():
+    verdict = _verdict()
+    _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), RankOutput(0))
+    decisions = _quiet_until(verdict, 20)
+    assert [d.tear_down for d in decisions if d.tear_down] == []
+    assert sum(d.look for d in decisions) == 1  # asked at 11 s, once
+    assert verdict.look_asked_at == 11
+
+
+def test_a_look_that_finds_work_restarts_the_count_and_one_that_finds_none_is_a_hang():
+    verdict = _verdict()
+    _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), RankOutput(0))
+    _quiet_until(verdict, 11)
+    _feed(verdict, QuietLooked(WORKING, asked_at=11, at=14))
+    decisions = _quiet_until(verdict, 24)
+    assert [d for d in decisions if d.tear_down or d.look] == []  # quiet counts from 14
+    decisions = _quiet_until(verdict, 25)
+    assert sum(d.look for d in decisions) == 1
+    [failure] = [d.tear_down for d in _feed(verdict, QuietLooked(HUNG, asked_at=25, at=28))
+                 if d.tear_down]  # fmt: skip
+    assert failure.kind == FailureKind.HANG and (failure.node, failure.rank) == ("n2", 1)
+    assert failure.reason.startswith("hang: no rank wrote anything for 28 s and none is "
+                                     "working (rank 1 idle, stuck in compute")  # fmt: skip
+    assert [looked.at for looked in verdict.quiet_work] == [14]
+
+
+def test_a_look_overtaken_by_output_counts_for_nothing():
+    verdict = _verdict()
+    _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), RankOutput(0))
+    _quiet_until(verdict, 11)
+    _feed(verdict, RankOutput(12.0))
+    decisions = _feed(verdict, QuietLooked(HUNG, asked_at=11, at=13), Tick(13))
+    assert [d.tear_down for d in decisions if d.tear_down] == []
+
+
+def test_a_look_that_never_answers_is_a_hang_after_its_timeout():
+    verdict = _verdict(look_timeout=30)
+    _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), RankOutput(0))
+    decisions = _quiet_until(verdict, 42)
+    [failure] = [d.tear_down for d in decisions if d.tear_down]
+    assert failure.reason.endswith("a look at the ranks gave no answer in 31 s")
