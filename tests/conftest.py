@@ -24,6 +24,7 @@ import multiprocessing.process
 import os
 import shutil
 import subprocess
+import tempfile
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -204,6 +205,11 @@ def orch_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatc
 
     def run(args: list[str], runs: Path) -> CliResult:
         monkeypatch.setenv("ORCH_RUNS_DIR", str(runs))
+        # What orch keeps in the temporary directory (a dry run's long commands) stays in
+        # the test's own.
+        temporary = runs.parent / "tmp"
+        temporary.mkdir(exist_ok=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(temporary))
         monkeypatch.delenv("ORCH_JOB_ID", raising=False)
         monkeypatch.chdir(REPO)
         capsys.readouterr()

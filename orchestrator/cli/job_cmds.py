@@ -20,7 +20,8 @@ from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView, make_view
 from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult
-from orchestrator.plan.describe import plan_summary, plan_text
+from orchestrator.plan.describe import command_files, dry_run_document, plan_text
+from orchestrator.plan.dry_checks import dry_run_exit_code, dry_run_findings
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.request import (
     JobRequest,
@@ -29,6 +30,7 @@ from orchestrator.plan.request import (
     launch_spec,
     recipe_spec,
 )
+from orchestrator.prepare.dry_run import commands_dir, head_facts, write_command_files
 from orchestrator.prepare.job import prepare_job
 from orchestrator.prepare.push_env import PushDone
 from orchestrator.prepare.sync import SyncedFiles
@@ -253,12 +255,30 @@ class _PipelinePrinter:
                       markup=False)  # fmt: skip
 
 
+def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
+    """The plan on stdout, what the dry run found on the head on stderr; the exit code the
+    real launch would stop with before starting anything (0: it would start)."""
+    findings = dry_run_findings(plan, head_facts(plan))
+    if as_json:
+        typer.echo(json.dumps(dry_run_document(plan, findings), indent=2))
+    else:
+        directory = commands_dir(plan.job_id)
+        write_command_files(directory, command_files(plan))
+        typer.echo(plan_text(plan, directory), nl=False)
+    err = _err()
+    for finding in findings:
+        level = "[red]error[/]" if finding.is_error else "[yellow]warning[/]"
+        err.print(f"{level}: {escape(finding.problem)}\n  fix: {escape(finding.fix)}")
+    code = dry_run_exit_code(findings)
+    if code:
+        raise typer.Exit(code)
+
+
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
     job = prepare_job(request, os.environ, private_dir=head_private_dir, dry_run=dry_run,
                       say=lambda text: _err().print(text, markup=False))  # fmt: skip
     if dry_run:
-        text = json.dumps(plan_summary(job.plan), indent=2) if as_json else plan_text(job.plan)
-        typer.echo(text, nl=as_json)
+        _print_dry_run(job.plan, as_json=as_json)
         return
     view = None if quiet else make_view(job.plan.hosts)
     try:

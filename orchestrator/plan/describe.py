@@ -1,13 +1,19 @@
 """A plan shown to a user: the JSON document (`--dry-run --json`) and the readable form
-(`--dry-run`), every command line shell-quoted so it can be pasted. Secrets redacted. Pure."""
+(`--dry-run`), every command line shell-quoted so it can be pasted, in full: one too long
+for a terminal (the inline node agent, tens of KiB) is a `CommandFile` the CLI writes, and
+the text says `sh FILE`. Paths of the plan are marked "(not written)". Secrets redacted.
+Pure."""
 
 from __future__ import annotations
 
 import base64
 import json
 import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from orchestrator.plan.agent_command import kill_command
+from orchestrator.plan.dry_checks import DryFinding
 from orchestrator.plan.launch_plan import (
     HEAD_LAUNCHER_NAME,
     Destination,
@@ -21,11 +27,24 @@ from orchestrator.remote.agent_spec import RANK_PROGRAM, node_dir_shown
 from orchestrator.remote.procs import NODE_DIR_VAR, NODE_RANK_VAR
 from orchestrator.specs.constants import PDSH_CONFIG_NAME, standard_config_name
 from orchestrator.specs.jobenv import redact
+from orchestrator.specs.recipe import AccelerateOptions
 from orchestrator.specs.units import format_bytes
 from orchestrator.specs.words import Fanout
 
 DEEPSPEED_WINDOW = 1024  # the -f DeepSpeed's pdsh runner passes (deepspeed/launcher/constants.py)
-_AGENT_WORD_LIMIT = 200  # longer words (the inline agent) are abbreviated in the readable form
+# Longer command lines (the inline agent) are written to a file rather than printed.
+LONG_COMMAND = 2000
+NOT_WRITTEN = "(not written)"
+HEAD_FILE = "head.sh"
+TEARDOWN_FILE = "teardown.sh"
+
+
+@dataclass(frozen=True)
+class CommandFile:
+    """A command line too long to print, as the shell script the dry run writes."""
+
+    name: str
+    text: str
 
 
 # ----- the JSON document ------------------------------------------------------------
@@ -73,6 +92,9 @@ def plan_summary(plan: LaunchPlan) -> dict:
     }
 
 
+def dry_run_document(plan: LaunchPlan, findings: Sequence[DryFinding]) -> dict:
+    """What `--dry-run --json` prints: the plan, and what the dry run found on the head."""
+    return {**plan_summary(plan), "findings": [finding.to_dict() for finding in findings]}
 
 
 def _files_summary(plan: LaunchPlan) -> dict[str, str]:
@@ -143,31 +165,36 @@ def _deepspeed_node_command(plan: LaunchPlan, node_rank: int) -> str:
 
 
 # ----- the readable form ------------------------------------------------------------------
-def plan_text(plan: LaunchPlan) -> str:
-    """What `orch launch --dry-run` prints: the plan in the order it runs."""
+def plan_text(plan: LaunchPlan, commands_dir: str = "<dry-run dir>") -> str:
+    """What `orch launch --dry-run` prints: the plan in the order it runs. A command longer
+    than LONG_COMMAND is shown as `sh <commands_dir>/<file>` (command_files gives them)."""
     head = plan.launch.head_process
+    place = f"{plan.job.run_dir} {NOT_WRITTEN}"
     lines = [
         f"job {plan.job_id}: {plan.launcher} launcher, {plan.shape_text} = {plan.world_size} "
         f"ranks, main {plan.main_host}:{plan.main_port}",
         *(["  (main port picked by orch: free on node 0 and reserved there for this job; a "
            "dry run shows the first one it tries)"] if plan.main_port_chosen else []),
-        f"record: {plan.job.run_dir}",
+        *([f"accelerate: {accelerate_settings(plan.job.accelerate)}"]
+          if plan.launcher in ("pdsh", "standard") else []),
+        f"record: {place}",
         "",
-        "files:",
+        f"files {NOT_WRITTEN}: a launch writes them before it starts",
         *(f"  {_file_place(plan, f)}" for f in plan.files),
         "",
         f"the head runs, in {head.cwd}:",
-        f"  {_head_command_line(plan)}",
-    ]
+        f"  {_shown_command(_head_command_line(plan), HEAD_FILE, commands_dir)}",
+    ]  # fmt: skip
     if head.drop_env:
         lines.append(f"  (not passed on from the head: {', '.join(head.drop_env)})")
     if plan.launch.head_command:
-        hosts = ",".join(plan.hosts)
-        pdsh = [_shim_real_pdsh(plan), "-S", "-f", str(DEEPSPEED_WINDOW), "-w", hosts]
+        pdsh = shlex.join([_shim_real_pdsh(plan), "-S", "-f", str(DEEPSPEED_WINDOW), "-w",
+                           ",".join(plan.hosts)])  # fmt: skip
         lines += [
             "",
-            "DeepSpeed's runner then calls pdsh, which orch's shim runs as:",
-            f"  {shlex.join(pdsh)} <orch's inline agent, running the node's command below>",
+            f"DeepSpeed's runner then calls pdsh, and orch's shim runs `{pdsh}` with orch's "
+            "inline agent in place of the runner's command; the agent runs the node's command "
+            "below.",
         ]
     env = " ".join(f"{name}={shlex.quote(value)}" for name, value in plan.redacted_env.items())
     runs = (
@@ -186,8 +213,8 @@ def plan_text(plan: LaunchPlan) -> str:
     ]
     if plan.launch.wait_for_main:
         lines.append(f"  (nodes other than {plan.main_host} start once its port answers)")
-    teardown = kill_command(plan.python, plan.job_id, plan.job.grace)
-    lines += ["", "teardown (every node, by job id):", f"  {_abbreviated(teardown)}"]
+    lines += ["", "teardown (every node, by job id):",
+              f"  {_shown_command(teardown_line(plan), TEARDOWN_FILE, commands_dir)}"]  # fmt: skip
     if plan.job.fanout == Fanout.SRUN:
         step = f"{plan.job.slurm_job}.<step>"
         lines.append(f"  then `scancel {step}`: what Slurm still runs of the step")
@@ -195,12 +222,73 @@ def plan_text(plan: LaunchPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def command_files(plan: LaunchPlan) -> tuple[CommandFile, ...]:
+    """The command lines plan_text shows as `sh FILE`, each as the script to write."""
+    head = plan.launch.head_process
+    wanted = ((HEAD_FILE, _head_command_line(plan), head.cwd),
+              (TEARDOWN_FILE, teardown_line(plan), None))  # fmt: skip
+    return tuple(
+        CommandFile(name, _script(plan, command, cwd))
+        for name, command, cwd in wanted
+        if len(command) > LONG_COMMAND
+    )
+
+
+def _script(plan: LaunchPlan, command: str, cwd: str | None) -> str:
+    where = f"cd {shlex.quote(cwd)} || exit\n" if cwd else ""
+    return (f"#!/bin/sh\n# orch dry run of job {plan.job_id}: a command of its plan, in full\n"
+            f"{where}{command}\n")  # fmt: skip
+
+
+def _shown_command(command: str, name: str, commands_dir: str) -> str:
+    if len(command) <= LONG_COMMAND:
+        return command
+    path = shlex.quote(f"{commands_dir}/{name}")
+    return f"sh {path}   (the command in full, {format_bytes(len(command))}, written there)"
+
+
+def teardown_line(plan: LaunchPlan) -> str:
+    """The teardown as one command the head can run: pdsh runs the node program on every
+    node (filling in %h)."""
+    kill = kill_command(plan.python, plan.job_id, plan.job.grace)
+    return shlex.join([_pdsh_of(plan), "-R", "ssh", "-w", ",".join(plan.hosts), kill])
+
+
+def _pdsh_of(plan: LaunchPlan) -> str:
+    argv = plan.launch.head_process.argv
+    if argv and argv[0].endswith("pdsh"):
+        return argv[0]
+    return _shim_real_pdsh(plan) if plan.launch.head_command else "pdsh"
+
+
+def accelerate_settings(options: AccelerateOptions) -> str:
+    """The accelerate / DeepSpeed settings in one line: the ZeRO stage, precision, offload."""
+    if options.distributed_type == "DEEPSPEED":
+        parts = [f"DeepSpeed ZeRO stage {options.zero_stage}"]
+        for what, device in (("optimizer", options.offload_optimizer_device),
+                             ("parameters", options.offload_param_device)):  # fmt: skip
+            if device != "none":
+                parts.append(f"{what} offloaded to {device}")
+        if options.zero_stage == 3:
+            parts += [name for name in ("zero3_init_flag", "zero3_save_16bit_model")
+                      if getattr(options, name)]  # fmt: skip
+    else:
+        parts = [f"{options.distributed_type} (DDP, no DeepSpeed)"]
+    parts.append(f"mixed precision {options.mixed_precision}")
+    parts.append(f"gradient accumulation {options.gradient_accumulation_steps}")
+    if options.gradient_clipping is not None:
+        parts.append(f"gradient clipping {options.gradient_clipping:g}")
+    if options.dynamo is not None and options.dynamo.backend != "NO":
+        parts.append(f"dynamo {options.dynamo.backend} ({options.dynamo.mode})")
+    return ", ".join(parts)
+
+
 def _file_place(plan: LaunchPlan, planned: PlannedFile) -> str:
     note = {
         Destination.PRIVATE: " (private, removed when the job ends)",
         Destination.NODE: " (also sent to every node, in its agent's spec)",
     }.get(planned.where, "")
-    return f"{plan.file_path(planned)}{note}"
+    return f"{plan.file_path(planned)} {NOT_WRITTEN}{note}"
 
 
 def _head_command_line(plan: LaunchPlan) -> str:
@@ -208,23 +296,12 @@ def _head_command_line(plan: LaunchPlan) -> str:
     env = redact(dict(head.set_env))
     words = [f"{name}={value}" for name, value in env.items()]
     if head.path_prepend:
-        words.append("PATH=" + ":".join([*head.path_prepend, "$PATH"]))
+        words.append("PATH=" + ":".join([*map(shlex.quote, head.path_prepend), '"$PATH"']))
     assignments = " ".join(
         w if w.startswith("PATH=") else shlex.quote(w) for w in words
     )
-    command = " ".join(_abbreviated(word) for word in _quoted(list(head.argv)))
+    command = shlex.join(head.argv)
     return f"env {assignments} {command}" if assignments else command
-
-
-def _quoted(argv: list[str]) -> list[str]:
-    return [shlex.quote(word) for word in argv]
-
-
-def _abbreviated(text: str) -> str:
-    """An inline program (the agent, tens of KB) shown by its start and size."""
-    if len(text) <= _AGENT_WORD_LIMIT:
-        return text
-    return f"{text[:60]}...<{format_bytes(len(text))}: orch's inline agent>...{text[-40:]}"
 
 
 def _shim_real_pdsh(plan: LaunchPlan) -> str:

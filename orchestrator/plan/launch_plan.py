@@ -29,7 +29,7 @@ from orchestrator.plan.srun_command import LINGER_S, build_srun_argv
 from orchestrator.remote.agent_spec import AgentSpec
 from orchestrator.specs.constants import STOP_GRACE_S, Transport
 from orchestrator.specs.inventory import Hostfile
-from orchestrator.specs.jobenv import REDACTED, is_secret
+from orchestrator.specs.jobenv import REDACTED, is_secret, looks_like_token
 from orchestrator.specs.recipe import AccelerateOptions
 from orchestrator.specs.stop import StopSettings
 from orchestrator.specs.words import Fanout, StrEnum
@@ -184,7 +184,7 @@ class LaunchPlan:
     node_private: str  # JSON: the job's env and the rank's argv, written on every node
     forwarded: tuple[str, ...] = ()  # names whose value came from the head's environment
     given: tuple[str, ...] = ()  # names the user set (--env NAME=VALUE, a recipe's env)
-    kept: tuple[str, ...] = ()  # of those, the ones whose values records show (--env-keep)
+    kept: tuple[str, ...] = ()  # shown though their values read as tokens (--env-keep)
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
     slurm_batch: bool = False  # the job's Slurm allocation is its own (orch submit --sbatch)
     recipe: str | None = None
@@ -241,16 +241,21 @@ class LaunchPlan:
 
     @property
     def secret_names(self) -> frozenset[str]:
-        """Variables whose values never reach a record or a log: secret by name, or forwarded
-        from the head's environment (a DATABASE_URL with a password is not caught by name)."""
-        return frozenset(n for n in self.job.env if is_secret(n) or n in self.forwarded)
+        """Variables whose values never reach a record, a dry run or a log: secret by name
+        (HF_TOKEN, DB_PASS), forwarded from the head's environment (a DATABASE_URL the user
+        did not type), or a value that reads as a token, unless kept (--env-keep)."""
+        kept = set(self.kept)
+        return frozenset(
+            name for name, value in self.job.env.items()
+            if is_secret(name) or name in self.forwarded
+            or (looks_like_token(value) and name not in kept)
+        )  # fmt: skip
 
     @property
     def redacted_env(self) -> dict[str, str]:
-        """The job's environment as records and dry runs show it: what the user set is ***
-        unless kept (a DB_PASS or a URL with credentials is no secret by its name), secrets
-        always. orch's own ORCH_JOB_ID and the head's NCCL_* show as they are."""
-        hidden = self.secret_names | (set(self.given) - set(self.kept))
+        """The job's environment as records and dry runs show it: secrets (secret_names) are
+        ***, the rest (NCCL_DEBUG, CUDA_VISIBLE_DEVICES) show as they are."""
+        hidden = self.secret_names
         return {name: REDACTED if name in hidden else value for name, value in self.job.env.items()}
 
     @property

@@ -22,7 +22,22 @@ from orchestrator.specs.constants import (
 from orchestrator.specs.stop import StopSettings
 
 REDACTED = "***"
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# A name holding one of these is a secret's: HF_TOKEN, WANDB_API_KEY, PGPASSWORD.
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+# Words of a name (split at `_`) that make it a secret's on their own: DB_PASS.
+_SECRET_WORDS = frozenset({"PASS", "PWD", "APIKEY"})
+# Words that hold a marker and name no secret: TOKENIZERS_PARALLELISM (a switch).
+_NOT_SECRET_WORDS = frozenset({"TOKENIZERS", "TOKENIZER"})
+# Values that are credentials whatever their name: a provider's token prefix, a JWT, a URL
+# with a password in it (postgres://user:pass@host).
+_TOKEN_PREFIXES = re.compile(
+    r"(hf_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|sk-|sk_live_|rk_live_|xox[abprs]-|"
+    r"AKIA|ASIA|AIza|ya29\.|eyJ)[A-Za-z0-9_\-.]{8,}"
+)
+_URL_PASSWORD = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
+# A long run of token characters: an API key in base64, hex or a UUID.
+_TOKEN_LIKE = re.compile(r"[A-Za-z0-9+/=_\-]{32,}")
+_SEPARATORS = re.compile(r"[-_/]")
 # Variables forwarded from the head without being asked for.
 AUTO_PREFIXES = ("NCCL_",)
 
@@ -33,14 +48,38 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 
 def is_secret(name: str) -> bool:
-    """True when the name says the value is a secret (TOKEN, KEY, SECRET, PASSWORD)."""
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
+    """True when the name says the value is a secret: it holds TOKEN, KEY, SECRET, PASSWORD,
+    PASSWD or CREDENTIAL, or has a word PASS or PWD (TOKENIZERS_PARALLELISM does not)."""
+    words = [word for word in name.upper().split("_") if word]
+    if len(words) > 1 and any(word in _SECRET_WORDS for word in words):
+        return True
+    return any(marker in word for word in words if word not in _NOT_SECRET_WORDS
+               for marker in SECRET_MARKERS)  # fmt: skip
+
+
+def looks_like_token(value: str) -> bool:
+    """True when a value reads as a credential whatever its name: a known token prefix
+    (hf_, ghp_, sk-, AKIA...), a JWT, a URL with a password, or 32 or more characters of
+    base64, hex or a UUID. Paths and ordinary words are no tokens."""
+    if _URL_PASSWORD.search(value) or _TOKEN_PREFIXES.fullmatch(value):
+        return True
+    if not _TOKEN_LIKE.fullmatch(value) or value.startswith(("/", ".", "~")):
+        return False
+    has_letter = any(c.isalpha() for c in value)
+    has_digit = any(c.isdigit() for c in value)
+    # A long-name-with-dashes is words; a token has few separators for its length.
+    return has_letter and has_digit and len(_SEPARATORS.findall(value)) * 8 <= len(value)
+
+
+def is_secret_entry(name: str, value: str) -> bool:
+    """A variable whose value is never shown: secret by its name or by its value."""
+    return is_secret(name) or looks_like_token(value)
 
 
 def redact(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy with every secret value replaced by '***'."""
-    return {name: REDACTED if is_secret(name) else value for name, value in env.items()}
+    """A copy with every secret value (by name or by value) replaced by '***'."""
+    return {name: REDACTED if is_secret_entry(name, value) else value
+            for name, value in env.items()}  # fmt: skip
 
 
 def check_name(name: str) -> None:

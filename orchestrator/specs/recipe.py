@@ -4,13 +4,18 @@ A recipe says which script runs with which arguments, how it is launched
 (pdsh, standard, torchrun), how many processes per node, the accelerate /
 DeepSpeed options, the environment and the working directory. `load_recipe`
 validates it with pydantic and reports every problem with the file and the
-line of the offending key. Pure apart from reading the file.
+line of the offending key (a misspelled key gets its likely spelling). `${NAME}` in a value
+is the head's environment variable NAME, `${RECIPE_DIR}` the recipe's directory; an unset
+one is refused. Pure apart from reading the file and the head's environment.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +27,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from orchestrator.errors import InputFileError, UsageError
 from orchestrator.specs import jobenv
@@ -37,12 +43,25 @@ from orchestrator.specs.options import LAUNCHER_ALIASES
 from orchestrator.specs.stop import duration_seconds, signal_named
 from orchestrator.specs.yaml_lines import line_for, load_yaml_with_lines
 
-# In `script`, `workdir` and `hostfile`, this is replaced by the recipe file's directory.
+# In any value, this is replaced by the recipe file's directory.
 RECIPE_DIR_VAR = "${RECIPE_DIR}"
+# `${NAME}`: the head's variable NAME; `$${NAME}`: the text `${NAME}` itself.
+_VARIABLE = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Launcher = Literal["pdsh", "standard", "torchrun"]
+
+# What the JSON Schema says of values YAML may write as numbers: the validators take them
+# as text (`args: [--steps, 30]`, `env: {OMP_NUM_THREADS: 1}`).
+_TEXT_OR_NUMBER: dict[str, Any] = {"type": ["string", "number"]}
+_TEXTS = {"items": _TEXT_OR_NUMBER}
+
+
+def _text_number_or_null(schema: dict[str, Any]) -> None:
+    """A duration (`time_limit: 90m` or `3600`) or nothing, in the schema."""
+    schema.pop("anyOf", None)
+    schema["type"] = ["string", "number", "null"]
 
 
 @functools.cache
@@ -143,7 +162,7 @@ class TorchrunOptions(_Strict):
 
     rdzv_backend: Literal["c10d", "static", "etcd", "etcd-v2"] = "c10d"
     rdzv_id: str | None = None  # None: the job id
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(default_factory=list, json_schema_extra=_TEXTS)
 
     @field_validator("extra_args", mode="before")
     @classmethod
@@ -188,14 +207,19 @@ class Recipe(_Strict):
     name: str = Field(min_length=1)
     description: str | None = None
     script: str = Field(min_length=1)
-    args: list[str] = Field(default_factory=list)
-    launcher: Launcher = "pdsh"
+    args: list[str] = Field(default_factory=list, json_schema_extra=_TEXTS)
+    # A tool's name is taken for its launcher's (deepspeed: pdsh, accelerate: standard).
+    launcher: Launcher = Field(
+        "pdsh", json_schema_extra={"enum": ["pdsh", "standard", "torchrun", *LAUNCHER_ALIASES]}
+    )
     hostfile: str | None = None
     nodelist: str | None = None  # a node set (as -w), used when no hostfile is given
     nproc_per_node: int | None = Field(None, ge=1)  # None: the hostfile's slots
     workdir: str | None = None  # None: the head's working directory
     python: str | None = None  # None: the head's sys.executable
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra={"additionalProperties": _TEXT_OR_NUMBER}
+    )
     passthrough_env: list[str] = Field(default_factory=list)
     # Names in `env` whose values job records and dry runs may show (the rest show ***).
     env_keep: list[str] = Field(default_factory=list)
@@ -205,12 +229,14 @@ class Recipe(_Strict):
     push_env: bool = False  # copy the head's environment to nodes where it differs (--push-env)
     stop_signal: str | None = None  # what a stop sends every rank (--stop-signal; SIGTERM)
     stop_grace: float | None = Field(None, gt=0)  # the ranks' time to save (--stop-grace)
-    time_limit: str | None = None  # 90m, 2h, 3600: the job is stopped then (--time-limit)
+    # 90m, 2h, 3600: the job is stopped then (--time-limit)
+    time_limit: str | None = Field(None, json_schema_extra=_text_number_or_null)
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     recovery: RecoveryOptions = Field(default_factory=RecoveryOptions)
-    source: str | None = Field(None, exclude=True)  # the file it was loaded from
+    # The file it was loaded from: set by orch, no key of the file (nor of the schema).
+    source: SkipJsonSchema[str | None] = Field(None, exclude=True)
 
     @field_validator("args", mode="before")
     @classmethod
@@ -314,8 +340,9 @@ def _as_value_error(check: Any, *args: Any) -> None:
         raise ValueError(err.message) from None
 
 
-def load_recipe(path: str | os.PathLike[str]) -> Recipe:
-    """Read and validate a recipe; every problem is an InputFileError with file and line."""
+def load_recipe(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Recipe:
+    """Read and validate a recipe, its `${NAME}` taken from `environ` (the head's own by
+    default); every problem is an InputFileError with file and line."""
     name = os.fspath(path)
     try:
         text = Path(name).read_text(encoding="utf-8")
@@ -323,11 +350,13 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
         raise InputFileError(name, "recipe not found", hint="see recipes/ for examples") from None
     except (OSError, UnicodeDecodeError) as err:
         raise InputFileError(name, f"cannot read recipe: {err}") from None
-    return parse_recipe(text, source=name)
+    return parse_recipe(text, source=name, environ=os.environ if environ is None else environ)
 
 
-def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
-    """Validate recipe text; `${RECIPE_DIR}` refers to the directory of `source`."""
+def parse_recipe(text: str, source: str = "<recipe>",
+                 environ: Mapping[str, str] | None = None) -> Recipe:  # fmt: skip
+    """Validate recipe text; `${RECIPE_DIR}` refers to the directory of `source`, any other
+    `${NAME}` to `environ` (none given: no variable is set)."""
     data, lines = load_yaml_with_lines(text, source)
     if not isinstance(data, dict):
         raise InputFileError(
@@ -337,15 +366,62 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
         raise InputFileError(source, "unknown key 'source'", line=lines.get(("source",)))
     if "nodes" in data:
         raise _top_level_nodes(data["nodes"], source, lines.get(("nodes",)))
-    recipe_dir = str(Path(source).resolve().parent)
-    for key in ("script", "workdir", "hostfile"):
-        if isinstance(data.get(key), str):
-            data[key] = data[key].replace(RECIPE_DIR_VAR, recipe_dir)
+    known = {"RECIPE_DIR": str(Path(source).resolve().parent), **(environ or {})}
+    data = _expanded(data, (), known, _UnsetVariables(source, lines))
     data["source"] = source
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
         raise _first_problem(err, lines, source) from None
+
+
+class _UnsetVariables:
+    """Where a recipe names a variable the head does not set: the error names the first,
+    its key and line, and the fix."""
+
+    def __init__(self, source: str, lines: dict[tuple, int]) -> None:
+        self.source = source
+        self.lines = lines
+
+    def refuse(self, name: str, value: str, path: tuple) -> InputFileError:
+        where = ".".join(str(part) for part in path)
+        return InputFileError(
+            self.source,
+            f"{where}: ${{{name}}} in {value!r} is not set on the head (orch takes ${{NAME}} "
+            "from the environment orch runs in)",
+            line=line_for(path, self.lines),
+            hint=f"export {name}=... before running orch, or write $${{{name}}} for the text "
+            f"${{{name}}} itself",
+        )
+
+
+def _expanded(value: Any, path: tuple, known: Mapping[str, str], unset: _UnsetVariables,
+              inside: frozenset[int] = frozenset()) -> Any:  # fmt: skip
+    """`value` with `${NAME}` replaced in every text it holds (keys stay as they are).
+    `inside`: the containers on the way here; a YAML alias of one of them (a recursive
+    recipe) is left as it is, for the validation to refuse."""
+    if isinstance(value, dict | list):
+        if id(value) in inside:
+            return value
+        inside = inside | {id(value)}
+    if isinstance(value, dict):
+        return {key: _expanded(item, (*path, key), known, unset, inside)
+                for key, item in value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [_expanded(item, (*path, at), known, unset, inside)
+                for at, item in enumerate(value)]  # fmt: skip
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        escaped, name = match.groups()
+        if escaped:
+            return "${" + name + "}"
+        if name not in known:
+            raise unset.refuse(name, value, path)
+        return known[name]
+
+    return _VARIABLE.sub(substitute, value)
 
 
 def _top_level_nodes(value: Any, source: str, line: int | None) -> InputFileError:
@@ -361,6 +437,18 @@ def _top_level_nodes(value: Any, source: str, line: int | None) -> InputFileErro
                           hint=f"did you mean nodelist: {value}?")  # fmt: skip
 
 
+# A recipe in recipes/ that uses each section's keys: the hint of a misspelled key there.
+EXAMPLE_RECIPES: dict[tuple[str, ...], str] = {
+    (): "recipes/cpu-resume.yaml",
+    ("accelerate",): "recipes/diffsynth-wan22-i2v-4x8.yaml",
+    ("accelerate", "dynamo"): "recipes/diffsynth-wan22-i2v-4x8.yaml",
+    ("torchrun",): "recipes/sana-torchrun-c10d.yaml",
+    ("slurm",): "recipes/cpu-smoke-slurm.yaml",
+    ("recovery",): "recipes/cpu-resume.yaml",
+}
+KEYS_REFERENCE = "docs/reference/recipes.md"  # every key, its type and default
+
+
 def _first_problem(err: ValidationError, lines: dict[tuple, int], source: str) -> InputFileError:
     problem = err.errors(include_url=False)[0]
     loc = tuple(problem["loc"])
@@ -369,7 +457,7 @@ def _first_problem(err: ValidationError, lines: dict[tuple, int], source: str) -
     message = problem["msg"].removeprefix("Value error, ")
     if problem["type"] == "extra_forbidden":
         message = f"unknown key {where!r}"
-        hint = "check the spelling; see recipes/cpu-smoke.yaml for every key"
+        hint = unknown_key_hint(loc)
     elif problem["type"] == "missing":
         message = f"missing required key {where!r}"
         hint = None
@@ -377,6 +465,37 @@ def _first_problem(err: ValidationError, lines: dict[tuple, int], source: str) -
         message = f"{where}: {message}" if where else message
         hint = None
     return InputFileError(source, message, line=line, hint=hint)
+
+
+def section_keys() -> dict[tuple[str, ...], tuple[str, ...]]:
+    """The keys a recipe takes, by section: () the top level, ('accelerate',) its section."""
+    sections: dict[tuple[str, ...], type[BaseModel]] = {
+        (): Recipe, ("accelerate",): AccelerateOptions, ("accelerate", "dynamo"): DynamoOptions,
+        ("torchrun",): TorchrunOptions, ("slurm",): SlurmOptions, ("recovery",): RecoveryOptions,
+    }  # fmt: skip
+    return {where: tuple(k for k in model.model_fields if k != "source")
+            for where, model in sections.items()}  # fmt: skip
+
+
+def unknown_key_hint(loc: tuple) -> str:
+    """What a misspelled key likely is (difflib), or the section it belongs to, and a
+    recipe that uses that section's keys."""
+    *parent, key = (str(part) for part in loc)
+    keys = section_keys()
+    here = keys.get(tuple(parent), ())
+    close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
+    elsewhere = [where for where, names in keys.items() if key in names and where != tuple(parent)]
+    section = tuple(parent)
+    if close:
+        guess = f"did you mean {close[0]!r}? "
+    elif elsewhere:
+        section = elsewhere[0]
+        place = f"in the {'.'.join(section)}: section" if section else "at the top level"
+        guess = f"{key!r} goes {place}; "
+    else:
+        guess = ""
+    example = EXAMPLE_RECIPES.get(section, EXAMPLE_RECIPES[()])
+    return f"{guess}see {example} for an example, and {KEYS_REFERENCE} for every key"
 
 
 def recipe_hosts(recipe: Recipe, hostfile: str | os.PathLike[str] | None = None) -> Hostfile:

@@ -74,7 +74,7 @@ def test_dry_run_prints_the_pdsh_command_and_every_node_command_and_writes_nothi
     assert 29500 <= port <= 30499
     assert lines[0].endswith(f"pdsh launcher, 2 nodes x 8 ranks = 16 ranks, main node1:{port}")
     assert lines[1].startswith("  (main port picked by orch: free on node 0 and reserved")
-    assert any(" -S -f 1024 -w node1,node2 " in line for line in lines)
+    assert any(" -S -f 1024 -w node1,node2`" in line for line in lines)
     for rank, node in enumerate(("node1", "node2")):
         line = next(line for line in lines if line.startswith(f"  {node} (node rank {rank}): "))
         assert f"--node_rank={rank} --master_addr=node1 --master_port={port}" in line

@@ -19,7 +19,12 @@ from accelerate.commands.config.config_args import load_config_from_file
 
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.plan.build import build_plan
-from orchestrator.plan.describe import plan_summary, plan_text, rendered_pdsh_config
+from orchestrator.plan.describe import (
+    command_files,
+    plan_summary,
+    plan_text,
+    rendered_pdsh_config,
+)
 from orchestrator.plan.launch_plan import (
     HEAD_LAUNCHER_NAME,
     Destination,
@@ -261,10 +266,16 @@ def test_process_environment_drops_sets_and_puts_the_shim_first_on_path():
 
 def test_readable_dry_run_shows_pdsh_with_its_hosts_and_every_node_command():
     plan = _plan("torchrun", head=HEAD, extra_env={"HF_TOKEN": "hunter22"})
-    text = plan_text(plan)
+    text = plan_text(plan, "/dry/job-1")
     assert "hunter22" not in text
-    pdsh_line = next(line for line in text.splitlines() if "/usr/bin/pdsh" in line)
+    # The head's pdsh line (the inline agent is tens of KiB) is written whole, to run as is.
+    assert "  sh /dry/job-1/head.sh   (the command in full, " in text
+    head, teardown = command_files(plan)
+    assert (head.name, teardown.name) == ("head.sh", "teardown.sh")
+    pdsh_line = head.text.splitlines()[-1]
     assert "-w n1,n2,n3" in pdsh_line and "PDSH_RCMD_TYPE=ssh" in pdsh_line
+    assert "..." not in pdsh_line and "hunter22" not in head.text
+    assert shlex.split(pdsh_line)[3:] == list(plan.launch.head_process.argv)
     for rank, node in enumerate(("n1", "n2", "n3")):
         line = next(line for line in text.splitlines() if line.startswith(f"  {node} "))
         assert f"(node rank {rank})" in line

@@ -40,29 +40,32 @@ def _plan(launcher: str = "torchrun", head: HeadContext = HEAD, **spec):
     return build_plan(LaunchSpec(**{**values, **spec}), PLACE, head)
 
 
-def test_every_value_the_user_set_is_redacted_unless_kept() -> None:
-    plan = _plan(env_keep=("MODE", "CUDA_VISIBLE_DEVICES", "WANDB_API_KEY", "DB_URL"))
+def test_only_values_that_look_secret_are_redacted() -> None:
+    plan = _plan(env=(*ENV, ("API_HOST_ID", "3f2a9c1e7b4d8a6f0e5c2b9d1a7f3e8c"),
+                      ("KEPT_ID", "3f2a9c1e7b4d8a6f0e5c2b9d1a7f3e8d")),
+                 env_keep=("KEPT_ID", "WANDB_API_KEY"))  # fmt: skip
     assert plan.redacted_env == {
         "ORCH_JOB_ID": "job-1",  # orch's own, and the head's NCCL_*, show as they are
         "ORCH_RESTART_COUNT": "0",
         "ORCH_STOP_SIGNAL": "SIGTERM",  # how a stop reaches the ranks, and their grace
         "ORCH_STOP_GRACE": "120",
         "NCCL_DEBUG": "INFO",
-        "DB_PASS": "***",  # no secret by its name: redacted all the same
-        "MODE": "train",
+        "DB_PASS": "***",  # a secret by its name (the word PASS)
+        "MODE": "train",  # what the user set shows, unless it looks secret
         "CUDA_VISIBLE_DEVICES": "0,1",
         "WANDB_API_KEY": "***",  # a secret by name stays one, kept or not
         "DB_URL": "***",  # forwarded from the head: always
+        "API_HOST_ID": "***",  # no secret by its name, but its value reads as a token
+        "KEPT_ID": "3f2a9c1e7b4d8a6f0e5c2b9d1a7f3e8d",  # --env-keep: shown all the same
     }
-    unkept = _plan().redacted_env
-    assert unkept["MODE"] == unkept["CUDA_VISIBLE_DEVICES"] == "***"
     for shown in (json.dumps(plan_summary(plan)), plan_text(plan)):
         assert "hunter22" not in shown and "pg://" not in shown and "wandb123" not in shown
+        assert "3f2a9c1e7b4d8a6f0e5c2b9d1a7f3e8c" not in shown
 
 
-def test_only_what_is_secret_by_name_or_forwarded_is_masked_in_logs() -> None:
+def test_what_is_secret_by_name_value_or_forwarding_is_masked_in_logs() -> None:
     # Log lines are masked by value: every `train` or `0,1` in a rank's output must survive.
-    assert _plan().secret_names == {"WANDB_API_KEY", "DB_URL"}
+    assert _plan().secret_names == {"WANDB_API_KEY", "DB_URL", "DB_PASS"}
 
 
 def test_the_private_settings_hold_a_nonce_their_hash_covers() -> None:

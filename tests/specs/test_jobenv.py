@@ -11,6 +11,7 @@ from orchestrator.specs.jobenv import (
     JOB_ID_VAR,
     build_job_env,
     is_secret,
+    looks_like_token,
     redact,
 )
 from orchestrator.specs.stop import StopSettings
@@ -42,15 +43,49 @@ def test_any_value_without_nul_is_kept_as_given(value: str) -> None:
         ("DB_PASSWORD", True),
         ("NCCL_IB_GID_INDEX", False),
         ("PATH", False),
+        ("GCP_CREDENTIALS", True),
+        ("PGPASSWORD", True),
+        ("DB_PASS", True),
+        ("MYSQL_PWD", True),
+        ("PWD", False),  # the working directory
+        ("TOKENIZERS_PARALLELISM", False),
+        ("NCCL_DEBUG", False),
+        ("CUDA_VISIBLE_DEVICES", False),
     ],
 )
 def test_is_secret(name: str, secret: bool) -> None:
     assert is_secret(name) is secret
 
 
+@pytest.mark.parametrize(
+    ("value", "token"),
+    [
+        ("hf_aBcDeFgHiJkLmNoPqRsT", True),
+        ("ghp_0123456789abcdefABCDEF", True),
+        ("sk-proj-abcdef0123456789", True),
+        ("AKIAIOSFODNN7EXAMPLE", True),
+        ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig", True),
+        ("postgres://user:hunter2@db.example:5432/x", True),
+        ("3f2a9c1e7b4d8a6f0e5c2b9d1a7f3e8c", True),  # hex, as API keys often are
+        ("123e4567-e89b-12d3-a456-426614174000", True),  # a UUID
+        ("INFO", False),
+        ("0,1,2,3", False),
+        ("eth0", False),
+        ("/public/huggingface-models/Wan-AI/Wan2.2-I2V-A14B/high_noise_model", False),
+        ("my-very-long-experiment-name-2024-run", False),
+        ("https://example.org/path", False),
+        ("hf_x", False),  # too short for a token
+    ],
+)
+def test_looks_like_token(value: str, token: bool) -> None:
+    assert looks_like_token(value) is token
+
+
 def test_redact_hides_only_secret_values() -> None:
-    env = {"HF_TOKEN": "hf_abc", "NCCL_DEBUG": "INFO", "MY_PASSWORD": "p"}
-    assert redact(env) == {"HF_TOKEN": "***", "NCCL_DEBUG": "INFO", "MY_PASSWORD": "***"}
+    env = {"HF_TOKEN": "hf_abc", "NCCL_DEBUG": "INFO", "MY_PASSWORD": "p",
+           "SERVICE": "ghp_0123456789abcdefABCDEF"}  # fmt: skip
+    assert redact(env) == {"HF_TOKEN": "***", "NCCL_DEBUG": "INFO", "MY_PASSWORD": "***",
+                           "SERVICE": "***"}  # fmt: skip
     assert env["HF_TOKEN"] == "hf_abc"
 
 

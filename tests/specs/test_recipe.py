@@ -19,7 +19,15 @@ from orchestrator.errors import InputFileError, UsageError
 from orchestrator.plan.accel_config import render_accelerate_config, render_standard_configs
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import make_hostfile, processes_per_node, render_hostfile
-from orchestrator.specs.recipe import Recipe, load_recipe, parse_recipe, recipe_hosts
+from orchestrator.specs.recipe import (
+    EXAMPLE_RECIPES,
+    KEYS_REFERENCE,
+    Recipe,
+    load_recipe,
+    parse_recipe,
+    recipe_hosts,
+    section_keys,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -163,6 +171,73 @@ def test_recipe_errors_name_file_and_line(text: str, line: int, words: str) -> N
     assert info.value.message.startswith(f"bad.yaml:{line}: ")
     assert words in info.value.message
     assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        (MINIMAL + "launcer: pdsh\n", "did you mean 'launcher'? see recipes/cpu-resume.yaml"),
+        (MINIMAL + "accelerate:\n  zero_stag: 3\n",
+         "did you mean 'zero_stage'? see recipes/diffsynth-wan22-i2v-4x8.yaml"),
+        (MINIMAL + "recovery:\n  max_restart: 1\n",
+         "did you mean 'max_restarts'? see recipes/cpu-resume.yaml"),
+        # A key of another section: where it goes, and a recipe that has that section.
+        (MINIMAL + "zero_stage: 3\n",
+         "'zero_stage' goes in the accelerate: section; see recipes/diffsynth-wan22-i2v-4x8"),
+        (MINIMAL + "accelerate:\n  hang_timeout: 3\n", "'hang_timeout' goes at the top level"),
+        (MINIMAL + "colour: red\n", "see recipes/cpu-resume.yaml for an example"),
+    ],
+)  # fmt: skip
+def test_a_misspelled_key_gets_its_likely_spelling_and_an_example(text: str, hint: str) -> None:
+    with pytest.raises(InputFileError) as info:
+        parse_recipe(text, source="bad.yaml")
+    assert info.value.hint is not None and info.value.hint.startswith(hint), info.value.hint
+    assert info.value.hint.endswith("docs/reference/recipes.md for every key")
+
+
+def _section_shown(path: Path, section: tuple) -> set:
+    shown = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for key in section:
+        shown = shown.get(key) or {}
+    return set(shown)
+
+
+@pytest.mark.parametrize("section", list(EXAMPLE_RECIPES))
+def test_the_example_recipe_of_a_section_shows_most_of_its_keys(section: tuple) -> None:
+    keys = set(section_keys()[section])
+    example = len(_section_shown(ROOT / EXAMPLE_RECIPES[section], section) & keys)
+    assert example >= 2 and all(len(_section_shown(path, section) & keys) <= example
+                                for path in RECIPES)  # fmt: skip
+
+
+def test_the_keys_reference_names_every_key() -> None:
+    page = (ROOT / KEYS_REFERENCE).read_text(encoding="utf-8")
+    missing = [key for keys in section_keys().values() for key in keys if f"`{key}`" not in page]
+    assert missing == []
+
+
+def test_variables_are_the_heads_and_an_unset_one_is_refused_at_its_line() -> None:
+    text = MINIMAL + "args:\n  - --data\n  - ${DATA}/set\n  - $${DATA}\nenv: {OUT: '${HOME}/o'}\n"
+    recipe = parse_recipe(text, source="r.yaml", environ={"DATA": "/d", "HOME": "/h"})
+    assert recipe.args == ["--data", "/d/set", "${DATA}"]  # $${NAME}: the text itself
+    assert recipe.env == {"OUT": "/h/o"}
+    with pytest.raises(InputFileError) as info:
+        parse_recipe(text, source="r.yaml", environ={"HOME": "/h"})
+    assert info.value.line == 5 and info.value.exit_code == 2
+    assert info.value.message == (
+        "r.yaml:5: args.1: ${DATA} in '${DATA}/set' is not set on the head (orch takes "
+        "${NAME} from the environment orch runs in)"
+    )
+    assert info.value.hint == ("export DATA=... before running orch, or write $${DATA} for the "
+                               "text ${DATA} itself")  # fmt: skip
+
+
+def test_a_recipe_read_from_a_file_takes_the_given_environment(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nscript: ${RECIPE_DIR}/${SUB}/t.py\n")
+    assert load_recipe(path, {"SUB": "s"}).script == f"{tmp_path}/s/t.py"
+    with pytest.raises(InputFileError, match=r"\$\{SUB\}"):
+        load_recipe(path, {})
 
 
 def test_missing_required_key() -> None:
