@@ -16,6 +16,7 @@ from rich.table import Table
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
+from orchestrator.cli.options import examples
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView, make_view
 from orchestrator.outcome.states import JobState
@@ -60,6 +61,7 @@ _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after -
 # Options end at the script: everything after it is the script's, and an option orch does
 # not know, before it, is a usage error (not taken for the script).
 _CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
+_SBATCH_PANEL = "Slurm batch job (--sbatch)"
 
 
 def _err() -> Console:
@@ -276,7 +278,17 @@ def _script_args(extra: list[str]) -> list[str]:
     return extra[1:] if extra[:1] == ["--"] else list(extra)
 
 
-@app.command(context_settings=_CONTEXT)
+@app.command(
+    context_settings=_CONTEXT,
+    epilog=examples(
+        "orch launch -H hostfile train.py --lr 3e-4",
+        "orch launch -w 'gpu[01-04]' --nproc-per-node 8 -l torchrun train.py",
+        "# 4 nodes; the rest of the hostfile are spares for up to 3 restarts",
+        "orch launch -H hostfile -N 4 --max-restarts 3 train.py",
+        "# every file and command line, nothing run",
+        "orch launch -H hostfile --dry-run train.py",
+    ),
+)
 @with_job_options
 def launch(
     ctx: typer.Context,
@@ -284,8 +296,9 @@ def launch(
     *,
     options: JobOptions,
 ) -> None:
-    """Run SCRIPT [ARGS...] on every node of the hostfile, or of -w (use `--` before script
-    options)."""
+    """Run SCRIPT [ARGS...] on every node of the hostfile, or of -w.
+
+    Everything after SCRIPT is the script's own (a `--` right after it only separates)."""
     spec = launch_spec(script, _script_args(ctx.args), launcher=options.launcher or "pdsh",
                        env=options.env, environ=os.environ,
                        nproc_per_node=options.nproc_per_node, python=options.python,
@@ -294,7 +307,15 @@ def launch(
     _execute(request, dry_run=options.dry_run, as_json=options.as_json, quiet=options.quiet)
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "orch submit recipes/cpu-smoke.yaml -H hostfile",
+        "# the recipe's script with more arguments, on 2 nodes of the hostfile",
+        "orch submit recipes/cpu-smoke.yaml -H hostfile -N 2 -- --steps 100",
+        "# a Slurm batch job: this submit runs inside its new allocation",
+        "orch submit recipes/cpu-smoke-slurm.yaml --sbatch -N 2 --time 1:00:00",
+    )
+)
 @with_job_options
 def submit(
     recipe: Path = _RECIPE,
@@ -305,17 +326,27 @@ def submit(
         "--sbatch",
         help="Submit to Slurm: a batch job that runs this submit inside a "
         "new allocation (--dry-run shows the script); `orch status`/`kill` follow it.",
+        rich_help_panel=_SBATCH_PANEL,
     ),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", min=1, help="--sbatch: GPUs per node to ask for."
+        None,
+        "--gpus-per-node",
+        min=1,
+        help="--sbatch: GPUs per node to ask for.",
+        rich_help_panel=_SBATCH_PANEL,
     ),
-    time_limit: str | None = typer.Option(None, "--time", help="--sbatch: Slurm's time limit."),
-    partition: str | None = typer.Option(None, "--partition", help="--sbatch: the partition."),
+    time_limit: str | None = typer.Option(
+        None, "--time", help="--sbatch: Slurm's time limit.", rich_help_panel=_SBATCH_PANEL
+    ),
+    partition: str | None = typer.Option(
+        None, "--partition", help="--sbatch: the partition.", rich_help_panel=_SBATCH_PANEL
+    ),
     given_job_id: str | None = typer.Option(None, "--job-id", hidden=True),
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
-    """Run a recipe: everything the launch needs, in one file; launch's options given win
-    over the recipe's values. Extra ARGS go to the script."""
+    """Run a recipe: everything the launch needs, in one file.
+
+    Launch's options given here win over the recipe's values; ARGS go to the script."""
     loaded = load_recipe(recipe)
     extra = tuple(script_args or ())
     launcher = launcher_named(options.launcher) if options.launcher else None
@@ -372,7 +403,7 @@ def environment_line(kept: EnvironmentRecord | None) -> str:
     return text
 
 
-@app.command()
+@app.command(epilog=examples("orch status", "orch status JOB", "orch status JOB --json"))
 def status(
     job: str = typer.Argument(None, help="A job id (or unique prefix); none: list every job."),
     runs_dir: Path = RUNS_DIR,
@@ -431,7 +462,7 @@ def status(
             out.print(f"  | {line}", markup=False)
 
 
-@app.command()
+@app.command(epilog=examples("orch kill JOB", "orch kill JOB --grace 30"))
 def kill(
     job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
     runs_dir: Path = RUNS_DIR,
