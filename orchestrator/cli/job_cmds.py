@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
@@ -16,7 +17,16 @@ from rich.table import Table
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
-from orchestrator.cli.options import examples
+from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel, one_of
+from orchestrator.cli.status_list import (
+    COLUMNS,
+    JobFilter,
+    job_name,
+    job_row,
+    selected,
+    unreadable_lines,
+)
+from orchestrator.errors import UsageError
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView, make_view
 from orchestrator.outcome.states import JobState
@@ -41,7 +51,7 @@ from orchestrator.records.job import (
     runs_root,
 )
 from orchestrator.records.ownership import check_job, check_runs_root
-from orchestrator.records.rundir import RunDir, find_job, list_jobs
+from orchestrator.records.rundir import RunDir, find_job, list_job_entries
 from orchestrator.report import write_report
 from orchestrator.run.batch import submit_batch_job
 from orchestrator.run.job import run_job
@@ -62,6 +72,7 @@ _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after -
 # not know, before it, is a usage error (not taken for the script).
 _CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
 _SBATCH_PANEL = "Slurm batch job (--sbatch)"
+_WHICH_PANEL = "Which jobs"
 
 
 def _err() -> Console:
@@ -403,31 +414,79 @@ def environment_line(kept: EnvironmentRecord | None) -> str:
     return text
 
 
-@app.command(epilog=examples("orch status", "orch status JOB", "orch status JOB --json"))
+_STATE = typer.Option(
+    None, "--state", help=f"Only jobs in this state, as the list shows it: {', '.join(JobState)}.",
+    **{**one_of(JobState), "metavar": "STATE"}, rich_help_panel=_WHICH_PANEL,
+)  # fmt: skip
+_NAME = typer.Option(None, "--name", help="Only jobs of this name.", rich_help_panel=_WHICH_PANEL)
+_LAST = typer.Option(None, "--last", min=1, metavar="N", help="Only the N most recent jobs.",
+                     rich_help_panel=_WHICH_PANEL)  # fmt: skip
+_STATUS_RUNS_DIR = in_panel(RUNS_DIR, OUTPUT_PANEL)
+_STATUS_JSON = typer.Option(False, "--json", help="Print one JSON document.",
+                            rich_help_panel=OUTPUT_PANEL)  # fmt: skip
+
+
+def _check_state(state: str | None) -> None:
+    """--state names a state a job can be in (Slurm's own, for a batch job that ended
+    before orch started in it: slurm-<state>)."""
+    if state is None or state in set(JobState) or state.startswith("slurm-"):
+        return
+    raise UsageError(f"--state {state!r} is no job state",
+                     f"one of: {', '.join(JobState)}, or slurm-<Slurm's state>")  # fmt: skip
+
+
+def _print_job_list(root: Path, wanted: JobFilter, as_json: bool) -> None:
+    """Every job under root the filters keep, oldest first; unreadable records too, with why."""
+    entries = selected(list_job_entries(root), wanted, shown_state)
+    if as_json:
+        docs = [_record_doc(e.record) for e in entries if e.record is not None]
+        unreadable = [{"id": e.job_id, "problem": e.problem} for e in entries if e.record is None]
+        typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs, "unreadable": unreadable},
+                              indent=2))  # fmt: skip
+        return
+    table = Table(title=f"jobs in {root}")
+    for column in COLUMNS:
+        table.add_column(column, no_wrap=True)
+    now = datetime.now(timezone.utc)
+    for listed in entries:
+        state = shown_state(listed.record) if listed.record is not None else ""
+        table.add_row(*job_row(listed, state, now))
+    # Piped output keeps whole ids and times rather than a terminal's 80 columns.
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    out.print(table)
+    for line in unreadable_lines(entries):
+        out.print(line, markup=False, soft_wrap=True)
+
+
+@app.command(
+    epilog=examples(
+        "orch status",
+        "orch status --state failed --last 5",
+        "orch status --name cpu-smoke",
+        "orch status JOB",
+        "orch status JOB --json",
+    )
+)
 def status(
-    job: str = typer.Argument(None, help="A job id (or unique prefix); none: list every job."),
-    runs_dir: Path = RUNS_DIR,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    job: str = typer.Argument(None, help="A job id (or unique prefix); none: list the jobs."),
+    state: str | None = _STATE,
+    name: str | None = _NAME,
+    last: int | None = _LAST,
+    runs_dir: Path = _STATUS_RUNS_DIR,
+    as_json: bool = _STATUS_JSON,
 ) -> None:
-    """List jobs, or show one: state, nodes, exit codes, first failure."""
+    """List jobs (id, name, state, hosts, duration, start), or show one.
+
+    One job: its state, nodes, exit codes, attempts and first failure."""
     root = runs_root(runs_dir)
     check_runs_root(root)  # before any record in it is read
     if job is None:
-        records = list_jobs(root)
-        if as_json:
-            docs = [_record_doc(r) for r in records]
-            typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs}, indent=2))
-            return
-        table = Table(title=f"jobs in {root}")
-        for column in ("job", "state", "launcher", "nodes", "exit", "started", "ended"):
-            table.add_column(column, no_wrap=True)
-        for r in records:
-            table.add_row(r.id, shown_state(r), r.launcher, str(len(r.hosts)),
-                          "" if r.exit_code is None else str(r.exit_code),
-                          r.started_at, r.ended_at or "")  # fmt: skip
-        # Piped output keeps whole ids and times rather than a terminal's 80 columns.
-        Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
+        _check_state(state)
+        _print_job_list(root, JobFilter(state=state, name=name, last=last), as_json)
         return
+    if state is not None or name is not None or last is not None:
+        raise UsageError("--state, --name and --last choose among the jobs listed",
+                         "leave out the job id to list the jobs")  # fmt: skip
     run = find_job(root, job)
     check_job(run)
     record = run.load()
@@ -437,7 +496,8 @@ def status(
     out = Console(highlight=False, soft_wrap=True)
     state = shown_state(record)
     gone = f" (head process {record.head_pid} is gone)" if state == JobState.HEAD_DIED else ""
-    out.print(f"job {record.id}: {state}{gone}")
+    named = f" ({job_name(record)})" if job_name(record) else ""
+    out.print(f"job {record.id}{named}: {state}{gone}", markup=False)
     out.print(f"launcher: {record.launcher}  started: {record.started_at}  "
               f"ended: {record.ended_at or '-'}  exit code: {record.exit_code}")  # fmt: skip
     out.print("command: " + " ".join(record.command), markup=False)
