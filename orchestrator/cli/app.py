@@ -5,6 +5,7 @@ point (cli/main.py) can both import it without a cycle."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,7 +78,17 @@ class OrchGroup(TyperGroup):
             _adopt(command)
 
 
+def reflowed(text: str | None) -> str | None:
+    """Help text with each paragraph on one line, for the terminal to wrap: a docstring's
+    line breaks are where its source wrapped, not where the reader's terminal does."""
+    if text is None:
+        return None
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+
 def _adopt(command: Any) -> None:
+    command.help = reflowed(command.help)
     if isinstance(command, TyperGroup):
         for sub in command.commands.values():
             _adopt(sub)
@@ -90,7 +101,7 @@ app = typer.Typer(
     cls=OrchGroup,  # every command parses as OrchCommand
     help="pdsh-driven orchestrator for multi-node training: doctor, configs, launch, logs.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # orch --install-completion: commands, options, their choices
     pretty_exceptions_enable=False,
 )
 
@@ -102,9 +113,18 @@ def debug_requested() -> bool:
     return _options["debug"]
 
 
+# What `orch --version` prints: `orch version`'s report, which its module gives here (this
+# module imports no command module).
+_version_report: list[Callable[[], str]] = []
+
+
+def report_versions_with(report: Callable[[], str]) -> None:
+    _version_report[:] = [report]
+
+
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"orch {__version__}")
+        typer.echo(_version_report[0]() if _version_report else f"orch {__version__}")
         raise typer.Exit(0)
 
 
@@ -112,7 +132,11 @@ def _print_version(value: bool) -> None:
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for orch's own errors."),
     version: bool = typer.Option(
-        False, "--version", is_eager=True, callback=_print_version, help="Print the version."
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print the versions a bug report needs (as `orch version`).",
     ),
 ) -> None:
     _options["debug"] = debug

@@ -18,7 +18,16 @@ from orchestrator.checks.node import check_accelerate_config
 from orchestrator.checks.request import PreflightRequest
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
+from orchestrator.cli.options import (
+    EXCLUDE,
+    INCLUDE,
+    NODES_PANEL,
+    OUTPUT_PANEL,
+    SLURM,
+    TRANSPORT,
+    examples,
+    in_panel,
+)
 from orchestrator.cli.progress import node_progress
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
@@ -64,12 +73,11 @@ def _node_table(report: DoctorReport, reached_by: str) -> Table:
             env = facts.environment
             details = [
                 f"{facts.python_version} / {facts.packages.get('torch') or '-'}",
-                env.fingerprint[:FINGERPRINT_SHOWN] if env is not None and facts.python_found
+                env.fingerprint[:FINGERPRINT_SHOWN]
+                if env is not None and facts.python_found
                 else "-",
                 str(facts.gpu_count) + (f" x {facts.gpu_model}" if facts.gpu_model else ""),
-                format_bytes(facts.disk_free_bytes)
-                if facts.disk_free_bytes is not None
-                else "?",
+                format_bytes(facts.disk_free_bytes) if facts.disk_free_bytes is not None else "?",
             ]
         cells = [_STYLE.get(node.groups[g], "-") for g in groups]
         table.add_row(node.node, *cells, *details)
@@ -176,51 +184,91 @@ def print_report(report: DoctorReport, console: Console, reached_by: str = "ssh"
         )
 
 
-_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
+_CHECKS_PANEL = "What to check"
+_CONNECT_PANEL = "Reaching the nodes"
+_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).",
+                         rich_help_panel=NODES_PANEL)  # fmt: skip
 _ACCELERATE_CONFIG = typer.Option(
-    None, "--accelerate-config", help="Also check this accelerate config file."
-)
+    None, "--accelerate-config", help="Also check this accelerate config file.",
+    rich_help_panel=_CHECKS_PANEL,
+)  # fmt: skip
 
 
 def _say(text: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(text, markup=False)
 
 
-@app.command("doctor")
+@app.command(
+    "doctor",
+    epilog=examples(
+        "# every node of the hostfile, and the script each will run",
+        "orch doctor -H hostfile --script train.py",
+        "# also an all_reduce across the nodes",
+        "orch doctor -H hostfile --deep",
+        "# inside a Slurm allocation, as JSON",
+        "orch doctor --slurm --json",
+    ),
+)
 def doctor(
     hostfile: Path | None = _HOSTFILE,
-    slurm: bool = SLURM,
-    transport_name: str | None = TRANSPORT,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-    deep: bool = typer.Option(False, "--deep", help="Also run an all_reduce across the nodes."),
-    timeout: float = typer.Option(
-        10.0, "--timeout", help="Seconds for a node to answer (connect, key exchange, auth)."
-    ),
-    probe_timeout: float = typer.Option(
-        120.0, "--probe-timeout", help="Seconds for the probe on a node that answered."
+    slurm: bool = in_panel(SLURM, NODES_PANEL),
+    include: str | None = in_panel(INCLUDE, NODES_PANEL),
+    exclude: str | None = in_panel(EXCLUDE, NODES_PANEL),
+    script: str = typer.Option(
+        None, "--script", help="Training script to look for.", rich_help_panel=_CHECKS_PANEL
     ),
     python: str = typer.Option(
-        sys.executable, "--python", help="Interpreter the job runs with on every node."
+        sys.executable,
+        "--python",
+        help="Interpreter the job runs with on every node.",
+        rich_help_panel=_CHECKS_PANEL,
     ),
     workdir: str = typer.Option(
-        None, "--workdir", help="Working directory of the job (default: the current one)."
+        None,
+        "--workdir",
+        help="Working directory of the job (default: the current one).",
+        rich_help_panel=_CHECKS_PANEL,
     ),
-    script: str = typer.Option(None, "--script", help="Training script to look for."),
     main_port: int | None = typer.Option(
         None,
         "--main-port",
         help="Rendezvous port on node 0 to check (default: one free there, as launch picks).",
+        rich_help_panel=_CHECKS_PANEL,
     ),
     main_address: str = typer.Option(
-        None, "--main-address", help="Address the nodes reach node 0 at (default: its name)."
+        None,
+        "--main-address",
+        help="Address the nodes reach node 0 at (default: its name).",
+        rich_help_panel=_CHECKS_PANEL,
     ),
     accelerate_config: Path | None = _ACCELERATE_CONFIG,
-    include: str | None = INCLUDE,
-    exclude: str | None = EXCLUDE,
+    deep: bool = typer.Option(
+        False,
+        "--deep",
+        help="Also run an all_reduce across the nodes.",
+        rich_help_panel=_CHECKS_PANEL,
+    ),
+    transport_name: str | None = in_panel(TRANSPORT, _CONNECT_PANEL),
+    timeout: float = typer.Option(
+        10.0,
+        "--timeout",
+        help="Seconds for a node to answer (connect, key exchange, auth).",
+        rich_help_panel=_CONNECT_PANEL,
+    ),
+    probe_timeout: float = typer.Option(
+        120.0,
+        "--probe-timeout",
+        help="Seconds for the probe on a node that answered.",
+        rich_help_panel=_CONNECT_PANEL,
+    ),
     accept_new_host_keys: bool = typer.Option(
         False,
         "--accept-new-host-keys",
         help="Record host keys never seen before (as OpenSSH accept-new); changed keys still fail.",
+        rich_help_panel=_CONNECT_PANEL,
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print one JSON document.", rich_help_panel=OUTPUT_PANEL
     ),
 ) -> None:
     """Check every node: SSH, environment parity, files, network, GPUs, disk."""

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT
+from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT, examples
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.slurm import job_inventory
 from orchestrator.specs.units import format_bytes
@@ -26,7 +26,13 @@ app.add_typer(env_app, name="env")
 _HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
 
 
-@env_app.command("push")
+@env_app.command(
+    "push",
+    epilog=examples(
+        "orch env push -H hostfile --python /opt/venv/bin/python --dry-run",
+        "orch env push -H hostfile --python /opt/venv/bin/python",
+    ),
+)
 def push(
     hostfile: Path | None = _HOSTFILE,
     slurm: bool = SLURM,
@@ -43,9 +49,10 @@ def push(
     exclude: str | None = EXCLUDE,
     transport_name: str | None = TRANSPORT,
 ) -> None:
-    """Make every node's environment at the --python's path the head's: only what differs
-    is sent, once, passed from node to node; each node switches to it in one rename. Nodes
-    as doctor takes them (--hostfile, or inside a Slurm allocation)."""
+    """Make every node's environment at the --python's path the head's.
+
+    Only what differs is sent, once, passed from node to node; each node switches to it in
+    one rename. Nodes as doctor takes them (--hostfile, or inside a Slurm allocation)."""
     from orchestrator.envpush.push import environment_source, push_environment
     from orchestrator.errors import OrchError
     from orchestrator.nodes.transport import choose_transport

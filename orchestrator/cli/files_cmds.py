@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_args
 
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.options import EXCLUDE, INCLUDE, nodelist_option
+from orchestrator.cli.options import EXCLUDE, INCLUDE, examples, nodelist_option, one_of
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.plan.accel_config import (
     nproc_from_total,
@@ -44,7 +44,14 @@ from orchestrator.specs.recipe import (
 )
 
 
-@app.command("hostfile")
+@app.command(
+    "hostfile",
+    epilog=examples(
+        "orch hostfile -w 'gpu[01-04]' --slots 8 -o hostfile",
+        "# slots from the GPUs each node has",
+        "orch hostfile -w 'gpu[01-04]' --slots auto -o hostfile",
+    ),
+)
 def hostfile_command(
     nodes: str | None = nodelist_option(
         "Node set, e.g. 'gpu[01-16]' or 'a,b,c' (first = main node)."
@@ -144,7 +151,19 @@ def _gpu_counts(names: list[str], timeout: float) -> dict[str, int]:
     return counts
 
 
-@app.command("config")
+def _choices(field: str) -> dict[str, Any]:
+    """An accelerate option's words, as the recipe's model allows them."""
+    return one_of(get_args(AccelerateOptions.model_fields[field].annotation))
+
+
+@app.command(
+    "config",
+    epilog=examples(
+        "orch config -H hostfile --zero-stage 3 --mixed-precision bf16",
+        "# one config per machine rank",
+        "orch config -H hostfile --launcher standard -o configs",
+    ),
+)
 def config_command(
     hostfile: Annotated[
         Path | None,
@@ -162,6 +181,7 @@ def config_command(
         "-l",
         help="pdsh (one config, the default; also spelled deepspeed) or standard (one per "
         "machine rank; also spelled accelerate).",
+        **one_of(CONFIG_LAUNCHERS),
     ),
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", help="Processes per node (default: the hostfile's slots)."
@@ -174,13 +194,21 @@ def config_command(
     ),
     main_port: int | None = typer.Option(None, "--main-port", help="Main process port."),
     distributed_type: str | None = typer.Option(
-        None, "--distributed-type", help="DEEPSPEED (default) or MULTI_GPU."
+        None, "--distributed-type", help="Default: DEEPSPEED.", **_choices("distributed_type")
     ),
     zero_stage: int | None = typer.Option(None, "--zero-stage", help="DeepSpeed ZeRO stage 0-3."),
     offload_optimizer: str | None = typer.Option(
-        None, "--offload-optimizer", help="none, cpu or nvme."
+        None,
+        "--offload-optimizer",
+        help="Where ZeRO keeps the optimizer state.",
+        **_choices("offload_optimizer_device"),
     ),
-    offload_param: str | None = typer.Option(None, "--offload-param", help="none, cpu or nvme."),
+    offload_param: str | None = typer.Option(
+        None,
+        "--offload-param",
+        help="Where ZeRO-3 keeps the parameters.",
+        **_choices("offload_param_device"),
+    ),
     gradient_accumulation: int | None = typer.Option(
         None, "--gradient-accumulation-steps", help="Gradient accumulation steps."
     ),
@@ -188,9 +216,11 @@ def config_command(
         None, "--gradient-clipping", help="Gradient clipping value."
     ),
     mixed_precision: str | None = typer.Option(
-        None, "--mixed-precision", help="no, fp16, bf16 or fp8."
+        None, "--mixed-precision", help="Default: no.", **_choices("mixed_precision")
     ),
-    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="static or c10d."),
+    rdzv_backend: str | None = typer.Option(
+        None, "--rdzv-backend", help="Default: static.", **_choices("rdzv_backend")
+    ),
     dynamo_backend: str | None = typer.Option(
         None, "--dynamo-backend", help="torch.compile backend, e.g. INDUCTOR."
     ),

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
@@ -16,6 +17,16 @@ from rich.table import Table
 from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
+from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel, one_of
+from orchestrator.cli.status_list import (
+    COLUMNS,
+    JobFilter,
+    job_name,
+    job_row,
+    selected,
+    unreadable_lines,
+)
+from orchestrator.errors import UsageError
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView, make_view
 from orchestrator.outcome.states import JobState
@@ -42,7 +53,7 @@ from orchestrator.records.job import (
     runs_root,
 )
 from orchestrator.records.ownership import check_job, check_runs_root
-from orchestrator.records.rundir import RunDir, find_job, list_jobs
+from orchestrator.records.rundir import RunDir, find_job, list_job_entries
 from orchestrator.report import write_report
 from orchestrator.run.batch import submit_batch_job
 from orchestrator.run.job import run_job
@@ -62,6 +73,8 @@ _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after -
 # Options end at the script: everything after it is the script's, and an option orch does
 # not know, before it, is a usage error (not taken for the script).
 _CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
+_SBATCH_PANEL = "Slurm batch job (--sbatch)"
+_WHICH_PANEL = "Which jobs"
 
 
 def _err() -> Console:
@@ -296,7 +309,17 @@ def _script_args(extra: list[str]) -> list[str]:
     return extra[1:] if extra[:1] == ["--"] else list(extra)
 
 
-@app.command(context_settings=_CONTEXT)
+@app.command(
+    context_settings=_CONTEXT,
+    epilog=examples(
+        "orch launch -H hostfile train.py --lr 3e-4",
+        "orch launch -w 'gpu[01-04]' --nproc-per-node 8 -l torchrun train.py",
+        "# 4 nodes; the rest of the hostfile are spares for up to 3 restarts",
+        "orch launch -H hostfile -N 4 --max-restarts 3 train.py",
+        "# every file and command line, nothing run",
+        "orch launch -H hostfile --dry-run train.py",
+    ),
+)
 @with_job_options
 def launch(
     ctx: typer.Context,
@@ -304,8 +327,9 @@ def launch(
     *,
     options: JobOptions,
 ) -> None:
-    """Run SCRIPT [ARGS...] on every node of the hostfile, or of -w (use `--` before script
-    options)."""
+    """Run SCRIPT [ARGS...] on every node of the hostfile, or of -w.
+
+    Everything after SCRIPT is the script's own (a `--` right after it only separates)."""
     spec = launch_spec(script, _script_args(ctx.args), launcher=options.launcher or "pdsh",
                        env=options.env, environ=os.environ,
                        nproc_per_node=options.nproc_per_node, python=options.python,
@@ -314,7 +338,15 @@ def launch(
     _execute(request, dry_run=options.dry_run, as_json=options.as_json, quiet=options.quiet)
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "orch submit recipes/cpu-smoke.yaml -H hostfile",
+        "# the recipe's script with more arguments, on 2 nodes of the hostfile",
+        "orch submit recipes/cpu-smoke.yaml -H hostfile -N 2 -- --steps 100",
+        "# a Slurm batch job: this submit runs inside its new allocation",
+        "orch submit recipes/cpu-smoke-slurm.yaml --sbatch -N 2 --time 1:00:00",
+    )
+)
 @with_job_options
 def submit(
     recipe: Path = _RECIPE,
@@ -325,17 +357,27 @@ def submit(
         "--sbatch",
         help="Submit to Slurm: a batch job that runs this submit inside a "
         "new allocation (--dry-run shows the script); `orch status`/`kill` follow it.",
+        rich_help_panel=_SBATCH_PANEL,
     ),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", min=1, help="--sbatch: GPUs per node to ask for."
+        None,
+        "--gpus-per-node",
+        min=1,
+        help="--sbatch: GPUs per node to ask for.",
+        rich_help_panel=_SBATCH_PANEL,
     ),
-    time_limit: str | None = typer.Option(None, "--time", help="--sbatch: Slurm's time limit."),
-    partition: str | None = typer.Option(None, "--partition", help="--sbatch: the partition."),
+    time_limit: str | None = typer.Option(
+        None, "--time", help="--sbatch: Slurm's time limit.", rich_help_panel=_SBATCH_PANEL
+    ),
+    partition: str | None = typer.Option(
+        None, "--partition", help="--sbatch: the partition.", rich_help_panel=_SBATCH_PANEL
+    ),
     given_job_id: str | None = typer.Option(None, "--job-id", hidden=True),
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
-    """Run a recipe: everything the launch needs, in one file; launch's options given win
-    over the recipe's values. Extra ARGS go to the script."""
+    """Run a recipe: everything the launch needs, in one file.
+
+    Launch's options given here win over the recipe's values; ARGS go to the script."""
     loaded = load_recipe(recipe)
     extra = tuple(script_args or ())
     launcher = launcher_named(options.launcher) if options.launcher else None
@@ -392,31 +434,79 @@ def environment_line(kept: EnvironmentRecord | None) -> str:
     return text
 
 
-@app.command()
+_STATE = typer.Option(
+    None, "--state", help=f"Only jobs in this state, as the list shows it: {', '.join(JobState)}.",
+    **{**one_of(JobState), "metavar": "STATE"}, rich_help_panel=_WHICH_PANEL,
+)  # fmt: skip
+_NAME = typer.Option(None, "--name", help="Only jobs of this name.", rich_help_panel=_WHICH_PANEL)
+_LAST = typer.Option(None, "--last", min=1, metavar="N", help="Only the N most recent jobs.",
+                     rich_help_panel=_WHICH_PANEL)  # fmt: skip
+_STATUS_RUNS_DIR = in_panel(RUNS_DIR, OUTPUT_PANEL)
+_STATUS_JSON = typer.Option(False, "--json", help="Print one JSON document.",
+                            rich_help_panel=OUTPUT_PANEL)  # fmt: skip
+
+
+def _check_state(state: str | None) -> None:
+    """--state names a state a job can be in (Slurm's own, for a batch job that ended
+    before orch started in it: slurm-<state>)."""
+    if state is None or state in set(JobState) or state.startswith("slurm-"):
+        return
+    raise UsageError(f"--state {state!r} is no job state",
+                     f"one of: {', '.join(JobState)}, or slurm-<Slurm's state>")  # fmt: skip
+
+
+def _print_job_list(root: Path, wanted: JobFilter, as_json: bool) -> None:
+    """Every job under root the filters keep, oldest first; unreadable records too, with why."""
+    entries = selected(list_job_entries(root), wanted, shown_state)
+    if as_json:
+        docs = [_record_doc(e.record) for e in entries if e.record is not None]
+        unreadable = [{"id": e.job_id, "problem": e.problem} for e in entries if e.record is None]
+        typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs, "unreadable": unreadable},
+                              indent=2))  # fmt: skip
+        return
+    table = Table(title=f"jobs in {root}")
+    for column in COLUMNS:
+        table.add_column(column, no_wrap=True)
+    now = datetime.now(timezone.utc)
+    for listed in entries:
+        state = shown_state(listed.record) if listed.record is not None else ""
+        table.add_row(*job_row(listed, state, now))
+    # Piped output keeps whole ids and times rather than a terminal's 80 columns.
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    out.print(table)
+    for line in unreadable_lines(entries):
+        out.print(line, markup=False, soft_wrap=True)
+
+
+@app.command(
+    epilog=examples(
+        "orch status",
+        "orch status --state failed --last 5",
+        "orch status --name cpu-smoke",
+        "orch status JOB",
+        "orch status JOB --json",
+    )
+)
 def status(
-    job: str = typer.Argument(None, help="A job id (or unique prefix); none: list every job."),
-    runs_dir: Path = RUNS_DIR,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    job: str = typer.Argument(None, help="A job id (or unique prefix); none: list the jobs."),
+    state: str | None = _STATE,
+    name: str | None = _NAME,
+    last: int | None = _LAST,
+    runs_dir: Path = _STATUS_RUNS_DIR,
+    as_json: bool = _STATUS_JSON,
 ) -> None:
-    """List jobs, or show one: state, nodes, exit codes, first failure."""
+    """List jobs (id, name, state, hosts, duration, start), or show one.
+
+    One job: its state, nodes, exit codes, attempts and first failure."""
     root = runs_root(runs_dir)
     check_runs_root(root)  # before any record in it is read
     if job is None:
-        records = list_jobs(root)
-        if as_json:
-            docs = [_record_doc(r) for r in records]
-            typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs}, indent=2))
-            return
-        table = Table(title=f"jobs in {root}")
-        for column in ("job", "state", "launcher", "nodes", "exit", "started", "ended"):
-            table.add_column(column, no_wrap=True)
-        for r in records:
-            table.add_row(r.id, shown_state(r), r.launcher, str(len(r.hosts)),
-                          "" if r.exit_code is None else str(r.exit_code),
-                          r.started_at, r.ended_at or "")  # fmt: skip
-        # Piped output keeps whole ids and times rather than a terminal's 80 columns.
-        Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
+        _check_state(state)
+        _print_job_list(root, JobFilter(state=state, name=name, last=last), as_json)
         return
+    if state is not None or name is not None or last is not None:
+        raise UsageError("--state, --name and --last choose among the jobs listed",
+                         "leave out the job id to list the jobs")  # fmt: skip
     run = find_job(root, job)
     check_job(run)
     record = run.load()
@@ -426,7 +516,8 @@ def status(
     out = Console(highlight=False, soft_wrap=True)
     state = shown_state(record)
     gone = f" (head process {record.head_pid} is gone)" if state == JobState.HEAD_DIED else ""
-    out.print(f"job {record.id}: {state}{gone}")
+    named = f" ({job_name(record)})" if job_name(record) else ""
+    out.print(f"job {record.id}{named}: {state}{gone}", markup=False)
     out.print(f"launcher: {record.launcher}  started: {record.started_at}  "
               f"ended: {record.ended_at or '-'}  exit code: {record.exit_code}")  # fmt: skip
     out.print("command: " + " ".join(record.command), markup=False)
@@ -451,7 +542,7 @@ def status(
             out.print(f"  | {line}", markup=False)
 
 
-@app.command()
+@app.command(epilog=examples("orch kill JOB", "orch kill JOB --grace 30"))
 def kill(
     job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
     runs_dir: Path = RUNS_DIR,

@@ -18,15 +18,24 @@ from orchestrator.cli.options import (
     EXCLUDE,
     INCLUDE,
     LAUNCHER_HELP,
+    LAUNCHER_PANEL,
+    NODES_PANEL,
+    OUTPUT_PANEL,
+    RECOVERY_PANEL,
+    SCRIPT_PANEL,
     SLURM,
+    STOPS_PANEL,
     TRANSPORT,
+    in_panel,
     nodelist_option,
     nodes_option,
+    one_of,
 )
 from orchestrator.errors import UsageError
 from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.states import HANG_EXIT_CODE
 from orchestrator.plan.request import (
+    RESTART_ON,
     HostsRequest,
     JobRequest,
     LaunchSpec,
@@ -37,8 +46,10 @@ from orchestrator.plan.request import (
     kept_env,
     with_stop,
 )
+from orchestrator.specs.constants import LAUNCHERS
 from orchestrator.specs.secret_args import secret_args
 from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S, duration_seconds
+from orchestrator.specs.words import Fanout
 
 _DECLARED = "option"  # the field's typer declaration, in its metadata
 
@@ -48,22 +59,32 @@ def _declared(option: OptionInfo) -> dict[str, OptionInfo]:
 
 
 RUNS_DIR = typer.Option(None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs).")
-_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile.")
+_HOSTFILE = typer.Option(
+    None, "--hostfile", "-H", help="DeepSpeed hostfile.", rich_help_panel=NODES_PANEL
+)
 _FANOUT = typer.Option(
     None,
     "--fanout",
     help="What starts every node: pdsh (over ssh), or srun (one Slurm step; the default "
     "inside an allocation for the standard and torchrun launchers).",
+    **one_of(Fanout),
+    rich_help_panel=LAUNCHER_PANEL,
 )
-_NODES = nodes_option(
-    "Run on the first N healthy nodes of the hostfile (or of the allocation): the rest "
-    "are spares that replace a node lost on a restart. With --sbatch, how many to ask "
-    "Slurm for. Default: every node."
+_NODES = in_panel(
+    nodes_option(
+        "Run on the first N healthy nodes of the hostfile (or of the allocation): the rest "
+        "are spares that replace a node lost on a restart. With --sbatch, how many to ask "
+        "Slurm for. Default: every node."
+    ),
+    NODES_PANEL,
 )
-_NODELIST = nodelist_option(
-    "Run on these nodes ('gpu[01-04]', 'a,b'; the first is node 0), each with "
-    "--nproc-per-node ranks, instead of a hostfile (submit: instead of the recipe's hosts).",
-    count_hint="did you mean -N {count}?",
+_NODELIST = in_panel(
+    nodelist_option(
+        "Run on these nodes ('gpu[01-04]', 'a,b'; the first is node 0), each with "
+        "--nproc-per-node ranks, instead of a hostfile (submit: instead of the recipe's hosts).",
+        count_hint="did you mean -N {count}?",
+    ),
+    NODES_PANEL,
 )
 _MIN_NODES = typer.Option(
     None,
@@ -71,6 +92,7 @@ _MIN_NODES = typer.Option(
     min=1,
     help="When no spare is left, restart on fewer nodes, down to M (the world size "
     "changes). Default: every node of the job is needed.",
+    rich_help_panel=RECOVERY_PANEL,
 )
 _MAX_RESTARTS = typer.Option(
     None,
@@ -79,46 +101,66 @@ _MAX_RESTARTS = typer.Option(
     help="Restart a failed job up to N times under the same job id, on the healthy nodes, "
     "when a restart can fix it (see --restart-on). Each rank sees ORCH_RESTART_COUNT. "
     "Default: 0.",
+    rich_help_panel=RECOVERY_PANEL,
 )
 _RESTART_ON = typer.Option(
     None,
     "--restart-on",
     help="infra: restart after a node lost, a hang, a rank killed by a signal, a known "
     "transient NCCL/gloo/CUDA fault (the default); any: the script's own errors too.",
+    **one_of(RESTART_ON),
+    rich_help_panel=RECOVERY_PANEL,
 )
 _MAIN_PORT = typer.Option(
     None,
     "--main-port",
     help="Rendezvous port on node 0 (default: a recipe's, else one orch finds free there).",
+    rich_help_panel=LAUNCHER_PANEL,
 )
 _DRY_RUN = typer.Option(
-    False, "--dry-run", help="Print the plan (every file and command line), run nothing."
+    False,
+    "--dry-run",
+    help="Print the plan (every file and command line), run nothing.",
+    rich_help_panel=OUTPUT_PANEL,
 )
 _AS_JSON = typer.Option(
-    False, "--json", help="With --dry-run (needs it): the plan as one JSON document."
+    False,
+    "--json",
+    help="With --dry-run (needs it): the plan as one JSON document.",
+    rich_help_panel=OUTPUT_PANEL,
 )
-_NO_DOCTOR = typer.Option(False, "--no-doctor", help="Skip the pre-flight checks.")
+_NO_DOCTOR = typer.Option(
+    False, "--no-doctor", help="Skip the pre-flight checks.", rich_help_panel=SCRIPT_PANEL
+)
 _PUSH_ENV = typer.Option(
     False,
     "--push-env",
     help="Where the pre-flight finds a node's Python environment is not the head's (the "
     "--python interpreter's venv or conda env), push the head's there first (`orch env "
     "push`), then check again. Recipe: push_env: true.",
+    rich_help_panel=SCRIPT_PANEL,
 )
 _SYNC = typer.Option(
-    False, "--sync", help="Copy the working directory to every node first (no shared FS)."
+    False,
+    "--sync",
+    help="Copy the working directory to every node first (no shared FS).",
+    rich_help_panel=SCRIPT_PANEL,
 )
 _KEEP_REMOTE_LOGS = typer.Option(
     False,
     "--keep-remote-logs",
     help="Leave each node's raw logs in /tmp/orch-<uid>/runs/<job>/ (<uid>: your uid on the "
     "node; $ORCH_NODE_ROOT/runs/<job>/ when set) after pulling them back.",
+    rich_help_panel=OUTPUT_PANEL,
 )
-_QUIET = typer.Option(False, "--quiet", "-q", help="Do not echo the job's output.")
+_QUIET = typer.Option(
+    False, "--quiet", "-q", help="Do not echo the job's output.", rich_help_panel=OUTPUT_PANEL
+)
 _HEARTBEAT_TIMEOUT = typer.Option(
     WatchSettings.heartbeat_timeout,
     "--heartbeat-timeout",
     help="Seconds of silence after which a node has failed.",
+    rich_help_panel=STOPS_PANEL,
 )
 _HANG_TIMEOUT = typer.Option(
     None,
@@ -126,6 +168,7 @@ _HANG_TIMEOUT = typer.Option(
     min=1.0,
     help="Seconds without any output from any rank after which the job hung: every rank's "
     f"stack is taken, the job torn down, exit code {HANG_EXIT_CODE}. Off unless given.",
+    rich_help_panel=STOPS_PANEL,
 )
 _STOP_SIGNAL = typer.Option(
     None,
@@ -133,12 +176,14 @@ _STOP_SIGNAL = typer.Option(
     help="What a stop (the first Ctrl-C, `orch stop`, --time-limit) sends every rank, to "
     "its own process only: save and exit. Ranks see it as ORCH_STOP_SIGNAL. Recipe: "
     "stop_signal. Default: SIGTERM.",
+    rich_help_panel=STOPS_PANEL,
 )
 _STOP_GRACE = typer.Option(
     None,
     "--stop-grace",
     help="Seconds a stop gives the ranks to exit by themselves (ORCH_STOP_GRACE) before "
     f"the job is torn down. Recipe: stop_grace. Default: {DEFAULT_STOP_GRACE_S:g}.",
+    rich_help_panel=STOPS_PANEL,
 )
 _TIME_LIMIT = typer.Option(
     None,
@@ -146,6 +191,7 @@ _TIME_LIMIT = typer.Option(
     metavar="DURATION",
     help="Stop the job this long after it started (3600, 90m, 2h, 1h30m; restarts "
     "included), as `orch stop` does; exit code 124. Recipe: time_limit.",
+    rich_help_panel=STOPS_PANEL,
 )
 
 _ENV_KEEP = typer.Option(
@@ -155,27 +201,44 @@ _ENV_KEEP = typer.Option(
     help="Show NAME's value in the job's record (env.json) and the dry run (repeat). Every "
     "value of --env (and of a recipe's env) shows as *** otherwise; a name holding TOKEN, "
     "KEY, SECRET or PASSWORD, and what --env NAME forwards, always does.",
+    rich_help_panel=SCRIPT_PANEL,
 )
 
 # What runs: `orch launch` says it with these, `orch submit` over its recipe's values.
 _LAUNCHER = typer.Option(
-    None, "--launcher", "-l", help=f"{LAUNCHER_HELP}. Default: pdsh (submit: the recipe's)."
+    None,
+    "--launcher",
+    "-l",
+    help=f"{LAUNCHER_HELP}. Default: pdsh (submit: the recipe's).",
+    **one_of(LAUNCHERS),
+    rich_help_panel=LAUNCHER_PANEL,
 )
 _NPROC_PER_NODE = typer.Option(
-    None, "--nproc-per-node", help="Ranks per node (default: the hostfile's slots; submit: "
-    "the recipe's nproc_per_node)."
-)  # fmt: skip
+    None,
+    "--nproc-per-node",
+    help="Ranks per node (default: the hostfile's slots; submit: the recipe's nproc_per_node).",
+    rich_help_panel=LAUNCHER_PANEL,
+)
 _PYTHON = typer.Option(
-    None, "--python", help="Interpreter on the nodes (default: the head's; submit: the recipe's)."
+    None,
+    "--python",
+    help="Interpreter on the nodes (default: the head's; submit: the recipe's).",
+    rich_help_panel=SCRIPT_PANEL,
 )
 _WORKDIR = typer.Option(
-    None, "--workdir", help="Working directory on the nodes (default: the head's; submit: the "
-    "recipe's)."
-)  # fmt: skip
+    None,
+    "--workdir",
+    help="Working directory on the nodes (default: the head's; submit: the recipe's).",
+    rich_help_panel=SCRIPT_PANEL,
+)
 _ENV = typer.Option(
-    [], "--env", help="NAME=VALUE for every rank; NAME alone forwards the head's value "
-    "(repeat; submit: over the recipe's env)."
-)  # fmt: skip
+    [],
+    "--env",
+    metavar="NAME[=VALUE]",
+    help="NAME=VALUE for every rank; NAME alone forwards the head's value (repeat; submit: "
+    "over the recipe's env).",
+    rich_help_panel=SCRIPT_PANEL,
+)
 
 
 @dataclass(frozen=True)
@@ -183,37 +246,38 @@ class JobOptions:
     """Where the job runs, how orch watches it, and what it prints: each field's metadata
     holds its typer option."""
 
+    # In the order of their panels in `--help`: nodes, script, launcher, recovery, stops, output.
     hostfile: Path | None = field(metadata=_declared(_HOSTFILE))
-    slurm: bool = field(metadata=_declared(SLURM))
-    transport: str | None = field(metadata=_declared(TRANSPORT))
-    fanout: str | None = field(metadata=_declared(_FANOUT))
-    nodes: int | None = field(metadata=_declared(_NODES))
     nodelist: str | None = field(metadata=_declared(_NODELIST))
-    include: str | None = field(metadata=_declared(INCLUDE))
-    exclude: str | None = field(metadata=_declared(EXCLUDE))
-    main_port: int | None = field(metadata=_declared(_MAIN_PORT))
-    runs_dir: Path | None = field(metadata=_declared(RUNS_DIR))
-    dry_run: bool = field(metadata=_declared(_DRY_RUN))
-    as_json: bool = field(metadata=_declared(_AS_JSON))
-    no_doctor: bool = field(metadata=_declared(_NO_DOCTOR))
-    push_env: bool = field(metadata=_declared(_PUSH_ENV))
-    sync: bool = field(metadata=_declared(_SYNC))
-    keep_remote_logs: bool = field(metadata=_declared(_KEEP_REMOTE_LOGS))
-    quiet: bool = field(metadata=_declared(_QUIET))
-    heartbeat_timeout: float = field(metadata=_declared(_HEARTBEAT_TIMEOUT))
-    hang_timeout: float | None = field(metadata=_declared(_HANG_TIMEOUT))
-    max_restarts: int | None = field(metadata=_declared(_MAX_RESTARTS))
-    restart_on: str | None = field(metadata=_declared(_RESTART_ON))
-    min_nodes: int | None = field(metadata=_declared(_MIN_NODES))
-    stop_signal: str | None = field(metadata=_declared(_STOP_SIGNAL))
-    stop_grace: float | None = field(metadata=_declared(_STOP_GRACE))
-    run_time_limit: str | None = field(metadata=_declared(_TIME_LIMIT))
-    env_keep: list[str] = field(metadata=_declared(_ENV_KEEP))
-    launcher: str | None = field(metadata=_declared(_LAUNCHER))
-    nproc_per_node: int | None = field(metadata=_declared(_NPROC_PER_NODE))
+    nodes: int | None = field(metadata=_declared(_NODES))
+    include: str | None = field(metadata=_declared(in_panel(INCLUDE, NODES_PANEL)))
+    exclude: str | None = field(metadata=_declared(in_panel(EXCLUDE, NODES_PANEL)))
+    slurm: bool = field(metadata=_declared(in_panel(SLURM, NODES_PANEL)))
     python: str | None = field(metadata=_declared(_PYTHON))
     workdir: str | None = field(metadata=_declared(_WORKDIR))
     env: list[str] = field(metadata=_declared(_ENV))
+    env_keep: list[str] = field(metadata=_declared(_ENV_KEEP))
+    sync: bool = field(metadata=_declared(_SYNC))
+    push_env: bool = field(metadata=_declared(_PUSH_ENV))
+    no_doctor: bool = field(metadata=_declared(_NO_DOCTOR))
+    launcher: str | None = field(metadata=_declared(_LAUNCHER))
+    nproc_per_node: int | None = field(metadata=_declared(_NPROC_PER_NODE))
+    main_port: int | None = field(metadata=_declared(_MAIN_PORT))
+    fanout: str | None = field(metadata=_declared(_FANOUT))
+    transport: str | None = field(metadata=_declared(in_panel(TRANSPORT, LAUNCHER_PANEL)))
+    max_restarts: int | None = field(metadata=_declared(_MAX_RESTARTS))
+    restart_on: str | None = field(metadata=_declared(_RESTART_ON))
+    min_nodes: int | None = field(metadata=_declared(_MIN_NODES))
+    hang_timeout: float | None = field(metadata=_declared(_HANG_TIMEOUT))
+    heartbeat_timeout: float = field(metadata=_declared(_HEARTBEAT_TIMEOUT))
+    stop_signal: str | None = field(metadata=_declared(_STOP_SIGNAL))
+    stop_grace: float | None = field(metadata=_declared(_STOP_GRACE))
+    run_time_limit: str | None = field(metadata=_declared(_TIME_LIMIT))
+    dry_run: bool = field(metadata=_declared(_DRY_RUN))
+    as_json: bool = field(metadata=_declared(_AS_JSON))
+    quiet: bool = field(metadata=_declared(_QUIET))
+    runs_dir: Path | None = field(metadata=_declared(in_panel(RUNS_DIR, OUTPUT_PANEL)))
+    keep_remote_logs: bool = field(metadata=_declared(_KEEP_REMOTE_LOGS))
 
 
 def with_job_options(command: Callable[..., None]) -> Callable[..., None]:

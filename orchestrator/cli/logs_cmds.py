@@ -15,7 +15,7 @@ from typing import BinaryIO
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.options import node_set
+from orchestrator.cli.options import examples, node_set
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines
 from orchestrator.records.attempts import attempt_run_dir
@@ -164,7 +164,14 @@ def _raw_dir(run: RunDir, node: str) -> Path:
     return run.node_logs / node
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "orch logs JOB -f",
+        "orch logs JOB -w n2 --rank 3",
+        "# the first attempt of a restarted job",
+        "orch logs JOB --attempt 1",
+    )
+)
 def logs(
     job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
     node: list[str] = _NODELIST,
@@ -178,17 +185,25 @@ def logs(
         False, "--by-time/--by-node", help="Interleave nodes by time, or one node after another."
     ),
     rank: int | None = typer.Option(
-        None, "--rank", "-r", min=0,
+        None,
+        "--rank",
+        "-r",
+        min=0,
         help="Only this global rank's lines (its raw output with --raw).",
     ),
     attempt: int | None = typer.Option(
-        None, "--attempt", "-a", min=1,
+        None,
+        "--attempt",
+        "-a",
+        min=1,
         help="An earlier attempt's logs (1 is the first); default: the latest.",
     ),
     runs_dir: Path = _RUNS_DIR,
 ) -> None:
-    """Print a job's per-node logs (timestamp, [r<rank>/<local rank>,] stream, text), prefixed
-    by node when several. Lines with no rank are the node's launcher's (out, err), ssh's (sys)
+    """Print a job's per-node logs.
+
+    Each line: timestamp, \\[r<rank>/<local rank>,] stream, text; prefixed by its node when
+    there are several. Lines with no rank are the node's launcher's (out, err), ssh's (sys)
     or orch's (orch)."""
     if raw and follow:
         raise UsageError(

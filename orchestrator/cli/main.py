@@ -17,6 +17,7 @@ from orchestrator.cli import (
     sandbox_cmds,
     stacks_cmds,
     stop_cmds,
+    version_cmds,
 )
 from orchestrator.cli.app import app, debug_requested
 from orchestrator.errors import OrchError
@@ -24,7 +25,7 @@ from orchestrator.errors import OrchError
 # Importing a command module registers its commands on `app`.
 COMMAND_GROUPS = (
     doctor_cmds, env_cmds, files_cmds, job_cmds, logs_cmds, report_cmds, sandbox_cmds, stacks_cmds,
-    stop_cmds,
+    stop_cmds, version_cmds,
 )  # fmt: skip
 
 

@@ -4,15 +4,57 @@ counts them (as srun and sbatch); -i/--include and -e/--exclude pick among them 
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 import shlex
+from collections.abc import Iterable
+from typing import Any
 
 import typer
 from typer.models import OptionInfo
 
 from orchestrator.errors import UsageError
+from orchestrator.specs.constants import Transport
 from orchestrator.specs.inventory import is_node_count
+
+# The panels `--help` groups options in, in the order a user reaches for them.
+NODES_PANEL = "Nodes"
+SCRIPT_PANEL = "Script and environment"
+LAUNCHER_PANEL = "Launcher"
+RECOVERY_PANEL = "Recovery"
+STOPS_PANEL = "Stops and hangs"
+OUTPUT_PANEL = "Output"
+
+
+def one_of(words: Iterable[object]) -> dict[str, Any]:
+    """An option's settings that list its fixed set of words in `--help` (`[ssh|slurm]`)
+    and offer them to shell completion. The word is checked where orch reads it, with one
+    wording and its hint for every command (and the other tools' spellings, such as
+    `--launcher deepspeed`, taken there)."""
+    listed = [str(word) for word in words]
+
+    def complete(incomplete: str) -> list[str]:
+        return [word for word in listed if word.startswith(incomplete)]
+
+    return {"metavar": "<" + "|".join(listed) + ">", "autocompletion": complete}
+
+
+EXAMPLES_TITLE = "Examples:"
+
+
+def examples(*lines: str) -> str:
+    """A command's `--help` epilog: its examples, one command a line; a line that starts
+    with `#` says what the next one does."""
+    return EXAMPLES_TITLE + "\n\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def in_panel(option: OptionInfo, panel: str) -> OptionInfo:
+    """A shared option, shown in `panel` of this command's `--help`."""
+    placed = copy.copy(option)
+    placed.rich_help_panel = panel
+    return placed
+
 
 INCLUDE = typer.Option(
     None,
@@ -50,6 +92,7 @@ SLURM = typer.Option(
 TRANSPORT = typer.Option(
     None,
     "--transport",
+    **one_of(Transport),
     help="How orch reaches the nodes for its own commands: ssh, or slurm (srun steps, inside "
     "an allocation whose nodes refuse SSH). Default: ssh, unless the allocation's first node "
     "refuses it.",

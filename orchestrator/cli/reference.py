@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from orchestrator.cli.options import EXAMPLES_TITLE
+
 HEADER = """# Command-line reference
 
 Generated from the CLI itself (`python scripts/cli_reference.py`): a test fails when this page
@@ -55,14 +57,36 @@ def _one_line(text: str | None) -> str:
     return " ".join((text or "").split())
 
 
+def _panel_of(param: Any) -> str:
+    """The `--help` panel the parameter shows in ("" for the unnamed first ones)."""
+    return getattr(param, "rich_help_panel", None) or ""
+
+
 def _param_lines(command: Any, name: str) -> Iterator[str]:
+    """Each parameter as `--help` shows it, grouped under its panel as there (the
+    parameters in no panel first)."""
     context = _context(command, name)
+    panels: dict[str, list[str]] = {}
     for param in command.params:
         record = param.get_help_record(context)
         if record is None:
             continue
         declared, text = record
-        yield f"- `{declared}`" + (f": {_one_line(text)}" if text else "")
+        line = f"- `{declared}`" + (f": {_one_line(text)}" if text else "")
+        panels.setdefault(_panel_of(param), []).append(line)
+    for number, (panel, lines) in enumerate(sorted(panels.items(), key=lambda p: p[0] != "")):
+        if panel:
+            yield f"{'' if number == 0 else chr(10)}**{panel}**\n"
+        yield from lines
+
+
+def _examples(command: Any) -> str:
+    """The examples of the command's `--help` (its epilog) as a shell block."""
+    title, _, lines = (command.epilog or "").partition("\n\n")
+    if title != EXAMPLES_TITLE:
+        return ""
+    shown = "\n".join(line.strip() for line in lines.splitlines())
+    return f"\nExamples:\n\n```bash\n{shown}\n```\n"
 
 
 def reference_markdown() -> str:
@@ -78,5 +102,6 @@ def reference_markdown() -> str:
         usage = " ".join(command.collect_usage_pieces(_context(command, name)))
         parts.append(f"```\n{name} {usage}\n```\n\n")
         parts.extend(line + "\n" for line in _param_lines(command, name))
+        parts.append(_examples(command))
     # Defaults taken from the machine it runs on are shown as what they are.
     return "".join(parts).rstrip().replace(sys.executable, HEAD_PYTHON) + "\n"

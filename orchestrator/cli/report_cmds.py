@@ -9,19 +9,26 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.options import examples
 from orchestrator.records.job import runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import find_job
 from orchestrator.report import write_report
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "orch report",
+        "orch report 20261121-232700-9f3a1c",
+    )
+)
 def report(
     job: str = typer.Argument(None, help="A job id (or unique prefix); none: the newest job."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Write the job's report (runs/<job>/report.html: one self-contained page) and print
-    its path."""
+    """Write the job's report and print its path.
+
+    runs/<job>/report.html: one self-contained page, readable offline."""
     root = runs_root(runs_dir)
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)

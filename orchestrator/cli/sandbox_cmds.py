@@ -10,9 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.app import app
-from orchestrator.cli.options import nodes_option
+from orchestrator.cli.options import examples, nodes_option, one_of
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.cluster import Sandbox
+from orchestrator.sandbox.render import SSHD_PROFILES
 from orchestrator.sandbox.slurm import PARTITION
 
 sandbox_app = typer.Typer(help="A cluster of real OpenSSH nodes on loopback addresses.")
@@ -40,13 +41,22 @@ _GUEST_OPTION = typer.Option(
 )
 
 
-@sandbox_app.command("up")
+@sandbox_app.command(
+    "up",
+    epilog=examples(
+        "orch sandbox up -N 4",
+        "orch sandbox up -N 2 --slurm",
+    ),
+)
 def up(
     nodes: int = nodes_option("Number of nodes.", 4, most=250, nodelist=False),
     slots: int = typer.Option(2, "--slots", min=1, help="Slots (ranks) per node in the hostfile."),
     prefix: str = typer.Option("node", "--prefix", help="Node names are PREFIX1..PREFIXN."),
     sshd: str = typer.Option(
-        "default", "--sshd", help="sshd profile: default, or hardened (no SFTP, default limits)."
+        "default",
+        "--sshd",
+        help="sshd profile: default, or hardened (no SFTP, default limits).",
+        **one_of(SSHD_PROFILES),
     ),
     no_ssh: bool = typer.Option(
         False,
@@ -102,7 +112,12 @@ def up(
     typer.echo(state.hostfile)
 
 
-@sandbox_app.command("down")
+@sandbox_app.command(
+    "down",
+    epilog=examples(
+        "orch sandbox down",
+    ),
+)
 def down(directory: Path | None = _DIR_OPTION) -> None:
     """Stop every process of every node and remove what `up` added."""
     state = Sandbox(directory).down()
@@ -110,7 +125,12 @@ def down(directory: Path | None = _DIR_OPTION) -> None:
     Console(stderr=True, highlight=False).print(msg)
 
 
-@sandbox_app.command("status")
+@sandbox_app.command(
+    "status",
+    epilog=examples(
+        "orch sandbox status",
+    ),
+)
 def status(
     directory: Path | None = _DIR_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),

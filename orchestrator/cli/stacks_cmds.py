@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.options import examples
 from orchestrator.errors import OrchError
 from orchestrator.nodes.transport import reaching
 from orchestrator.records.job import FINAL_STATES, JobRecord, now_iso, runs_root
@@ -126,7 +127,13 @@ def _check_running(record: JobRecord) -> None:
         )
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "orch stacks JOB",
+        "# which rank is the straggler",
+        "orch stacks JOB --profile 10",
+    )
+)
 def stacks(
     job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
     profile: int = typer.Option(
@@ -148,10 +155,11 @@ def stacks(
     method: StackMethod = _METHOD,
     runs_dir: Path = _RUNS_DIR,
 ) -> None:
-    """Every rank's Python stack (all threads) on every node, taken while the job runs
-    (py-spy, or the rank's own faulthandler where ptrace is refused); identical stacks are
-    folded, and the ranks that stand apart come first. Kept in runs/<job>/stacks/. Exit 1
-    when a node or a rank could not be read."""
+    """Every rank's Python stack, folded; the ranks that stand apart first.
+
+    All threads of every rank on every node, taken while the job runs (py-spy, or the
+    rank's own faulthandler where ptrace is refused); identical stacks are folded. Kept in
+    runs/<job>/stacks/. Exit 1 when a node or a rank could not be read."""
     root = runs_root(runs_dir)
     check_runs_root(root)  # the record names the interpreter run on every host it lists
     run = find_job(root, job)

@@ -10,20 +10,27 @@ from rich.console import Console
 
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.options import examples
 from orchestrator.records.job import runs_root
 from orchestrator.records.rundir import find_job
 from orchestrator.run.status import shown_state
 from orchestrator.run.stop import request_stop
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "orch stop JOB",
+    )
+)
 def stop(
     job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Stop a job so it can save (from any terminal): every rank gets the stop signal
-    (--stop-signal) and the grace (--stop-grace) to exit by itself; then the job is torn
-    down. Waits for the job to end (its exit code is then 143). `orch kill` stops at once."""
+    """Stop a job so it can save (from any terminal).
+
+    Every rank gets the stop signal (--stop-signal) and the grace (--stop-grace) to exit by
+    itself; then the job is torn down. Waits for the job to end (its exit code is then
+    143). `orch kill` stops at once."""
     run = find_job(runs_root(runs_dir), job)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     asked = request_stop(run, say=lambda text: err.print(text, markup=False))

@@ -218,6 +218,7 @@ class JobRecord:
     # the environments the nodes run (the latest attempt's); None: no pre-flight looked
     environment: EnvironmentRecord | None = None
     stop: StopSummary | None = None  # a stop's cause, time and every rank's part in it
+    name: str | None = None  # what the user calls the job (None: a record that names none)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -265,6 +266,7 @@ class JobRecord:
             attempts=tuple(AttemptRecord.from_json(a) for a in data.get("attempts", ())),
             environment=EnvironmentRecord.from_json(data.get("environment")),
             stop=StopSummary.from_json(data.get("stop")),
+            name=data.get("name"),
         )
 
 

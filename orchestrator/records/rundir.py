@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,6 +340,17 @@ class _Runs:
                 names.append(name)
         return names
 
+    def entry_names(self) -> list[str]:
+        """Every name in it but hidden ones and plain files, in order: the jobs' directories,
+        with or without a job.json, and whatever stands in the place of one (a link)."""
+        names = []
+        for name in sorted(os.listdir(self.fd)):
+            with contextlib.suppress(OSError):
+                mode = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode
+                if not name.startswith(".") and not stat.S_ISREG(mode):
+                    names.append(name)
+        return names
+
     def job(self, name: str) -> RunDir:
         """The job's directory `name` in it, opened and checked, held."""
         run = RunDir(self.root / name)
@@ -352,22 +364,43 @@ def run_dir(root: Path, job_id: str) -> RunDir:
     return RunDir(root / job_id)
 
 
-def list_jobs(root: Path) -> list[JobRecord]:
-    """Every readable record of the user's own under root, oldest first (the runs directory
-    is checked first: OrchError when it is not the user's own)."""
+@dataclass(frozen=True)
+class ListedJob:
+    """One job's directory in the runs directory: its record, or why it cannot be read."""
+
+    job_id: str
+    record: JobRecord | None
+    problem: str | None = None
+
+
+def _listed(runs: _Runs, name: str) -> ListedJob:
+    try:
+        with runs.job(name) as run:
+            return ListedJob(name, run.load())
+    except UsageError:  # load's "no job record at ...": the directory holds no job.json
+        return ListedJob(name, None, f"no {JOB_FILE}")
+    except OrchError as err:
+        return ListedJob(name, None, err.message)
+    except OSError as err:
+        return ListedJob(name, None, f"{err.strerror or err}: {err.filename or name}")
+
+
+def list_job_entries(root: Path) -> list[ListedJob]:
+    """Every job's directory under root, oldest first, with its record or why it cannot be
+    read (not the user's own, a link, no job.json, not a record): none is left out. The runs
+    directory is checked first (OrchError when it is not the user's own)."""
     try:
         runs = _Runs(root)
     except FileNotFoundError:
         return []
-    records = []
     with runs:
-        for name in runs.job_names():
-            try:
-                with runs.job(name) as run:
-                    records.append(run.load())
-            except (OrchError, OSError):
-                continue
-    return records
+        return [_listed(runs, name) for name in runs.entry_names()]
+
+
+def list_jobs(root: Path) -> list[JobRecord]:
+    """Every readable record of the user's own under root, oldest first (the runs directory
+    is checked first: OrchError when it is not the user's own)."""
+    return [listed.record for listed in list_job_entries(root) if listed.record is not None]
 
 
 def find_job(root: Path, job: str | None) -> RunDir:

@@ -1,0 +1,30 @@
+"""`orch version`: orch's version and every version a bug report needs."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from orchestrator.cli.app import app, report_versions_with
+from orchestrator.cli.options import examples
+from orchestrator.cli.versions import collect_versions, versions_text
+
+
+@app.command("version", epilog=examples("orch version", "orch version --json"))
+def version(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Print the versions a bug report needs.
+
+    orch's, and those of Python, the platform, torch, DeepSpeed, accelerate, paramiko,
+    ClusterShell, pdsh and Slurm (programs get 5 s to answer; "not found" when absent)."""
+    versions = collect_versions()
+    typer.echo(json.dumps(versions.to_json(), indent=2) if as_json else versions_text(versions))
+
+
+def _report() -> str:
+    return versions_text(collect_versions())
+
+
+report_versions_with(_report)  # `orch --version` prints the same
