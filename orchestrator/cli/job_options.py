@@ -47,6 +47,7 @@ from orchestrator.plan.request import (
     with_stop,
 )
 from orchestrator.specs.constants import LAUNCHERS
+from orchestrator.specs.hang import hang_timeout_value
 from orchestrator.specs.secret_args import secret_args
 from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S, duration_seconds
 from orchestrator.specs.words import Fanout
@@ -165,9 +166,13 @@ _HEARTBEAT_TIMEOUT = typer.Option(
 _HANG_TIMEOUT = typer.Option(
     None,
     "--hang-timeout",
-    min=1.0,
-    help="Seconds without any output from any rank after which the job hung: every rank's "
-    f"stack is taken, the job torn down, exit code {HANG_EXIT_CODE}. Off unless given.",
+    metavar="auto|off|SECONDS",
+    help="How long the job may be quiet (no rank's line or progress) before orch looks at "
+    "every rank: when none is working (no CPU, no storage I/O, or waiting in a collective) "
+    f"the job hung: every rank's stack is taken, the job torn down, exit code "
+    f"{HANG_EXIT_CODE}. auto (the default): learned from the job's own pace, at least 2 "
+    "minutes (10 before its first steps); a number (600, 10m) fixes it; off: never. "
+    "Recipe: hang_timeout.",
     rich_help_panel=STOPS_PANEL,
 )
 _STOP_SIGNAL = typer.Option(
@@ -268,7 +273,7 @@ class JobOptions:
     max_restarts: int | None = field(metadata=_declared(_MAX_RESTARTS))
     restart_on: str | None = field(metadata=_declared(_RESTART_ON))
     min_nodes: int | None = field(metadata=_declared(_MIN_NODES))
-    hang_timeout: float | None = field(metadata=_declared(_HANG_TIMEOUT))
+    hang_timeout: str | None = field(metadata=_declared(_HANG_TIMEOUT))
     heartbeat_timeout: float = field(metadata=_declared(_HEARTBEAT_TIMEOUT))
     stop_signal: str | None = field(metadata=_declared(_STOP_SIGNAL))
     stop_grace: float | None = field(metadata=_declared(_STOP_GRACE))
@@ -343,7 +348,7 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
         preflight=not options.no_doctor, sync=options.sync,
         keep_remote_logs=options.keep_remote_logs,
         heartbeat_timeout=None if heartbeat == WatchSettings.heartbeat_timeout else heartbeat,
-        hang_timeout=options.hang_timeout, push_env=options.push_env,
+        hang_timeout=hang_timeout_value(options.hang_timeout), push_env=options.push_env,
         time_limit=duration_seconds(limit) if limit is not None else None,
         stop_signal=options.stop_signal, stop_grace=options.stop_grace,
     )  # fmt: skip

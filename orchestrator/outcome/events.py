@@ -10,8 +10,9 @@ is a named `WatchSettings` field. Pure values.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from orchestrator.outcome.pace import PaceSeed
 from orchestrator.outcome.quiet import QuietFinding
 from orchestrator.outcome.states import StopCause
 from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S
@@ -31,7 +32,9 @@ class WatchSettings:
     head_wind_down: float = 60.0  # every node exited: the head launcher's time to end
     teardown_timeout: float = 20.0  # the whole teardown, every node at once
     stop_grace: float = 3.0  # TERM -> KILL for the head's own fan-out process
-    hang_timeout: float | None = None  # no rank's output this long: a hang (None: off)
+    hang_timeout: float | None = None  # no rank's output this long: look for a hang
+    hang_learned: bool = False  # no hang_timeout: learn it from the job's pace (outcome/pace.py)
+    pace_seed: PaceSeed = field(default_factory=PaceSeed)  # what an earlier attempt learned
     stacks_timeout: float = 3.0  # taking the stacks before a teardown (per node, doubled
     # at most by the connect): it never delays the teardown by more than that
     hang_stacks_timeout: float = 15.0  # the same after a hang: the stacks are the answer

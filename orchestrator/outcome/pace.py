@@ -77,7 +77,8 @@ class HangPace:
         if p95 is None:
             candidates = [Threshold(START_FLOOR_S, "start-up floor")]
         else:
-            learned = f"learned from {len(self.gaps) + 1 if len(self.gaps) >= MIN_GAPS else 'an earlier attempt'}"
+            own = len(self.gaps) >= MIN_GAPS
+            learned = f"learned from {self.outputs} outputs" if own else "an earlier attempt's pace"
             candidates = [Threshold(FLOOR_S, "floor"), Threshold(PACE_FACTOR * p95, learned)]
         if self.longest_work:
             candidates.append(Threshold(WORK_FACTOR * self.longest_work, "quiet work seen"))

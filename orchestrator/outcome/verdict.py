@@ -49,6 +49,7 @@ from orchestrator.outcome.events import (
     WatchSettings,
 )
 from orchestrator.outcome.hang import hang_found
+from orchestrator.outcome.pace import HangPace, Threshold
 from orchestrator.outcome.rank_ends import ended_by
 from orchestrator.outcome.states import (
     HANG_EXIT_CODE,
@@ -114,6 +115,7 @@ class JobVerdict:
         self.started_at: float | None = None  # the first event's: the time limit counts from it
         self.stop: StopAsked | None = None  # the stop asked for, whatever came of it
         self._stop_begun = False
+        self.pace = HangPace(settings.hang_timeout, settings.pace_seed)
         self.look_asked_at: float | None = None  # a look at the quiet job is under way
         self._look_wanted = False
         self.hung_finding: QuietLooked | None = None  # the look that found no rank working
@@ -140,6 +142,7 @@ class JobVerdict:
                     self.first_heard_at = event.at
         elif isinstance(event, RankOutput):
             self.last_output_at = event.at
+            self.pace.output(event.at)
         elif isinstance(event, NodeExited):
             self._record_exit(event)
         elif isinstance(event, SshEnded):
@@ -195,6 +198,8 @@ class JobVerdict:
         if event.finding.working:
             # Busy, not hung: the silence counts again from here, a whole timeout long.
             self.quiet_work.append(event)
+            quiet_since = self.last_output_at or self.first_heard_at or event.asked_at
+            self.pace.worked(event.at - quiet_since)
         else:
             self.hung_finding = event
 
@@ -292,8 +297,26 @@ class JobVerdict:
             return Failure(missing[0], reason, 1, kind=FailureKind.LOST)
         return _head_failed(self.head_code)
 
+    @property
+    def hang_threshold(self) -> Threshold | None:
+        """How long the job may be quiet before a look, and where that came from; None
+        when hangs are not looked for."""
+        if self.settings.hang_timeout is None and not self.settings.hang_learned:
+            return None
+        return self.pace.threshold()
+
+    def hang_watch(self) -> dict[str, object] | None:
+        """For the record: the hang threshold in force at the end, where it came from, and
+        what the looks that found a quiet job working saw (the last few)."""
+        threshold = self.hang_threshold
+        if threshold is None:
+            return None
+        work = [looked.finding.summary() for looked in self.quiet_work[-5:]]
+        return {**threshold.to_json(), "quiet_work": work}
+
     def _hung(self, now: float) -> Failure | None:
-        limit = self.settings.hang_timeout
+        threshold = self.hang_threshold
+        limit = threshold.seconds if threshold is not None else None
         quiet_since = self.last_output_at
         if quiet_since is None:  # nothing written yet: quiet since the job started
             quiet_since = self.first_heard_at
@@ -303,7 +326,7 @@ class JobVerdict:
         worked_at = max((looked.at for looked in self.quiet_work), default=quiet_since)
         if now - max(quiet_since, worked_at) <= limit or self.all_exited():
             return None  # not quiet long enough, or every rank is done: quiet, not hung
-        quiet = f"hang: no rank wrote anything for {now - quiet_since:.0f} s"
+        quiet = f"hang: no rank wrote anything for {now - quiet_since:.0f} s{_beyond(threshold)}"
         if self.settings.look_seconds <= 0:
             return Failure("", quiet, HANG_EXIT_CODE, kind=FailureKind.HANG)
         if self.hung_finding is not None:
@@ -353,6 +376,13 @@ class JobVerdict:
 
 
 _ENDED_BY = {FailureKind.SIGNAL: JobState.INTERRUPTED, FailureKind.KILLED: JobState.KILLED}
+
+
+def _beyond(threshold: Threshold | None) -> str:
+    """Which threshold the silence went beyond, when it was not given."""
+    if threshold is None or threshold.source == "given":
+        return ""
+    return f" (beyond {threshold.seconds:.0f} s: {threshold.source})"
 
 
 def _interrupted(event: Interrupted) -> Failure:

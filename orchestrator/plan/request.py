@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.errors import UsageError
 from orchestrator.specs.constants import DEFAULT_LAUNCHER
+from orchestrator.specs.hang import HANG_AUTO, HangTimeout
 from orchestrator.specs.jobenv import check_name
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import AccelerateOptions, Recipe, RecoveryOptions
@@ -60,7 +61,7 @@ class WatchRequest:
     sync: bool = False
     keep_remote_logs: bool = False
     heartbeat_timeout: float | None = None  # None: the default (outcome/events.py)
-    hang_timeout: float | None = None  # None: off, unless the recipe sets one
+    hang_timeout: HangTimeout | None = None  # None: the recipe's, else auto
     push_env: bool = False  # --push-env: copy the head's environment where it differs
     time_limit: float | None = None  # --time-limit in seconds; None: the recipe's, else none
     stop_signal: str | None = None  # --stop-signal as given (the spec holds the one used)
@@ -117,10 +118,12 @@ class JobRequest:
     overrides: LaunchOverrides = field(default_factory=LaunchOverrides)  # submit: over the recipe
 
     @property
-    def hang_timeout(self) -> float | None:
-        """--hang-timeout, else the recipe's."""
+    def hang_timeout(self) -> HangTimeout:
+        """--hang-timeout, else the recipe's, else auto (learned from the job's pace)."""
+        if self.watch.hang_timeout is not None:
+            return self.watch.hang_timeout
         recipe = self.recipe.hang_timeout if self.recipe is not None else None
-        return self.watch.hang_timeout or recipe
+        return HANG_AUTO if recipe is None else recipe
 
     @property
     def time_limit(self) -> float | None:

@@ -219,6 +219,8 @@ class JobRecord:
     environment: EnvironmentRecord | None = None
     stop: StopSummary | None = None  # a stop's cause, time and every rank's part in it
     name: str | None = None  # what the user calls the job (None: a record that names none)
+    # the hang threshold in force at the end and where it came from (None: hangs not looked for)
+    hang_watch: Mapping[str, object] | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -267,6 +269,7 @@ class JobRecord:
             environment=EnvironmentRecord.from_json(data.get("environment")),
             stop=StopSummary.from_json(data.get("stop")),
             name=data.get("name"),
+            hang_watch=data.get("hang_watch"),
         )
 
 

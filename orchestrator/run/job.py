@@ -16,6 +16,7 @@ from typing import Protocol
 
 from orchestrator.errors import OrchError, RestartNotStarted
 from orchestrator.logs.router import LogView
+from orchestrator.outcome.pace import PaceSeed
 from orchestrator.outcome.restart_policy import (
     NO_PROGRESS,
     AttemptProgress,
@@ -63,10 +64,13 @@ def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporte
 
 def _run_attempt(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
                  view: LogView | None, reporter: PipelineReporter,
-                 time_left: float | None = None) -> LaunchResult:  # fmt: skip
+                 time_left: float | None = None,
+                 pace: PaceSeed | None = None) -> LaunchResult:  # fmt: skip
     options = pipeline_options(job.request)
     if time_left is not None:  # a restart: the time limit counts from the first attempt
         options = replace(options, settings=replace(options.settings, time_limit=time_left))
+    if pace is not None:  # a restart starts from the pace the attempt before learned
+        options = replace(options, settings=replace(options.settings, pace_seed=pace))
 
     def with_port() -> LaunchPlan:
         return plan_with_main_port(job.build, job.request.spec.main_port, job.plan.job_id,
@@ -111,7 +115,8 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
         try:
             time.sleep(pause)
             result = _run_attempt(job, run, earlier, view=view, reporter=reporter,
-                                  time_left=_time_left(job, first_started))  # fmt: skip
+                                  time_left=_time_left(job, first_started),
+                                  pace=result.pace)  # fmt: skip
         except (OrchError, KeyboardInterrupt) as err:
             # The next attempt never started: the job ended with the one before, and so does
             # its exit code, whatever kept the next one from starting.

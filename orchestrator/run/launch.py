@@ -55,6 +55,7 @@ from orchestrator.outcome.events import (
 )
 from orchestrator.outcome.explanation import Explanation, explain
 from orchestrator.outcome.hang import hang_culprit
+from orchestrator.outcome.pace import PaceSeed
 from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress, attempt_progress
 from orchestrator.outcome.states import Failure, FailureKind, JobState, StopCause
 from orchestrator.outcome.stop import StopSummary
@@ -106,6 +107,7 @@ class LaunchResult:
     progress: AttemptProgress = NO_PROGRESS  # how far this attempt got, for a restart
     stop: StopSummary | None = None  # the stop that ended it, and each rank's part in it
     started: float | None = None  # when the watch began (monotonic): the time limit's start
+    pace: PaceSeed | None = None  # the pace it learned, for a restart to start from
 
 
 def _not_answering(failure: Failure) -> tuple[str, ...]:
@@ -291,8 +293,7 @@ class JobRunner:
                 return
 
     def _noted(self, looked: QuietLooked) -> None:
-        """A look at the quiet job, on the timeline and in the live view when it found
-        work (a hang is told by the failure that follows)."""
+        """A look that found the quiet job working: on the timeline and in the live view."""
         if looked.finding.working:
             said = f"quiet, working: {looked.finding.summary()}"
             self._moment(MomentKind.QUIET, detail=said)
@@ -407,6 +408,7 @@ class JobRunner:
             slurm_step=self.tracker.slurm_step,
             ranks=rank_records(self.tracker.rank_ends.values(), order),
             stop=stop,
+            hang_watch=self.verdict.hang_watch(),
         )
         self.run_dir.save(self.record)
         self._moment(MomentKind.END, detail=str(outcome.state))
@@ -425,6 +427,7 @@ class JobRunner:
             progress=self._progress(),
             stop=stop,
             started=self._started,
+            pace=self.verdict.pace.seed_for_next(),
         )
 
     def _progress(self) -> AttemptProgress:

@@ -32,6 +32,7 @@ from pydantic.json_schema import SkipJsonSchema
 from orchestrator.errors import InputFileError, UsageError
 from orchestrator.specs import jobenv
 from orchestrator.specs.constants import PORT_RANGE
+from orchestrator.specs.hang import hang_timeout_value
 from orchestrator.specs.inventory import (
     Hostfile,
     expand_nodeset,
@@ -225,7 +226,8 @@ class Recipe(_Strict):
     env_keep: list[str] = Field(default_factory=list)
     # None: orch picks a port free on node 0 for each job
     main_port: int | None = Field(None, ge=PORT_RANGE[0], le=PORT_RANGE[1])
-    hang_timeout: float | None = Field(None, ge=1)  # None: no hang detection (--hang-timeout)
+    # auto (learned from the job's pace), off, or seconds / a duration (--hang-timeout)
+    hang_timeout: float | str | None = Field(None, json_schema_extra=_text_number_or_null)
     push_env: bool = False  # copy the head's environment to nodes where it differs (--push-env)
     stop_signal: str | None = None  # what a stop sends every rank (--stop-signal; SIGTERM)
     stop_grace: float | None = Field(None, gt=0)  # the ranks' time to save (--stop-grace)
@@ -272,6 +274,14 @@ class Recipe(_Strict):
             return None
         try:
             return signal_named(value, "stop_signal")
+        except UsageError as err:
+            raise ValueError(err.message) from None
+
+    @field_validator("hang_timeout", mode="before")
+    @classmethod
+    def _hang_timeout(cls, value: Any) -> Any:
+        try:
+            return hang_timeout_value(value, "hang_timeout")
         except UsageError as err:
             raise ValueError(err.message) from None
 
