@@ -119,6 +119,7 @@ class JobVerdict:
         self.look_asked_at: float | None = None  # a look at the quiet job is under way
         self._look_wanted = False
         self.hung_finding: QuietLooked | None = None  # the look that found no rank working
+        self._inconclusive = 0  # looks in a row that could not read the whole job
         self.quiet_work: list[QuietLooked] = []  # looks that found a quiet job working
 
     # -- events ---------------------------------------------------------------------
@@ -195,6 +196,10 @@ class JobVerdict:
         self.look_asked_at = None
         if self.last_output_at is not None and self.last_output_at > event.asked_at:
             return  # a rank spoke meanwhile: the quiet it looked at is over
+        if not event.finding.working and event.finding.problem and self._inconclusive < 2:
+            self._inconclusive += 1  # part of the job unread: a rank there may be working
+            return
+        self._inconclusive = 0
         if event.finding.working:
             # Busy, not hung: the silence counts again from here, a whole timeout long.
             self.quiet_work.append(event)

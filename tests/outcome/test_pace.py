@@ -96,5 +96,6 @@ def test_a_bad_hang_timeout_says_what_it_takes():
     assert "auto (learned from the job's pace), off, 600 or 10m" in caught.value.hint
     with pytest.raises(UsageError):
         hang_timeout_value("0.5")
-    assert Recipe.model_validate({"name": "t", "script": "t.py", "hang_timeout": "15m"}).hang_timeout == 900.0
-    assert Recipe.model_validate({"name": "t", "script": "t.py", "hang_timeout": "off"}).hang_timeout == "off"
+    recipe = {"name": "t", "script": "t.py"}
+    assert Recipe.model_validate({**recipe, "hang_timeout": "15m"}).hang_timeout == 900.0
+    assert Recipe.model_validate({**recipe, "hang_timeout": "off"}).hang_timeout == "off"
