@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.records.job import AttemptRecord, EnvironmentRecord, RankRecord
@@ -177,6 +178,17 @@ class ReportModel:
     parity: Parity | None = None
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt; the page is the last one's
     environment: EnvironmentRecord | None = None  # the environment each node ran, by fingerprint
+    hang_watch: Mapping[str, Any] | None = None  # the hang threshold in force, as recorded
+
+    @property
+    def hang_watch_words(self) -> str:
+        """Which hang threshold was in force and where it came from, in words."""
+        watch = self.hang_watch
+        if not watch:
+            return "not looked for"
+        said = f"looked for after {float(watch['seconds']):.0f} s quiet ({watch['source']})"
+        work = watch.get("quiet_work") or ()
+        return said + (f"; quiet, but working: {work[-1]}" if work else "")
 
     @cached_property
     def _moment_times(self) -> Mapping[tuple[str, str | None, int | None], float]:

@@ -68,7 +68,7 @@ def build_report(run_dir: Path) -> ReportModel:
         moments=moments, series=series, slowest=slowest_rank(series),
         profile=read_profile(run, _latest(kept, "profile")),
         parity=read_parity(run.preflight_file), attempts=record.attempts,
-        environment=record.environment,
+        environment=record.environment, hang_watch=record.hang_watch,
     )  # fmt: skip
 
 

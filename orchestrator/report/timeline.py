@@ -27,6 +27,7 @@ WIDTH = LABEL_W + PLOT_W + RIGHT_PAD
 # Job-wide moments drawn across every lane, and their labels.
 LINE_KINDS: dict[str, str] = {
     MomentKind.HANG: "hang detected",
+    MomentKind.QUIET: "quiet",
     MomentKind.INTERRUPT: "interrupted",
     MomentKind.STOP: "stop: ranks signalled",
     MomentKind.TEARDOWN_START: "teardown",

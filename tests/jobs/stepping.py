@@ -9,6 +9,10 @@ all_reduce.
 `--stall-rank R --stall-after S`: after S seconds rank R says so and stops in plain Python
 (a data loader that never yields), silently, while the others wait for it in all_reduce.
 `--fail-rank R --fail-after S`: rank R exits 7 instead, while the others wait.
+`--print-every N`: rank 0 prints a line every N steps (a job that shows its pace).
+`--quiet-rank R --quiet-at S --quiet-for D`: once, after S seconds, rank R computes for D
+seconds without a word (an evaluation) while the others wait; `--quiet-rank -2`: every
+rank writes a file for D seconds instead (a checkpoint).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 import time
 from datetime import timedelta
 
@@ -39,6 +44,18 @@ def next_batch_that_never_comes() -> None:
         time.sleep(0.5)
 
 
+def save_checkpoint(seconds: float, rank: int) -> None:
+    """Writes to a file of its own for `seconds`, synced as it goes (storage I/O, no word)."""
+    end = time.perf_counter() + seconds
+    block = os.urandom(1 << 20)
+    with tempfile.TemporaryFile(prefix=f"ckpt-{rank}-") as file:
+        while time.perf_counter() < end:
+            file.seek(0)
+            file.write(block)
+            file.flush()
+            os.fsync(file.fileno())
+
+
 def should_stop(args: argparse.Namespace, started: float) -> bool:
     if args.stop_file and os.path.exists(args.stop_file):
         return True
@@ -57,6 +74,10 @@ def main() -> int:
     parser.add_argument("--stall-after", type=float, default=5.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-after", type=float, default=5.0)
+    parser.add_argument("--print-every", type=int, default=0)
+    parser.add_argument("--quiet-rank", type=int, default=-1)
+    parser.add_argument("--quiet-at", type=float, default=0.0)
+    parser.add_argument("--quiet-for", type=float, default=0.0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # several ranks share few cores
@@ -66,8 +87,15 @@ def main() -> int:
     my_compute = args.compute * (args.slow_factor if rank == args.slow_rank else 1.0)
     started = time.monotonic()
     steps = 0
+    quiet_done = args.quiet_rank == -1
     while True:
         elapsed = time.monotonic() - started
+        if not quiet_done and elapsed >= args.quiet_at:
+            quiet_done = True
+            if args.quiet_rank == -2:
+                save_checkpoint(args.quiet_for, rank)
+            elif rank == args.quiet_rank:
+                compute(args.quiet_for)
         if rank == args.stall_rank and elapsed >= args.stall_after:
             print(f"rank {rank} stalls after {steps} steps", flush=True)
             next_batch_that_never_comes()
@@ -79,6 +107,8 @@ def main() -> int:
         flag = torch.tensor([1.0 if rank == 0 and should_stop(args, started) else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         steps += 1
+        if rank == 0 and args.print_every and steps % args.print_every == 0:
+            print(f"step {steps}", flush=True)
         if flag.item() > 0:
             break
     print(f"rank {rank} done after {steps} steps", flush=True)

@@ -200,3 +200,14 @@ def test_a_node_named_unlike_a_file_shows_its_log_as_the_writer_named_it(tmp_pat
     [row] = [row for row in build_report(run.path).nodes if row.node == odd]
     assert row.log_href == f"logs/{log_file_name(odd)}" == "logs/user_n1.log"
     assert row.last_lines and row.last_lines[-1].endswith("step 7 on n1")
+
+
+def test_the_page_says_which_hang_threshold_held_and_what_quiet_work_was_seen(run):
+    assert 'id="hang-watch">not looked for<' in render_html(build_report(run.path))
+    watch = {"seconds": 184.5, "source": "quiet work seen",
+             "quiet_work": ["rank 0 computing in evaluate (train.py:88); 7 ranks in barrier"]}
+    record = replace(run.load(), hang_watch=watch)
+    run.save(record)
+    html = render_html(build_report(run.path))
+    assert ('id="hang-watch">looked for after 184 s quiet (quiet work seen); quiet, but '
+            "working: rank 0 computing in evaluate (train.py:88); 7 ranks in barrier<") in html

@@ -5,6 +5,7 @@ nothing, and makes a screenshot that is not blank."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,10 @@ pytestmark = [
 
 def test_chromium_renders_every_rank_and_the_cause(tmp_path):
     run = failed_job(tmp_path / "runs")
+    run.save(replace(run.load(), hang_watch={
+        "seconds": 120.0, "source": "floor",
+        "quiet_work": ["rank 0 computing in evaluate (train.py:88); 7 ranks in barrier"],
+    }))  # fmt: skip
     page = write_report(run.path).as_uri()
     dom = chromium(tmp_path / "profile", "--dump-dom", page).stdout
     ranks = {int(rank) for rank in re.findall(r'data-rank="(\d+)"', dom)}
@@ -33,6 +38,11 @@ def test_chromium_renders_every_rank_and_the_cause(tmp_path):
     assert "rank 5 on n2" in cause.group(1)
     slowest = re.search(r'<p id="slowest"[^>]*>([^<]*)</p>', dom)
     assert slowest is not None and slowest.group(1).startswith(f"slowest: rank {STRAGGLER} on n1")
+    watch = re.search(r'<dd id="hang-watch">([^<]*)</dd>', dom)
+    assert watch is not None and watch.group(1) == (
+        "looked for after 120 s quiet (floor); quiet, but working: rank 0 computing in "
+        "evaluate (train.py:88); 7 ranks in barrier"
+    )
 
     shot = tmp_path / "shot.png"
     chromium(tmp_path / "profile", f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}", page)
