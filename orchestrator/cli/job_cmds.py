@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -14,9 +13,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.checks.model import DoctorReport
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
+from orchestrator.cli.job_printing import (
+    PipelinePrinter,
+    err_console,
+    print_attempts,
+    print_cause_notes,
+    print_root_cause,
+    print_summary,
+)
 from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel, one_of
 from orchestrator.cli.status_list import (
     COLUMNS,
@@ -27,10 +33,8 @@ from orchestrator.cli.status_list import (
     unreadable_lines,
 )
 from orchestrator.errors import UsageError
-from orchestrator.logs.router import LogView
-from orchestrator.logs.view import LiveView, make_view
+from orchestrator.logs.view import make_view
 from orchestrator.outcome.states import JobState
-from orchestrator.pernode import GroupResult
 from orchestrator.plan.describe import command_files, dry_run_document, plan_text
 from orchestrator.plan.dry_checks import dry_run_exit_code, dry_run_findings
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -43,30 +47,22 @@ from orchestrator.plan.request import (
 )
 from orchestrator.prepare.dry_run import commands_dir, head_facts, write_command_files
 from orchestrator.prepare.job import prepare_job
-from orchestrator.prepare.push_env import PushDone
-from orchestrator.prepare.sync import SyncedFiles
 from orchestrator.records.job import (
-    AttemptRecord,
     EnvironmentRecord,
-    FirstFailure,
     JobRecord,
     runs_root,
 )
 from orchestrator.records.ownership import check_job, check_runs_root
-from orchestrator.records.rundir import RunDir, find_job, list_job_entries
-from orchestrator.report import write_report
+from orchestrator.records.rundir import find_job, list_job_entries
 from orchestrator.run.batch import submit_batch_job
 from orchestrator.run.job import run_job
-from orchestrator.run.launch import LaunchResult
 from orchestrator.run.plan_files import head_private_dir
 from orchestrator.run.status import shown_state
 from orchestrator.run.teardown import kill_job
-from orchestrator.specs.constants import RESTART_COUNT_VAR
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import load_recipe
 from orchestrator.specs.units import format_bytes
-from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
 
 _RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
 _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
@@ -75,197 +71,6 @@ _SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after -
 _CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
 _SBATCH_PANEL = "Slurm batch job (--sbatch)"
 _WHICH_PANEL = "Which jobs"
-
-
-def _err() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _majority_place(block: StackBlock) -> str:
-    """Where most ranks stood: their innermost frame of the user's code, and the call
-    they were inside (the collective they waited in)."""
-    plural = "ranks" if len(block.ranks) > 1 else "rank"
-    ranks = f"{plural} {rank_ranges(block.rank_numbers)}"
-    frame = user_frame(block.ranks[0])
-    inner = block.threads[0].frames[0].function if block.threads and block.threads[0].frames else ""
-    where = frame.where if frame else "(no frame of your code)"
-    inside = f", inside {inner}" if inner and (frame is None or inner != frame.function) else ""
-    together = " stood together" if len(block.ranks) > 1 else " stood"
-    return f"{ranks}{together} at {where}{inside}"
-
-
-def _print_stacks_kept(result: LaunchResult) -> None:
-    """Where the ranks still running stood when the job was torn down."""
-    err = _err()
-    if result.stacks_problem is not None:
-        err.print(f"[yellow]{escape(result.stacks_problem)}[/]")
-    if result.stacks_file is None or result.stacks is None:
-        return
-    folded = result.stacks.folded
-    if not result.stacks.ranks:
-        err.print("no rank was still running when the job was torn down")
-        return
-    err.print("where the ranks still running stood before the teardown:")
-    for outlier in folded.outliers if folded is not None else ():
-        where = outlier.frame.where if outlier.frame else "(no frame of your code)"
-        err.print(f"  rank {outlier.rank} on {outlier.node} stood apart at {where}", markup=False)
-    if folded is not None and folded.majority is not None:
-        err.print(f"  {_majority_place(folded.majority)}", markup=False)
-    err.print(f"every running rank's stack: {result.stacks_file}", markup=False)
-
-
-def _print_root_cause(console: Console, failure: FirstFailure) -> None:
-    """The failing rank's own traceback, first: the cascades on other ranks come after."""
-    if not failure.traceback:
-        return
-    where = f"{failure.root_cause_node or '?'} rank {failure.root_cause_rank}"
-    console.print(f"[bold]root cause[/]: {escape(where)}: {escape(failure.root_cause or '')}")
-    for line in failure.traceback:
-        console.print(f"  | {line}", markup=False, highlight=False)
-
-
-def _print_cause_notes(console: Console, failure: FirstFailure) -> None:
-    """What followed the first failure, and what it means when it is not the script's own."""
-    if failure.then:
-        console.print(f"  {failure.then}", markup=False)
-    if failure.hint:
-        console.print(f"[bold]hint[/]: {escape(failure.hint)}")
-
-
-def _cause_text(attempt: AttemptRecord) -> str:
-    """`signal: n2 rank 3: killed by SIGKILL; <what orch decided>`."""
-    cause = attempt.cause
-    if cause is None:
-        return "succeeded"
-    return f"{cause['message']} ({cause['decision']})"
-
-
-def _print_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:
-    """Each attempt of a job that had several, and why each ended."""
-    if len(attempts) < 2:
-        return
-    console.print(f"attempts: {len(attempts)}")
-    for attempt in attempts:
-        code = "-" if attempt.exit_code is None else attempt.exit_code
-        dropped = f"; dropped {', '.join(attempt.excluded)}" if attempt.excluded else ""
-        console.print(f"  {attempt.number}: {', '.join(attempt.nodes)}: exit {code}: "
-                      f"{_cause_text(attempt)}{dropped}", markup=False)  # fmt: skip
-
-
-def _print_recovery(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:
-    """Why the last attempt was not followed by another, when restarts were asked for."""
-    last = attempts[-1] if attempts else None
-    if last is None or last.cause is None:
-        return
-    console.print(f"recovery: {last.cause['decision']}", markup=False)
-
-
-def _print_summary(result: LaunchResult, *, restarts: bool = False) -> None:
-    err = _err()
-    _print_attempts(err, result.attempts)
-    codes = ", ".join(
-        f"{node}={'-' if code is None else code}" for node, code in result.node_exit_codes.items()
-    )
-    if result.state == JobState.SUCCEEDED:
-        err.print(f"[green]job {result.job_id} succeeded[/] (nodes: {codes})")
-    else:
-        failure = result.first_failure
-        err.print(f"[red]job {result.job_id} {result.state}[/], exit code {result.exit_code}")
-        for line in result.stop.lines() if result.stop is not None else ():
-            err.print(line, markup=False)
-        if failure is not None and result.stop is None:
-            _print_root_cause(err, failure)
-            rank = f" rank {failure.rank}" if failure.rank is not None else ""
-            err.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
-            _print_cause_notes(err, failure)
-            if failure.last_lines and not failure.traceback:
-                err.print(f"last lines from {failure.node}:")
-                for line in failure.last_lines:
-                    err.print(f"  | {line}", markup=False)
-        err.print(f"node exit codes: {codes}")
-        if restarts:
-            _print_recovery(err, result.attempts)
-        _print_stacks_kept(result)
-        for failed in result.teardown.failed if result.teardown else ():
-            err.print(f"[yellow]teardown on {failed.node}[/]: {escape(failed.why)}")
-    for node, problem in result.node_logs.items():
-        if problem != "ok":
-            err.print(f"[yellow]raw logs of {node} not collected[/]: {problem}")
-    err.print(f"record: {result.run_dir}")
-    _print_report(err, result.run_dir)
-
-
-def _print_report(err: Console, run_dir: Path) -> None:
-    """The job's page, written as it ends. Whatever goes wrong there is one line: the
-    job's own outcome and exit code are what matter."""
-    try:
-        path = write_report(run_dir)
-    except Exception as problem:  # whatever it is, the job's end stands: one line, no traceback
-        why = str(problem) or type(problem).__name__
-        err.print(f"[yellow]report not written[/]: {escape(why)}")
-        return
-    err.print(f"report: {path}", markup=False)
-
-
-class _PipelinePrinter:
-    """Prints what the steps before the job found (orchestrator.prepare.ready), and between
-    attempts which one runs next on the live view."""
-
-    def __init__(self, view: LogView | None = None) -> None:
-        self.view = view
-
-    def synced(self, plan: LaunchPlan, results: GroupResult[SyncedFiles]) -> None:
-        err = _err()
-        for r in results:
-            done = r.value
-            if done is None:
-                err.print(f"[red]sync {r.node}[/]: {escape(r.why)}")
-            elif done.shared:
-                err.print(f"sync {r.node}: shares {plan.workdir} with the head, nothing to copy")
-            else:
-                err.print(f"sync {r.node}: {done.sent} files copied, {done.unchanged} unchanged")
-
-    def preflight_failed(self, report: DoctorReport) -> None:
-        err = _err()
-        for finding in report.errors:
-            err.print(f"[red]{finding.node}[/]: {finding.problem}\n  fix: {finding.fix}")
-
-    def pushing_environment(self, python: str, nodes: Sequence[str]) -> None:
-        _err().print(f"--push-env: the environment of {python} differs from the head's on "
-                     f"{nodes_text(nodes)}: pushing the head's there", markup=False)  # fmt: skip
-
-    def environment_pushed(self, done: PushDone) -> None:
-        _err().print(f"--push-env: pushed {done.root} (fingerprint {done.fingerprint[:8]}) to "
-                     f"{len(done.nodes)} node(s): {format_bytes(done.sent_bytes)} sent in "
-                     f"{done.seconds:.0f} s; checking again", markup=False)  # fmt: skip
-
-    def started(self, plan: LaunchPlan, run: RunDir) -> None:
-        restart = plan.job.env.get(RESTART_COUNT_VAR, "0")
-        attempt = f" attempt {int(restart) + 1}" if restart != "0" else ""
-        _err().print(
-            f"job {plan.job_id}{attempt}: {plan.launcher} on {plan.shape_text}; record {run.path}"
-        )
-
-    def attempt_ended(self, run_dir: Path) -> None:
-        """The ended attempt's page, before its files move to attempts/<n>/."""
-        _print_report(_err(), run_dir)
-
-    def restarting(self, ended: AttemptRecord, plan: LaunchPlan, following: LaunchPlan,
-                   pause: float) -> None:  # fmt: skip
-        err = _err()
-        err.print(f"[yellow]attempt {ended.number} ended[/], exit code {ended.exit_code}: "
-                  f"{escape(_cause_text(ended))}")  # fmt: skip
-        if ended.excluded:
-            err.print(f"  dropped: {', '.join(ended.excluded)}", markup=False)
-        nodes = ", ".join(following.hosts)
-        err.print(f"attempt {ended.number + 1} in {pause:.0f} s on {nodes}", markup=False)
-        if isinstance(self.view, LiveView):
-            last = f"attempt {ended.number} ended, exit {ended.exit_code}: {_cause_text(ended)}"
-            self.view.new_attempt(following.hosts, f"attempt {ended.number + 1} ({last})")
-        if following.world_size != plan.world_size:
-            change = f"{plan.world_size} to {following.world_size} ranks"
-            err.print(f"  the world size changes from {change} ({following.shape_text})",
-                      markup=False)  # fmt: skip
 
 
 def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
@@ -278,7 +83,7 @@ def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
         directory = commands_dir(plan.job_id)
         write_command_files(directory, command_files(plan))
         typer.echo(plan_text(plan, directory), nl=False)
-    err = _err()
+    err = err_console()
     for finding in findings:
         level = "[red]error[/]" if finding.is_error else "[yellow]warning[/]"
         err.print(f"{level}: {escape(finding.problem)}\n  fix: {escape(finding.fix)}")
@@ -289,17 +94,17 @@ def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
 
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
     job = prepare_job(request, os.environ, private_dir=head_private_dir, dry_run=dry_run,
-                      say=lambda text: _err().print(text, markup=False))  # fmt: skip
+                      say=lambda text: err_console().print(text, markup=False))  # fmt: skip
     if dry_run:
         _print_dry_run(job.plan, as_json=as_json)
         return
     view = None if quiet else make_view(job.plan.hosts)
     try:
-        result = run_job(job, view=view, reporter=_PipelinePrinter(view))
+        result = run_job(job, view=view, reporter=PipelinePrinter(view))
     finally:
         if view is not None:
             view.close()
-    _print_summary(result, restarts=request.max_restarts > 0)
+    print_summary(result, restarts=request.max_restarts > 0)
     raise typer.Exit(result.exit_code)
 
 
@@ -398,7 +203,7 @@ def submit(
     if batch.slurm_job is None:
         typer.echo(batch.script, nl=False)
         return
-    _err().print(
+    err_console().print(
         f"job {batch.job_id}: submitted as Slurm job {batch.slurm_job} ({batch.nodes} nodes); "
         f"`orch status {batch.job_id}`; its output: {batch.output}"
     )
@@ -529,15 +334,15 @@ def status(
         code = record.node_exit_codes.get(node)
         out.print(f"  {node}: exit {'-' if code is None else code}")
     out.print(environment_line(record.environment), markup=False)
-    _print_attempts(out, record.attempts)
+    print_attempts(out, record.attempts)
     for line in record.stop.lines() if record.stop is not None else ():
         out.print(line, markup=False)
     failure = record.first_failure
     if failure is not None and record.stop is None:
-        _print_root_cause(out, failure)
+        print_root_cause(out, failure)
         rank = f" rank {failure.rank}" if failure.rank is not None else ""
         out.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
-        _print_cause_notes(out, failure)
+        print_cause_notes(out, failure)
         for line in failure.last_lines if not failure.traceback else ():
             out.print(f"  | {line}", markup=False)
 
@@ -550,7 +355,7 @@ def kill(
 ) -> None:
     """Stop a job on every node (from any terminal), by its job id."""
     run = find_job(runs_root(runs_dir), job)
-    err = _err()
+    err = err_console()
     outcome = kill_job(run, grace=grace, say=lambda text: err.print(text, markup=False))
     err.print(f"job {outcome.record.id}: {shown_state(outcome.record)}")
     raise typer.Exit(0 if outcome.ok else 1)

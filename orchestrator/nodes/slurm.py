@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchError
+from orchestrator.specs.slurm import slurm_time_left
 
 _TIMEOUT_S = 15.0
 
@@ -63,6 +64,13 @@ def job_state(slurm_job: str) -> str | None:
     if answer.ok and answer.out.strip():
         return answer.out.split()[0]
     return None
+
+
+def time_left(slurm_job: str) -> float | None:
+    """Seconds the allocation has left (squeue's %L); None when it has no limit or Slurm
+    does not say."""
+    answer = _run(["squeue", "-h", "-j", slurm_job, "-o", "%L"])
+    return slurm_time_left(answer.out.split()[0]) if answer.ok and answer.out.strip() else None
 
 
 def submit_batch(script: str, cwd: str) -> str:

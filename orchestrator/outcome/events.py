@@ -46,6 +46,10 @@ class WatchSettings:
     # themselves before the job is torn down; the time limit counts from the first event.
     rank_grace: float = DEFAULT_STOP_GRACE_S
     time_limit: float | None = None  # None: no limit
+    # Inside a Slurm allocation: Slurm's SIGTERM is a stop too, and the job stops this long
+    # after its start so that the grace ends before the allocation does (None: no end).
+    in_slurm: bool = False
+    slurm_stop_after: float | None = None
 
     @property
     def teardown_budget(self) -> float:

@@ -35,6 +35,8 @@ class StopCause(StrEnum):
     CTRL_C = "ctrl-c"  # the first Ctrl-C on the head
     ORCH_STOP = "orch-stop"  # `orch stop JOB`, from any terminal
     TIME_LIMIT = "time-limit"  # --time-limit ran out
+    SLURM_LIMIT = "slurm-time-limit"  # the allocation's end is near (its grace before it)
+    SLURM_SIGNAL = "slurm-signal"  # Slurm's warning (--signal) or a preemption's SIGTERM
 
     @property
     def said(self) -> str:
@@ -49,8 +51,11 @@ class StopCause(StrEnum):
 
 
 _STOP_WORDS = {StopCause.CTRL_C: "Ctrl-C", StopCause.ORCH_STOP: "`orch stop`",
-               StopCause.TIME_LIMIT: "the time limit"}  # fmt: skip
-_STOP_CODES = {StopCause.CTRL_C: 130, StopCause.ORCH_STOP: 143, StopCause.TIME_LIMIT: 124}
+               StopCause.TIME_LIMIT: "the time limit",
+               StopCause.SLURM_LIMIT: "the Slurm allocation's time limit",
+               StopCause.SLURM_SIGNAL: "Slurm (its warning, or a preemption)"}  # fmt: skip
+_STOP_CODES = {StopCause.CTRL_C: 130, StopCause.ORCH_STOP: 143, StopCause.TIME_LIMIT: 124,
+               StopCause.SLURM_LIMIT: 124, StopCause.SLURM_SIGNAL: 143}  # fmt: skip
 
 
 class JobState(StrEnum):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from orchestrator.outcome.events import (
     Event,
@@ -154,10 +154,7 @@ class JobVerdict:
         elif isinstance(event, HeadExited):
             self.head_code = event.code
         elif isinstance(event, Interrupted):
-            if event.signum == signal.SIGINT and not event.killed and self._may_stop():
-                self.stop = StopAsked(StopCause.CTRL_C, event.at)  # the first Ctrl-C: save
-            else:
-                self.interrupt = self.interrupt or event
+            self._record_signal(event)
         elif isinstance(event, StopAsked):
             if self._may_stop():
                 self.stop = event
@@ -167,6 +164,23 @@ class JobVerdict:
             self.teardown_done_at = event.at
         elif isinstance(event, Tick):
             self.read_up_to = event.read_up_to
+
+    def _record_signal(self, event: Interrupted) -> None:
+        """The first Ctrl-C asks the ranks to save; so does Slurm's warning (SIGUSR1, which
+        orch's batch script asks for) and, inside an allocation, Slurm's SIGTERM (a
+        preemption, the limit), which during a stop changes nothing. Anything else (a
+        second Ctrl-C, `orch kill`, a TERM elsewhere) ends the job at once."""
+        from_slurm = event.signum == signal.SIGUSR1 or (
+            event.signum == signal.SIGTERM and self.settings.in_slurm
+        )
+        if not event.killed and event.signum == signal.SIGINT and self._may_stop():
+            self.stop = StopAsked(StopCause.CTRL_C, event.at)
+        elif not event.killed and from_slurm and self._may_stop():
+            self.stop = StopAsked(StopCause.SLURM_SIGNAL, event.at)
+        elif not event.killed and from_slurm and self.stopping:
+            return
+        else:
+            self.interrupt = self.interrupt or event
 
     def _record_exit(self, event: NodeExited) -> None:
         node, fields = event.node, event.fields
@@ -213,10 +227,12 @@ class JobVerdict:
         return self.stop is None and self.failure is None and self.interrupt is None
 
     def _decide(self, now: float) -> Decision:
-        limit, started = self.settings.time_limit, self.started_at
-        up = limit is not None and started is not None and now - started >= limit
-        if up and self._may_stop():
-            self.stop = StopAsked(StopCause.TIME_LIMIT, now)
+        started = self.started_at
+        for limit, cause in ((self.settings.time_limit, StopCause.TIME_LIMIT),
+                             (self.settings.slurm_stop_after, StopCause.SLURM_LIMIT)):  # fmt: skip
+            up = limit is not None and started is not None and now - started >= limit
+            if up and self._may_stop():
+                self.stop = StopAsked(cause, now)
         begin = None
         if self.stop is not None and not self._stop_begun and self.failure is None:
             self._stop_begun = True
@@ -414,27 +430,3 @@ def _as_float(value: object) -> float | None:
         return float(value) if value is not None else None  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-
-
-SRUN_ERROR = "srun: error: "
-
-
-def in_slurm_words(
-    failure: Failure,
-    head_lines: tuple[str, ...],
-    heard_any: bool,
-    node_problems: Mapping[str, str],
-) -> Failure:
-    """A failure of a job whose nodes srun started, as Slurm tells it: srun's own refusal
-    when no node ever answered (no allocation left, too few nodes, a node not in it), and
-    a node Slurm took out (`node_problems`: node -> its state and reason) named first."""
-    refusals = [line.split(SRUN_ERROR, 1)[1] for line in head_lines if SRUN_ERROR in line]
-    if not heard_any and refusals:
-        return replace(failure, node="", reason=f"srun refused the step: {refusals[0]}",
-                       rank=None, kind=FailureKind.HEAD)  # fmt: skip
-    for node, problem in node_problems.items():
-        # A drained node keeps its running jobs: a rank's own exit stays the cause then.
-        if failure.kind != FailureKind.RANK or "DOWN" in problem.upper():
-            return replace(failure, node=node, rank=None, kind=FailureKind.LOST,
-                           reason=f"Slurm took {node} out: {problem}")  # fmt: skip
-    return failure

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from orchestrator.errors import UsageError
 from orchestrator.plan.request import JobRequest
+from orchestrator.specs.slurm import SLURM_STOP_MARGIN_S
+
+_SIGNAL_MAX_S = 65535  # the most sbatch --signal's @time takes
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,9 @@ class BatchRequest:
     # --max-restarts: the allocation outlives a node that fails, so the job can go on in it
     # (Slurm ends the whole job on a node's failure otherwise).
     no_kill: bool = False
+    # Seconds before the allocation's end at which Slurm sends orch (the batch shell, which
+    # it execs) SIGUSR1: the ranks' grace and the teardown fit before the end.
+    warn_before: int | None = None
 
 
 def batch_request(
@@ -46,6 +52,7 @@ def batch_request(
     partition: str | None = None,
     account: str | None = None,
     no_kill: bool = False,
+    warn_before: int | None = None,
 ) -> BatchRequest:
     if nodes is None:
         raise UsageError(
@@ -56,7 +63,7 @@ def batch_request(
         job_id=job_id, name=name, nodes=nodes,
         ntasks_per_node=ntasks_per_node or gpus_per_node or 1, workdir=workdir, output=output,
         command=tuple(command), gpus_per_node=gpus_per_node, time=time, partition=partition,
-        account=account, no_kill=no_kill,
+        account=account, no_kill=no_kill, warn_before=warn_before,
     )  # fmt: skip
 
 
@@ -80,6 +87,7 @@ def request_batch(request: JobRequest, *, job_id: str, cwd: str, output: str,
         partition=asked.partition or wanted.partition,
         account=wanted.account,
         no_kill=request.max_restarts > 0,
+        warn_before=min(_SIGNAL_MAX_S, int(request.spec.stop.grace + SLURM_STOP_MARGIN_S)),
     )
 
 
@@ -160,5 +168,7 @@ def render_batch_script(request: BatchRequest) -> str:
             lines.append(f"#SBATCH --{option}={value}")
     if request.no_kill:
         lines.append("#SBATCH --no-kill")
+    if request.warn_before:
+        lines.append(f"#SBATCH --signal=B:USR1@{request.warn_before}")
     lines.append("exec " + " ".join(shlex.quote(word) for word in request.command))
     return "\n".join(lines) + "\n"

@@ -16,6 +16,8 @@ from typing import Protocol
 
 from orchestrator.errors import OrchError, RestartNotStarted
 from orchestrator.logs.router import LogView
+from orchestrator.nodes import slurm
+from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.pace import PaceSeed
 from orchestrator.outcome.restart_policy import (
     NO_PROGRESS,
@@ -42,6 +44,7 @@ from orchestrator.records.rundir import RunDir, run_dir
 from orchestrator.run.launch import JobRunner, LaunchResult
 from orchestrator.run.plan_files import prepare_run
 from orchestrator.run.recheck import unreachable_nodes
+from orchestrator.specs.slurm import JOB_ID_VAR, stop_before_the_end
 from orchestrator.specs.words import Fanout
 
 
@@ -126,6 +129,19 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
             raise RestartNotStarted(record.attempt, err, record.exit_code or 1) from err
 
 
+def _in_allocation(settings: WatchSettings, reporter: PipelineReporter) -> WatchSettings:
+    """Inside a Slurm allocation (its id in the environment): Slurm's SIGTERM is a stop,
+    and the job stops early enough for its ranks' grace to end before the allocation does."""
+    slurm_job = os.environ.get(JOB_ID_VAR)
+    if not slurm_job:
+        return settings
+    left = slurm.time_left(slurm_job)
+    stop_after = stop_before_the_end(left, settings.rank_grace)
+    if left is not None and stop_after is not None:
+        reporter.slurm_limit(left, stop_after, settings.rank_grace)
+    return replace(settings, in_slurm=True, slurm_stop_after=stop_after)
+
+
 def _time_left(job: PreparedJob, first_started: float | None) -> float | None:
     """What is left of --time-limit, counted from the first attempt's start; None: no limit."""
     limit = job.request.time_limit
@@ -201,6 +217,8 @@ class PipelineReporter(PrepareReporter, Protocol):
     def restarting(self, ended: AttemptRecord, plan: LaunchPlan, following: LaunchPlan,
                    pause: float) -> None: ...  # fmt: skip
 
+    def slurm_limit(self, left: float, stop_after: float, grace: float) -> None: ...
+
 
 def execute_plan(
     plan: LaunchPlan,
@@ -222,12 +240,13 @@ def execute_plan(
     if preflight is not None:  # for the job's page: it ran before its directory existed
         save_preflight(run, preflight.started, preflight.ended, preflight.report.to_dict())
     runner = JobRunner(
-        plan, run, record, settings=options.settings, view=view,
+        plan, run, record, settings=_in_allocation(options.settings, reporter), view=view,
         keep_remote_logs=options.keep_remote_logs,
     )  # fmt: skip
+    # SIGUSR1: the warning orch's batch script asks Slurm for before the allocation ends.
     previous = {
         sig: signal.signal(sig, lambda signum, _frame: runner.interrupt(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
     }
     reporter.started(plan, run)
     try:

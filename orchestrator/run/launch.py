@@ -57,9 +57,10 @@ from orchestrator.outcome.explanation import Explanation, explain
 from orchestrator.outcome.hang import hang_culprit
 from orchestrator.outcome.pace import PaceSeed
 from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress, attempt_progress
+from orchestrator.outcome.slurm_words import in_slurm_words
 from orchestrator.outcome.states import Failure, FailureKind, JobState, StopCause
 from orchestrator.outcome.stop import StopSummary
-from orchestrator.outcome.verdict import JobVerdict, Outcome, in_slurm_words
+from orchestrator.outcome.verdict import JobVerdict, Outcome
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan, process_environment
 from orchestrator.records.job import (
@@ -268,9 +269,7 @@ class JobRunner:
             if not stop_noted and self.run_dir.exists(STOP_MARKER):
                 stop_noted = True
                 events.append(StopAsked(StopCause.ORCH_STOP, now))
-            for looked in self.quiet_look.events():
-                events.append(looked)
-                self._noted(looked)
+            events += [self._noted(looked) for looked in self.quiet_look.events()]
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
                 events.append(TeardownDone(now))
@@ -292,13 +291,14 @@ class JobRunner:
             if stop:
                 return
 
-    def _noted(self, looked: QuietLooked) -> None:
+    def _noted(self, looked: QuietLooked) -> QuietLooked:
         """A look that found the quiet job working: on the timeline and in the live view."""
         if looked.finding.working:
             said = f"quiet, working: {looked.finding.summary()}"
             self._moment(MomentKind.QUIET, detail=said)
             if isinstance(self.view, LiveView | PlainView):
                 self.view.status(said)
+        return looked
 
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""

@@ -175,3 +175,27 @@ def chosen_fanout(fanout: str | None, launcher: str, in_allocation: bool) -> Fan
     if fanout:
         return fanout_named(fanout)
     return Fanout.SRUN if in_allocation and launcher != "pdsh" else Fanout.PDSH
+
+
+# Before its allocation ends, a job stops this long before the end plus the ranks' grace:
+# the teardown and the logs' return, and Slurm's own signal may come up to a minute early.
+SLURM_STOP_MARGIN_S = 60.0
+_LEFT = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+def slurm_time_left(text: str) -> float | None:
+    """Seconds from squeue's %L (`1-02:03:04`, `02:03:04`, `03:04`); None for UNLIMITED,
+    NOT_SET, INVALID or anything else it may print."""
+    found = _LEFT.match(text.strip())
+    if found is None:
+        return None
+    days, hours, minutes, seconds = (int(part or 0) for part in found.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def stop_before_the_end(left: float | None, grace: float) -> float | None:
+    """Seconds from now at which a job in an allocation with `left` seconds to run stops,
+    so that its ranks' grace and the teardown end before Slurm's limit; None: no limit."""
+    if left is None:
+        return None
+    return max(0.0, left - grace - SLURM_STOP_MARGIN_S)

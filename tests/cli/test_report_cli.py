@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _report_job import JOB, failed_job
 
-from orchestrator.cli import job_cmds
+from orchestrator.cli import job_printing
 from orchestrator.outcome.states import JobState
 from orchestrator.run.launch import LaunchResult
 
@@ -39,7 +39,7 @@ def _result(run_dir) -> LaunchResult:
 
 def test_a_job_s_end_writes_its_report_and_names_it(tmp_path, capsys):
     run = failed_job(tmp_path)
-    job_cmds._print_summary(_result(run.path))
+    job_printing.print_summary(_result(run.path))
     err = capsys.readouterr().err
     assert f"report: {run.path / 'report.html'}" in err
     assert (run.path / "report.html").is_file()
@@ -52,7 +52,7 @@ def test_a_report_that_cannot_be_written_is_one_line(tmp_path, capsys, broken):
         run.job_file.unlink()
     else:
         (run.path / "report.html").mkdir()
-    job_cmds._print_summary(_result(run.path))  # returns: the job's exit code is untouched
+    job_printing.print_summary(_result(run.path))  # returns: the job's exit code is untouched
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("report")]
     assert len(lines) == 1 and lines[0].startswith("report not written: "), err
@@ -70,8 +70,8 @@ def test_a_report_that_fails_unexpectedly_is_still_one_line(tmp_path, capsys, mo
     def broken(_run_dir):
         raise problem
 
-    monkeypatch.setattr(job_cmds, "write_report", broken)
-    job_cmds._print_summary(_result(run.path))
+    monkeypatch.setattr(job_printing, "write_report", broken)
+    job_printing.print_summary(_result(run.path))
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("report")]
     assert len(lines) == 1 and lines[0].startswith("report not written: "), err

@@ -14,8 +14,9 @@ from orchestrator.checks.model import Finding
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.errors import UsageError
 from orchestrator.outcome.events import NodeExited, WatchSettings
+from orchestrator.outcome.slurm_words import in_slurm_words
 from orchestrator.outcome.states import Failure
-from orchestrator.outcome.verdict import JobVerdict, in_slurm_words
+from orchestrator.outcome.verdict import JobVerdict
 from orchestrator.plan.agent_command import agent_argv
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.launch_plan import HeadContext, Placement
@@ -256,6 +257,8 @@ def test_the_batch_script_runs_the_same_request_passing_on_only_what_was_given()
     restarting = request_batch(_sbatch_request(recovery=RecoveryRequest(max_restarts=1)),
                                job_id="j1", cwd="/w", output="/o", command=argv)  # fmt: skip
     assert "#SBATCH --no-kill\n" in render_batch_script(restarting)  # a node's loss keeps it
+    # Slurm warns orch (the batch shell) the ranks' grace and a margin before the end.
+    assert "#SBATCH --signal=B:USR1@180\n" in render_batch_script(batch)  # 120 s grace + 60
 
 
 def test_the_batch_job_runs_with_launchs_options_given_over_the_recipe():

@@ -21,13 +21,14 @@ from orchestrator.outcome.events import (
 )
 from orchestrator.outcome.states import FailureKind, JobState, StopCause
 from orchestrator.outcome.verdict import Decision, JobVerdict
+from orchestrator.specs.slurm import SLURM_STOP_MARGIN_S, slurm_time_left, stop_before_the_end
 
 HOSTS = ("n1", "n2")
 SETTINGS = WatchSettings(heartbeat_timeout=10, settle=1, rank_grace=120, hang_timeout=30)
 CTRL_C = Interrupted(signal.SIGINT, False, 5)
 
 
-def _verdict(**changes: float) -> JobVerdict:
+def _verdict(**changes: float | bool) -> JobVerdict:
     settings = WatchSettings(**{**SETTINGS.__dict__, **changes})
     verdict = JobVerdict(HOSTS, settings, head_launcher=False)
     for node in HOSTS:
@@ -148,3 +149,59 @@ def test_a_job_that_ended_before_the_stop_reached_it_is_the_stops_all_the_same()
                       HeadExited(0, 7))  # fmt: skip
     assert _begun(decisions) == [StopCause.CTRL_C] and _teardowns(decisions) == []
     assert verdict.outcome(0, stopped_by_us=False).state == JobState.INTERRUPTED
+
+
+# ----- Slurm: its warning, its SIGTERM inside an allocation, the allocation's end ---------
+@pytest.mark.parametrize(
+    ("signum", "in_slurm", "stops"),
+    [(signal.SIGUSR1, False, True), (signal.SIGUSR1, True, True),
+     (signal.SIGTERM, True, True), (signal.SIGTERM, False, False)],
+)  # fmt: skip
+def test_slurms_warning_and_its_term_inside_an_allocation_give_the_ranks_their_grace(
+    signum, in_slurm, stops
+):
+    verdict = _verdict(in_slurm=in_slurm)
+    decisions = _feed(verdict, Interrupted(signum, False, 5), Tick(6))
+    if stops:
+        assert _begun(decisions) == [StopCause.SLURM_SIGNAL] and _teardowns(decisions) == []
+        if in_slurm:  # Slurm's TERM at the limit, during the stop: the ranks keep their grace
+            term = _feed(verdict, Interrupted(signal.SIGTERM, False, 30), Tick(31))
+            assert _teardowns(term) == []
+        _feed(verdict, _exit("n1", 40), _exit("n2", 41), OutputEnded(42), HeadExited(0, 42))
+        outcome = verdict.outcome(0, stopped_by_us=False)
+        assert (outcome.state, outcome.exit_code) == (JobState.STOPPED, 143)
+        assert outcome.failure.reason == "stopped by Slurm (its warning, or a preemption)"
+    else:  # a TERM outside Slurm ends the job at once, as ever
+        [failure] = _teardowns(decisions)
+        assert failure.kind == FailureKind.SIGNAL
+
+
+def test_orch_kill_inside_an_allocation_still_ends_the_job_at_once():
+    verdict = _verdict(in_slurm=True)
+    [failure] = _teardowns(_feed(verdict, Interrupted(signal.SIGTERM, True, 5)))
+    assert failure.kind == FailureKind.KILLED
+
+
+def test_the_allocations_end_stops_the_job_in_time_for_its_grace():
+    verdict = _verdict(in_slurm=True, slurm_stop_after=300, hang_timeout=None,
+                       heartbeat_timeout=1000)  # fmt: skip
+    assert _begun(_feed(verdict, Tick(100), Tick(299))) == []
+    assert _begun(_feed(verdict, Tick(300.5))) == [StopCause.SLURM_LIMIT]
+    [failure] = _teardowns(_feed(verdict, Tick(421)))  # the 120 s grace ran out
+    assert failure.reason == "stopped by the Slurm allocation's time limit: the 120 s grace ran out"
+    assert verdict.outcome(-15, stopped_by_us=True).exit_code == 124
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1-02:03:04", 93784.0), ("02:03:04", 7384.0), ("03:04", 184.0), ("0:00", 0.0),
+     ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None)],
+)  # fmt: skip
+def test_the_time_an_allocation_has_left_is_read_from_squeue(text, seconds):
+    assert slurm_time_left(text) == seconds
+
+
+def test_a_job_stops_its_grace_and_a_margin_before_the_allocation_ends():
+    assert stop_before_the_end(3600.0, 120.0) == 3600.0 - 120.0 - SLURM_STOP_MARGIN_S
+    assert stop_before_the_end(100.0, 120.0) == 0.0  # at once: the grace does not fit
+    assert stop_before_the_end(None, 120.0) is None

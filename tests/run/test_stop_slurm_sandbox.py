@@ -55,3 +55,36 @@ def test_ctrl_c_under_srun_lets_every_rank_save(sandbox_factory, tmp_path):
         assert wait_for(lambda node=node: job_processes(node, job_id) == [], 30), node
     record = job_json(runs, job_id)
     assert record["transport"] == "slurm" and record["stop"]["ending"] == "ranks-exited"
+
+
+def test_an_allocations_time_limit_stops_the_job_in_time_for_every_rank_to_save(
+    sandbox_factory, tmp_path
+):
+    _box, state = sandbox_factory(2, 2, slurm=True)
+    names = [n.name for n in state.nodes]
+    out = tmp_path / "out"
+    out.mkdir()
+    runs = tmp_path / "runs"
+    # Three minutes of allocation, a 30 s grace: orch stops the job 90 s before the end.
+    argv = ["salloc", "-N2", "--ntasks-per-node=2", "--time=3", *ORCH, "launch", "--slurm",
+            "--launcher", "torchrun", "--no-doctor", "--stop-grace", "30", SAVING, "--",
+            "--out", str(out), "--save-seconds", "20"]  # fmt: skip
+    log_path = tmp_path / "salloc.log"
+    with log_path.open("wb") as log:
+        salloc = subprocess.Popen(argv, cwd=REPO, env=slurm_env(state, runs), stdout=log,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        assert salloc.wait(230) == 124, log_path.read_text()[-3000:]
+    finally:
+        if salloc.poll() is None:
+            salloc.kill()
+    text = log_path.read_text()
+    assert "the Slurm allocation ends in " in text
+    assert "their grace of 30 s ending before it" in text
+    assert sorted(p.name for p in out.iterdir()) == [f"rank{r}.saved" for r in range(4)], text
+    assert "stopped by the Slurm allocation's time limit: 4 of 4 ranks exited by themselves" in text
+    [job_id] = job_ids(runs)
+    record = job_json(runs, job_id)
+    assert record["stop"]["cause"] == "slurm-time-limit" and record["state"] == "stopped"
+    for node in names:
+        assert wait_for(lambda node=node: job_processes(node, job_id) == [], 30), node
