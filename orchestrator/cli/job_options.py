@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -236,6 +236,13 @@ _WORKDIR = typer.Option(
     help="Working directory on the nodes (default: the head's; submit: the recipe's).",
     rich_help_panel=SCRIPT_PANEL,
 )
+_NAME = typer.Option(
+    None,
+    "--name",
+    help="What to call the job in `orch status` (--name filters by it). Default: the recipe's "
+    "name, else the script's file name without its suffix.",
+    rich_help_panel=SCRIPT_PANEL,
+)
 _ENV = typer.Option(
     [],
     "--env",
@@ -260,6 +267,7 @@ class JobOptions:
     slurm: bool = field(metadata=_declared(in_panel(SLURM, NODES_PANEL)))
     python: str | None = field(metadata=_declared(_PYTHON))
     workdir: str | None = field(metadata=_declared(_WORKDIR))
+    name: str | None = field(metadata=_declared(_NAME))
     env: list[str] = field(metadata=_declared(_ENV))
     env_keep: list[str] = field(metadata=_declared(_ENV_KEEP))
     sync: bool = field(metadata=_declared(_SYNC))
@@ -353,6 +361,8 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
         stop_signal=options.stop_signal, stop_grace=options.stop_grace,
     )  # fmt: skip
     spec = with_stop(spec, options.stop_signal, options.stop_grace)
+    if options.name:
+        spec = replace(spec, name=options.name)
     hosts = HostsRequest(
         hostfile=str(options.hostfile) if options.hostfile is not None else None,
         slurm=options.slurm, nodes=nodes, include=options.include, exclude=options.exclude,

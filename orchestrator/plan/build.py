@@ -67,6 +67,7 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
         main_port_chosen=place.main_port_chosen,
         slurm_batch=place.slurm_batch,
         recipe=spec.recipe,
+        name=spec.name,
         transport=place.transport,
     )
 

@@ -188,6 +188,7 @@ class LaunchPlan:
     main_port_chosen: bool = False  # picked by orch (free on node 0), not given
     slurm_batch: bool = False  # the job's Slurm allocation is its own (orch submit --sbatch)
     recipe: str | None = None
+    name: str | None = None  # what the user calls the job
     transport: Transport = Transport.SSH  # how orch's own commands reach the nodes
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 
 from orchestrator.errors import UsageError
 from orchestrator.specs.constants import DEFAULT_LAUNCHER
@@ -37,6 +38,7 @@ class LaunchSpec:
     rdzv_id: str | None = None  # None: the job id
     recipe: str | None = None  # the recipe file it came from
     stop: StopSettings = field(default_factory=StopSettings)  # what a stop sends, its grace
+    name: str | None = None  # what the user calls the job: --name, the recipe's, the script's
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ def launch_spec(script: str, args: Sequence[str], *, launcher: str, env: Sequenc
         script=script, args=tuple(args), launcher=launcher_named(launcher), python=python,
         workdir=workdir,
         nproc_per_node=nproc_per_node, env=tuple(given.items()), passthrough=forwarded,
-        main_port=main_port,
+        main_port=main_port, name=PurePath(script).stem or None,
     )  # fmt: skip
 
 
@@ -229,6 +231,7 @@ def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
         torchrun_args=tuple(recipe.torchrun.extra_args),
         rdzv_id=recipe.torchrun.rdzv_id,
         recipe=path,
+        name=recipe.name,
         stop=StopSettings(recipe.stop_signal or StopSettings.signal,
                           recipe.stop_grace or StopSettings.grace),
     )

@@ -113,6 +113,8 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
               ("--restart-on", request.recovery.restart_on),
               ("--min-nodes", request.recovery.min_nodes),
               ("--stop-signal", watch.stop_signal), ("--stop-grace", watch.stop_grace),
+              ("--name", request.spec.name if request.spec.name != _recipe_name(request)
+               else None),
               ("--time-limit", watch.time_limit))  # fmt: skip
     for option, value in values:
         if value is not None:
@@ -123,6 +125,10 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
     if request.extra_args:
         argv += ["--", *request.extra_args]
     return tuple(argv)
+
+
+def _recipe_name(request: JobRequest) -> str | None:
+    return request.recipe.name if request.recipe is not None else None
 
 
 def _overrides_argv(request: JobRequest) -> list[str]:

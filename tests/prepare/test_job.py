@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.plan.request import HostsRequest, JobRequest, WatchRequest, launch_spec
+from orchestrator.plan.request import (
+    HostsRequest,
+    JobRequest,
+    WatchRequest,
+    launch_spec,
+    recipe_spec,
+)
 from orchestrator.prepare.job import pipeline_options, prepare_job, push_hosts
 from orchestrator.specs.constants import RESTART_COUNT_VAR
 from orchestrator.specs.recipe import parse_recipe
@@ -49,3 +55,13 @@ def test_the_options_take_the_watch_requests_and_the_default_heartbeat(tmp_path)
     assert options.settings.heartbeat_timeout == type(options.settings).heartbeat_timeout
     quick = pipeline_options(_request(tmp_path, watch=WatchRequest(heartbeat_timeout=3.0)))
     assert quick.settings.heartbeat_timeout == 3.0
+
+
+def test_a_job_is_named_by_the_user_else_its_recipe_else_its_script(tmp_path):
+    job = prepare_job(_request(tmp_path), {}, private_dir=lambda j: f"/p/{j}", dry_run=True)
+    assert job.plan.name == "train"  # train.py
+    recipe = parse_recipe("name: bert-base\nscript: /r/train.py\n")
+    assert recipe_spec(recipe, "/r/bert.yaml").name == "bert-base"
+    named = _request(tmp_path, spec=replace(_request(tmp_path).spec, name="ablation-3"))
+    job = prepare_job(named, {}, private_dir=lambda j: f"/p/{j}", dry_run=True)
+    assert job.plan.name == "ablation-3"

@@ -54,6 +54,8 @@ def test_success_leaves_every_ranks_output_and_a_complete_record(sandbox, hostfi
     record = job_json(tmp_path, job_id)
     assert record["state"] == "succeeded" and record["exit_code"] == 0
     assert record["launcher"] == "torchrun" and record["hosts"] == names
+    assert record["name"] == "allreduce"  # the script's, none being given
+    assert record["hang_watch"]["source"] == "start-up floor"  # looked for, with no flag
     assert record["node_exit_codes"] == dict.fromkeys(names, 0)
     assert record["started_at"] and record["ended_at"]
     assert "--rdzv_backend=c10d" in record["command"]
