@@ -5,10 +5,10 @@ that must not be taken for a hang, counted over repeated runs.
 A sandbox of 2 nodes x 2 torch ranks (gloo, torchrun) runs tests/jobs/stepping.py, rank 0
 printing a line every step (a step: 0.2 s of compute and an all_reduce):
 
-- stall, learned:  rank 3 stops in plain Python after 40 s (a loader that never yields),
+- stall-learned:   rank 3 stops in plain Python after 40 s (a loader that never yields),
                    no --hang-timeout: caught after the learned threshold (at least 120 s)
                    and a look that finds no rank working;
-- stall, fixed 30: the same with --hang-timeout 30;
+- stall-fixed-30:  the same with --hang-timeout 30;
 - evaluation:      after 40 s rank 0 computes 150 s without a word while the others wait
                    in all_reduce; must end with 0;
 - checkpoint:      after 40 s every rank writes a file for 150 s without a word; must end
@@ -52,9 +52,9 @@ GLOO_DEFAULT_S, NCCL_DEFAULT_S = 1800.0, 600.0
 STEP = ("--compute", "0.2", "--print-every", "1", "--max-seconds", "260")
 SCENARIOS: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
     # name: (orch options, job arguments, the exit code it must end with)
-    "stall, learned": ((), ("--stall-rank", "3", "--stall-after", "40", "--max-seconds", "900"),
+    "stall-learned": ((), ("--stall-rank", "3", "--stall-after", "40", "--max-seconds", "900"),
                        124),
-    "stall, fixed 30": (("--hang-timeout", "30"),
+    "stall-fixed-30": (("--hang-timeout", "30"),
                         ("--stall-rank", "3", "--stall-after", "40", "--max-seconds", "900"),
                         124),
     "evaluation": ((), ("--quiet-rank", "0", "--quiet-at", "40", "--quiet-for", "150"), 0),

@@ -40,6 +40,29 @@ class InputFileError(UsageError):
         self.line = line
 
 
+# orch's own failures before a job starts have codes of their own, from sysexits.h, which
+# training scripts do not use: a script that exits 1 or 2 is never taken for orch.
+class NodesUnavailable(OrchError):
+    """The job's nodes cannot be reached or used before anything starts (SSH, too few
+    nodes answering, a port, the job's settings, --sync, --push-env). Exit 69."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class RecordError(OrchError):
+    """The job's record cannot be made: a runs directory not the user's alone, or one it
+    cannot write. Exit 73."""
+
+    exit_code = 73  # EX_CANTCREAT
+
+
+class PreflightFailed(OrchError):
+    """The pre-flight found what would break the job (a missing package, a different
+    environment, a port in use). Exit 78."""
+
+    exit_code = 78  # EX_CONFIG
+
+
 class SandboxError(OrchError):
     """The loopback cluster could not be brought up or down."""
 

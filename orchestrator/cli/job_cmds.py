@@ -134,7 +134,11 @@ def launch(
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the hostfile, or of -w.
 
-    Everything after SCRIPT is the script's own (a `--` right after it only separates)."""
+    Everything after SCRIPT is the script's own (a `--` right after it only separates).
+
+    Exit codes: the job's own (0 when every rank succeeded); 124 a hang or a time limit;
+    130 Ctrl-C; 143 `orch stop`, Slurm or `orch kill`; nothing started: 69 the nodes, 73
+    the record, 78 the pre-flight; 2 a usage error."""
     spec = launch_spec(script, _script_args(ctx.args), launcher=options.launcher or "pdsh",
                        env=options.env, environ=os.environ,
                        nproc_per_node=options.nproc_per_node, python=options.python,
@@ -182,7 +186,9 @@ def submit(
 ) -> None:
     """Run a recipe: everything the launch needs, in one file.
 
-    Launch's options given here win over the recipe's values; ARGS go to the script."""
+    Launch's options given here win over the recipe's values; ARGS go to the script.
+
+    Exit codes: as `orch launch`'s; with --sbatch, 0 once Slurm took the job."""
     loaded = load_recipe(recipe)
     extra = tuple(script_args or ())
     launcher = launcher_named(options.launcher) if options.launcher else None

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.errors import RecordError
 from orchestrator.plan.launch_plan import LaunchPlan
 
 RUNS_DIR_FIX = "use a runs directory of your own: --runs-dir DIR or ORCH_RUNS_DIR=DIR"
-# The real launch stops on an unusable runs directory with orch's own error: exit 1.
-RECORD_EXIT = 1
+# The real launch stops on an unusable runs directory with orch's own error.
+RECORD_EXIT = RecordError.exit_code  # as the real launch, which refuses to write there
 
 
 @dataclass(frozen=True)

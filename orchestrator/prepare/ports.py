@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import (
+    NodesUnavailable,
+    OrchError,
+)
 from orchestrator.nodes.transport import NodeTransport, SshTransport, plan_transport
 from orchestrator.plan.agent_command import port_command
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -70,10 +73,10 @@ def choose_main_port(
     low, high = CHOSEN_PORT_RANGE
     fix = f"give one with --main-port (orch picks from {low}-{high} when none is given)"
     if doc is None:
-        raise OrchError(f"{problem} (could not pick a main port there)", fix)
+        raise NodesUnavailable(f"{problem} (could not pick a main port there)", fix)
     if isinstance(doc.get("port"), int):
         return int(doc["port"])
-    raise OrchError(f"{node}: could not pick a main port: {doc['error']}", fix)
+    raise NodesUnavailable(f"{node}: could not pick a main port: {doc['error']}", fix)
 
 
 def plan_with_main_port(build: Callable[[int, bool], LaunchPlan], given: int | None,
@@ -109,7 +112,7 @@ def check_given_port(node: str, port: int, python: str, *, preflight: bool,
     if doc is None:
         if preflight:
             return
-        raise OrchError(f"{problem} (could not check main port {port} there)",
+        raise NodesUnavailable(f"{problem} (could not check main port {port} there)",
                         "check that the node answers: orch doctor")  # fmt: skip
     if doc.get("port") != port:
         raise OrchError(

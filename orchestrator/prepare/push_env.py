@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from orchestrator.checks.environment import PushFix, env_push_command
 from orchestrator.checks.model import DoctorReport
-from orchestrator.errors import OrchError, UsageError
+from orchestrator.errors import NodesUnavailable, OrchError, UsageError
 from orchestrator.nodes.transport import NodeTransport
 from orchestrator.records.job import EnvironmentRecord
 
@@ -103,7 +103,7 @@ def push_to(nodes: Sequence[str], python: str, fix: str | None,
     if failed:
         lines = "\n  ".join(f"{r.problem}\n    fix: {r.hint}" for r in failed)
         by_hand = f", then push by hand (`{fix}`) or launch again" if fix else ", then launch again"
-        raise OrchError(
+        raise NodesUnavailable(
             f"--push-env: the head's environment {source.root} could not be pushed to "
             f"{', '.join(r.node for r in failed)}; nothing was started:\n  {lines}",
             f"fix what is named above{by_hand}",

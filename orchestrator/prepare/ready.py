@@ -20,7 +20,11 @@ from typing import Protocol
 from orchestrator.checks.environment import PushFix
 from orchestrator.checks.model import DoctorReport
 from orchestrator.checks.request import PreflightRequest
-from orchestrator.errors import OrchError
+from orchestrator.errors import (
+    NodesUnavailable,
+    PreflightFailed,
+    UsageError,
+)
 from orchestrator.nodes.transport import SLURM, plan_transport
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.agent_command import node_files_command
@@ -91,7 +95,7 @@ def _sync(plan: LaunchPlan, reporter: PrepareReporter) -> None:
     from orchestrator.prepare.sync import sync_workdir
 
     if plan.transport == SLURM:
-        raise OrchError(
+        raise UsageError(
             "--sync copies the working directory over SSH, and the nodes are reached through "
             "Slurm only; nothing was started",
             "put the working directory on the cluster's shared filesystem, or leave --sync out",
@@ -101,7 +105,7 @@ def _sync(plan: LaunchPlan, reporter: PrepareReporter) -> None:
     reporter.synced(plan, results)
     failed = [r.node for r in results.failed]
     if failed:
-        raise OrchError(
+        raise NodesUnavailable(
             f"--sync could not copy {os.getcwd()} to {', '.join(failed)}; nothing was started",
             "fix the problems above (`orch doctor --hostfile F` checks SSH), then launch again",
         )
@@ -171,7 +175,7 @@ def _write_node_private(plan: LaunchPlan) -> None:
         if not r.ok or r.value.exit_code != 0
     ]
     if problems:
-        raise OrchError(
+        raise NodesUnavailable(
             "the job's settings could not be written on every node; nothing was started:\n  "
             + "\n  ".join(problems),
             "check SSH to those nodes with `orch doctor --hostfile F`",
@@ -196,7 +200,7 @@ def _preflight(plan: LaunchPlan, options: PipelineOptions,
     if report.ok:
         return report, environment_record(report, pushed)
     reporter.preflight_failed(report)
-    raise OrchError(
+    raise PreflightFailed(
         f"pre-flight failed on {len({f.node for f in report.errors})} node(s); nothing was started",
         "fix the findings above (see `orch doctor --hostfile F`), or pass --no-doctor",
     )

@@ -222,8 +222,20 @@ class JobRecord:
     # the hang threshold in force at the end and where it came from (None: hangs not looked for)
     hang_watch: Mapping[str, object] | None = None
 
+    @property
+    def exit_code_from(self) -> str | None:
+        """Whose exit code the job's is: "job" (a rank's own, or 0), "launcher" (the head
+        launcher's), "orch" (orch's verdict: a hang, a node lost, a stop, an interrupt)."""
+        if self.exit_code is None:
+            return None
+        failure = self.first_failure
+        if failure is None or failure.kind == FailureKind.RANK:
+            return "job"
+        return "launcher" if failure.kind == FailureKind.HEAD else "orch"
+
     def to_json(self) -> dict:
         data = asdict(self)
+        data["exit_code_from"] = self.exit_code_from
         data["stop"] = None if self.stop is None else self.stop.to_json()
         data["command"] = list(self.command)
         data["hosts"] = list(self.hosts)

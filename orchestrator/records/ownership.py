@@ -20,7 +20,9 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import (
+    OrchError,
+)
 from orchestrator.remote.owned import NotOwn, not_own
 
 ELSEWHERE = (

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.errors import OrchError, RestartNotStarted
+from orchestrator.errors import NodesUnavailable, OrchError, RecordError, RestartNotStarted
 from orchestrator.logs.router import LogView
 from orchestrator.nodes import slurm
 from orchestrator.outcome.events import WatchSettings
@@ -56,7 +56,10 @@ def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporte
     directory is checked before anything starts (a link, another user's, or one others can
     write is refused); the job's directory, made once its nodes are ready, is held open
     by every attempt."""
-    check_runs_root(job.root)
+    try:
+        check_runs_root(job.root)
+    except OrchError as err:  # no record can be kept: orch's own failure, with its code
+        raise RecordError(err.message, err.hint) from err
     before = os.umask(0o077)
     try:
         with run_dir(job.root, job.plan.job_id) as run:
@@ -195,7 +198,7 @@ def _healthy_start(job: PreparedJob, wanted: int, minimum: int) -> PreparedJob:
     unreachable = unreachable_nodes(pool.names)
     nodes = next_nodes(pool.names, (), unreachable, wanted=wanted, minimum=minimum)
     if nodes.problem is not None:
-        raise OrchError(f"not enough nodes answer: {nodes.problem}; nothing was started",
+        raise NodesUnavailable(f"not enough nodes answer: {nodes.problem}; nothing was started",
                         "check SSH to those nodes with `orch doctor --hostfile F`")  # fmt: skip
     return job if nodes.nodes == job.plan.hosts else job.on(nodes.nodes, 0)
 

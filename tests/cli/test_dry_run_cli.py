@@ -39,7 +39,7 @@ def test_a_runs_directory_others_can_write_is_an_error_with_the_launchs_exit_cod
     runs.chmod(0o777)
     script = str(REPO / "recipes" / "scripts" / "cpu_smoke.py")
     result = orch_here(["launch", "--hostfile", _hostfile(tmp_path), "--dry-run", script], runs)
-    assert result.returncode == 1  # as the real launch, which refuses to write there
+    assert result.returncode == 73  # as the real launch, which refuses to write there
     assert "record: " in result.stdout  # the plan is shown all the same
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert f"{runs} (owner " in error and "mode 0777) is writable by others" in error

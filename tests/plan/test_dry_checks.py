@@ -61,7 +61,7 @@ def test_a_runs_directory_the_launch_cannot_use_is_an_error_with_the_launchs_cod
         facts = HeadFacts("/w/train.py", script_exists=False, runs=runs)
         findings = dry_run_findings(_plan(), facts)
         assert [f.subject for f in findings] == ["runs directory", "script"]  # errors first
-        assert dry_run_exit_code(findings) == 1  # what the real launch exits with
+        assert dry_run_exit_code(findings) == 73  # what the real launch exits with
         found[name] = findings[0]
     assert found["others"].problem.endswith("belongs to another user")
     assert found["others"].fix == "use a runs directory that is yours"

@@ -87,7 +87,7 @@ def test_launch_refuses_a_group_writable_runs_directory_before_anything_starts(
     runs.mkdir()
     runs.chmod(0o775)
     result = _launch_refused(orch_here, monkeypatch, tmp_path, runs)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 73, result.stderr
     said = f"{runs} (owner {owner_name(ME)}, mode 0775) is writable by others"
     assert said in result.stderr and f"chmod go-w -- {runs}" in result.stderr
     assert list(runs.iterdir()) == []
@@ -98,7 +98,7 @@ def test_launch_refuses_a_link_as_the_runs_directory(tmp_path, orch_here, monkey
     mine.mkdir()
     (tmp_path / "runs").symlink_to(mine)
     result = _launch_refused(orch_here, monkeypatch, tmp_path, tmp_path / "runs")
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 73, result.stderr
     assert f"{tmp_path / 'runs'} " in result.stderr and "symbolic link" in result.stderr
     assert list(mine.iterdir()) == []
 
@@ -109,7 +109,7 @@ def test_launch_refuses_a_runs_directory_another_user_owns(tmp_path, orch_here, 
     runs.mkdir(mode=0o755)
     os.chown(runs, 65534, 65534)
     result = _launch_refused(orch_here, monkeypatch, tmp_path, runs)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 73, result.stderr
     said = f"{runs} (owner {owner_name(65534)}, mode 0755) belongs to another user"
     assert said in result.stderr and "--runs-dir" in result.stderr
 

@@ -114,7 +114,7 @@ def test_failed_preflight_stops_the_launch_before_anything_runs(pair, tmp_path):
          "--main-port", str(free_port()), str(REPO / "tests" / "jobs" / "allreduce.py")],
         tmp_path,
     )  # fmt: skip
-    assert result.returncode == 1
+    assert result.returncode == 78  # the pre-flight found it: orch's own code, not the job's
     assert "pre-flight failed" in result.stderr
     assert "/nonexistent/bin/python" in result.stderr
     assert job_ids(tmp_path) == []

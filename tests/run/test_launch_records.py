@@ -99,3 +99,17 @@ def test_a_jobs_directory_is_its_users_alone_whatever_the_umask(tmp_path):
     assert run.logs.is_dir()
     run.path.chmod(0o755)  # created again (a record that exists): made private again
     assert run.create().path.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "kind", "whose"),
+    [(0, None, "job"), (7, FailureKind.RANK, "job"), (1, FailureKind.HEAD, "launcher"),
+     (1, FailureKind.LOST, "orch"), (124, FailureKind.HANG, "orch"),
+     (143, FailureKind.STOPPED, "orch"), (None, None, None)],
+)  # fmt: skip
+def test_job_json_says_whose_exit_code_the_jobs_is(tmp_path, exit_code, kind, whose):
+    failure = FirstFailure("n2", 3, exit_code or 1, "why", kind=kind) if kind else None
+    record = _record("j1", state="failed", exit_code=exit_code, first_failure=failure)
+    run = RunDir(tmp_path / "j1").create()
+    run.save(record)
+    assert json.loads(run.job_file.read_text())["exit_code_from"] == whose
