@@ -33,9 +33,9 @@ import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
 
 from orchestrator.outcome.states import REMOTE_COMMAND_FAILED, FailureKind
+from orchestrator.specs.words import StrEnum
 
 # The pause before attempt k + 1 grows with k, up to a bound: a fault that needs a moment
 # to clear (a port in TIME_WAIT, a node's memory being freed) gets it.
@@ -64,16 +64,13 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _HINT_FRAME = re.compile(r" at (\S+:\d+) in ")  # rank_ends.end_hint's "... at x.py:12 in f"
 
 
-class FailureClass(str, Enum):
+class FailureClass(StrEnum):
     NODE_LOST = "node-lost"
     HANG = "hang"
     SIGNAL = "signal"
     TRANSIENT = "transient"
     SCRIPT = "script"
     STOPPED = "stopped"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 INFRA = frozenset({FailureClass.NODE_LOST, FailureClass.HANG, FailureClass.SIGNAL,

@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchError
 from orchestrator.records.job import MOMENTS_FILE, PREFLIGHT_FILE
 from orchestrator.records.rundir import PRIVATE, RunDir
+from orchestrator.specs.words import StrEnum
 
 
-class MomentKind(str, Enum):
+class MomentKind(StrEnum):
     PREFLIGHT_START = "preflight-start"
     PREFLIGHT_END = "preflight-end"
     START = "start"  # the fan-out was started
@@ -39,9 +39,6 @@ class MomentKind(str, Enum):
     TEARDOWN_END = "teardown-end"
     ATTEMPT = "attempt"  # a restart's attempt began (detail: its number and why)
     END = "end"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
