@@ -42,6 +42,7 @@ class WatchSettings:
     # (outcome/quiet.py; 0: no look, silence alone decides), the look bounded by the second.
     look_seconds: float = 3.0
     look_timeout: float = 60.0
+    look_again_after: float = 30.0  # a look that could not read every node: the next one
     # A stop (first Ctrl-C, `orch stop`, the time limit): how long the ranks have to exit by
     # themselves before the job is torn down; the time limit counts from the first event.
     rank_grace: float = DEFAULT_STOP_GRACE_S

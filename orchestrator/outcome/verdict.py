@@ -120,6 +120,7 @@ class JobVerdict:
         self._look_wanted = False
         self.hung_finding: QuietLooked | None = None  # the look that found no rank working
         self._inconclusive = 0  # looks in a row that could not read the whole job
+        self._next_look_at = 0.0  # an inconclusive look is taken again after a pause
         self.quiet_work: list[QuietLooked] = []  # looks that found a quiet job working
 
     # -- events ---------------------------------------------------------------------
@@ -212,6 +213,7 @@ class JobVerdict:
             return  # a rank spoke meanwhile: the quiet it looked at is over
         if not event.finding.working and event.finding.problem and self._inconclusive < 2:
             self._inconclusive += 1  # part of the job unread: a rank there may be working
+            self._next_look_at = event.at + self.settings.look_again_after
             return
         self._inconclusive = 0
         if event.finding.working:
@@ -353,7 +355,8 @@ class JobVerdict:
         if self.hung_finding is not None:
             return hang_found(quiet, self.hung_finding.finding)
         if self.look_asked_at is None:
-            self.look_asked_at, self._look_wanted = now, True
+            if now >= self._next_look_at:
+                self.look_asked_at, self._look_wanted = now, True
         elif now - self.look_asked_at > self.settings.look_timeout:
             waited = now - self.look_asked_at
             reason = f"{quiet}; a look at the ranks gave no answer in {waited:.0f} s"

@@ -141,16 +141,17 @@ def test_a_look_that_never_answers_is_a_hang_after_its_timeout():
 
 
 def test_a_look_that_could_not_read_every_node_is_taken_again_before_a_hang():
-    verdict = _verdict()
+    verdict = _verdict(look_again_after=30)
     _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), RankOutput(0))
     partial = judge([_waiting(0)], problem="n2 did not answer (timed out)")
-    at, teardowns, looks = 11, [], 0
-    for _attempt in range(3):
-        looks += sum(d.look for d in _quiet_until(verdict, at))
-        decisions = _feed(verdict, QuietLooked(partial, asked_at=at, at=at + 3))
-        teardowns += [d.tear_down for d in decisions if d.tear_down]
-        looks += sum(d.look for d in decisions)  # asked again at once
-        at += 4
-    assert looks == 3  # the first, and one after each of the two inconclusive ones
-    [failure] = teardowns  # the third look in a row that reads only part of the job
+    asked, teardowns = [], []
+    for at in range(1, 120):  # heartbeats go on; each look answers 3 s after it was asked
+        decisions = _feed(verdict, *(NodeHeard(h, at) for h in HOSTS), Tick(at))
+        asked += [at for d in decisions if d.look]
+        if asked and verdict.look_asked_at == at - 3:
+            decisions = _feed(verdict, QuietLooked(partial, asked_at=at - 3, at=at))
+            teardowns += [(at, d.tear_down) for d in decisions if d.tear_down]
+    assert asked == [11, 44, 77]  # a pause of 30 s after each look that read part of the job
+    [(at, failure)] = teardowns  # the third in a row
+    assert at == 80
     assert failure.reason.endswith("(1 rank in all_reduce; n2 did not answer (timed out))")
