@@ -4,6 +4,7 @@ they can be run as they are (`sh FILE`). Nothing of the job's record is written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Sequence
@@ -59,6 +60,27 @@ def write_command_files(directory: str, files: Sequence[CommandFile]) -> None:
         owned.private_directories(base, [path.parent.name, path.name], os.getuid())
         for item in files:
             (path / item.name).write_text(item.text, encoding="utf-8")
+        _prune(path.parent, keep=path.name)
     except (owned.UnsafeDirectory, OSError) as err:
         raise OrchError(f"the dry run's commands cannot be written in {directory}: {err}",
                         owned.HEAD_WAY) from err  # fmt: skip
+
+
+KEPT_DRY_RUNS = 20  # the newest dry runs' command files kept; older ones are removed
+
+
+def _prune(dry_runs: Path, keep: str) -> None:
+    """Only the newest KEPT_DRY_RUNS dry runs' files stay (each about 60 KB), never `keep`.
+    The folder is the user's own and checked: its entries are plain directories of files."""
+    entries = sorted(
+        (entry for entry in dry_runs.iterdir() if entry.name != keep and entry.is_dir()
+         and not entry.is_symlink()),
+        key=lambda entry: entry.stat().st_mtime,
+    )  # fmt: skip
+    for old in entries[: max(0, len(entries) - (KEPT_DRY_RUNS - 1))]:
+        for child in old.iterdir():
+            if child.is_file() and not child.is_symlink():
+                child.unlink()
+        with contextlib.suppress(OSError):
+            old.rmdir()
+
