@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from orchestrator.errors import OrchError, UsageError
+from orchestrator.errors import OrchError, RecordError, UsageError
 from orchestrator.records.job import (
     ATTEMPTS_DIR,
     JOB_FILE,
@@ -302,9 +302,15 @@ def _make_job_dir(path: Path, *, existing: bool) -> int:
     """Make the runs directory if missing (0700; the folders above as the umask says), open
     and check it, make the job's directory in it (new unless `existing`) and open it."""
     root = path.parent
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(root, 0o700)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(root, 0o700)
+    except OSError as err:  # a parent not writable, a file where a folder should be
+        where = f" ({err.filename})" if err.filename else ""
+        raise RecordError(f"the runs directory {root} cannot be made: {err.strerror}{where}",
+                        "use a runs directory of your own: --runs-dir DIR or "
+                        "ORCH_RUNS_DIR=DIR") from None  # fmt: skip
     with _Runs(root) as runs:
         try:
             os.mkdir(path.name, 0o700, dir_fd=runs.fd)

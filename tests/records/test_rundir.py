@@ -257,3 +257,12 @@ def test_a_batch_jobs_record_is_the_users_alone_whatever_the_umask(tmp_path, orc
     assert [job["id"] for job in json.loads(listed.stdout)["jobs"]] == [job_id]
     shown = orch_here(["status", job_id], runs)
     assert shown.returncode == 0, shown.stderr
+
+
+def test_a_runs_directory_that_cannot_be_made_is_an_error_that_says_why(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OrchError) as caught:
+        RunDir(tmp_path / "a-file" / "runs" / "j1").create()
+    assert caught.value.message == (f"the runs directory {tmp_path}/a-file/runs cannot be "
+                                    f"made: File exists ({tmp_path}/a-file)")  # fmt: skip
+    assert "--runs-dir DIR" in caught.value.hint
