@@ -78,10 +78,14 @@ class QuietFinding:
 
     @property
     def culprits(self) -> tuple[RankFinding, ...]:
-        """The ranks stopped or idle while every other rank waits: those the others wait
-        for. None when no rank waits (every rank idle: nothing tells them apart)."""
+        """The ranks stopped, else those idle in their own code, while the others wait: those
+        the others wait for. None when no rank waits (every rank idle: nothing tells them
+        apart)."""
         waiting = [r for r in self.ranks if r.activity == Activity.WAITING]
-        apart = [r for r in self.ranks if r.activity in (Activity.STOPPED, Activity.IDLE)]
+        stopped = [r for r in self.ranks if r.activity == Activity.STOPPED]
+        # An idle rank counts where its stack was read: one unread may be waiting too.
+        idle = [r for r in self.ranks if r.activity == Activity.IDLE and r.where is not None]
+        apart = stopped or idle
         return tuple(apart) if waiting and apart else ()
 
     def summary(self) -> str:

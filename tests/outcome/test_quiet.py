@@ -155,3 +155,11 @@ def test_a_look_that_could_not_read_every_node_is_taken_again_before_a_hang():
     [(at, failure)] = teardowns  # the third in a row
     assert at == 80
     assert failure.reason.endswith("(1 rank in all_reduce; n2 did not answer (timed out))")
+
+
+def test_a_stopped_rank_is_named_before_a_rank_whose_stack_could_not_be_read():
+    unread = RankSample(1, "n1", 3.0, 0.0, 0, "S")  # idle, its stack not taken
+    finding = judge([_waiting(0), unread, _in_user_code(3, cpu=0.0, state="T")])
+    assert [r.rank for r in finding.culprits] == [3]
+    alone = judge([_waiting(0), unread])
+    assert alone.culprits == ()  # idle, but where is unknown: perhaps waiting too

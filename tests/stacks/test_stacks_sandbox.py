@@ -5,6 +5,7 @@ others; the job unharmed; and a profile that names the one slow rank as the stra
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -235,7 +236,9 @@ def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(r
     said = (tmp_path / "launch.out").read_text()
     assert code == 0, said
     assert "quiet, working: rank 3 computing in compute (" in said
-    assert "5 ranks in all_reduce" in said
+    # The others wait (how many a look read depends on the load; each that did, in all_reduce).
+    assert re.search(r"quiet, working: rank 3 computing in compute \(.*; \d ranks? in all_reduce",
+                     said)  # fmt: skip
     record = json.loads((runs / job_id / "job.json").read_text())
     assert record["state"] == "succeeded"
     lines = (runs / job_id / "moments.jsonl").read_text().splitlines()
@@ -261,7 +264,7 @@ def test_a_rank_stopped_by_sigstop_is_a_hang_and_named(running_job, tmp_path):
     code = head.wait(120)
     said = (tmp_path / "launch.out").read_text()
     assert code == 124, said
-    assert "none is working (rank 3 stopped (state T)" in said
+    assert "and none is working (" in said and "rank 3 stopped (state T)" in said
     failure = json.loads((runs / job_id / "job.json").read_text())["first_failure"]
     assert (failure["kind"], failure["rank"], failure["node"]) == ("hang", 3, nodes[1])
     _nothing_left(nodes, job_id)
