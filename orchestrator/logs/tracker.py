@@ -177,7 +177,8 @@ class OutputTracker:
             if node in self.hosts
         ]
         if self.ranks_wrote:
-            events.append(RankOutput(at))
+            stepping = self.progress is not None and bool(self.progress.steps)
+            events.append(RankOutput(at, stepping))
         wall = time.time()
         events += [NodeExited(node, fields, at, wall) for node, fields in self.exited]
         events += [SshEnded(node, code, at) for node, code in self.ssh_ended]

@@ -72,9 +72,11 @@ class NodeHeard:
 
 @dataclass(frozen=True)
 class RankOutput:
-    """A rank wrote something: an output line or a progress frame (not a heartbeat)."""
+    """A rank wrote something: an output line or a progress frame (not a heartbeat).
+    `stepping`: a rank has shown a step by now (a progress bar's count, `step N`)."""
 
     at: float
+    stepping: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 With no `--hang-timeout`, the threshold comes from the gaps between the job's outputs
 (any rank's line or progress frame): ten times the 95th percentile gap, never under a
-floor. Until the job has shown a pace (MIN_GAPS gaps after its first output) it is
-starting: imports, data preparation, the rendezvous and a first compiled step may be quiet
-for long, so the start-up floor holds. A quiet spell a look found to be work (an
+floor. Until the job has shown a pace (MIN_GAPS gaps once a rank has shown a step: a
+progress bar's count, a `step N` line) it is starting: imports, data preparation, the
+rendezvous and a first compiled step may be quiet for long, and launchers print dozens of
+lines before any step, so the start-up floor holds. A quiet spell a look found to be work (an
 evaluation, a checkpoint) raises the threshold above it, so the next one is not looked at
 as often. Either way, quiet is only a hang once a look finds no rank working
 (outcome/quiet.py).
@@ -50,21 +51,28 @@ class HangPace:
     outputs: int = 0
     last_output_at: float | None = None
     longest_work: float = 0.0
+    stepped: bool = False  # a rank has shown a step: the start-up is over
 
     def __post_init__(self) -> None:
         self.longest_work = max(self.longest_work, self.seed.longest_work)
 
-    def output(self, at: float) -> None:
-        if self.last_output_at is not None and at > self.last_output_at:
-            self.gaps.append(at - self.last_output_at)
+    def output(self, at: float, stepping: bool = True) -> None:
+        """An output at `at`; `stepping`: a rank has shown a step by then. Gaps count from
+        the first output after the first step on."""
+        last = self.last_output_at
+        if self.stepped and last is not None and at > last:
+            self.gaps.append(at - last)
             del self.gaps[:-_KEPT_GAPS]
-        self.last_output_at = at if self.last_output_at is None else max(at, self.last_output_at)
+        self.last_output_at = at if last is None else max(at, last)
+        self.stepped = self.stepped or stepping
         self.outputs += 1
 
     def worked(self, quiet_seconds: float) -> None:
         self.longest_work = max(self.longest_work, quiet_seconds)
 
     def gap_p95(self) -> float | None:
+        if not self.stepped:
+            return None
         if len(self.gaps) < MIN_GAPS:
             return self.seed.gap_p95
         ordered = sorted(self.gaps)
@@ -85,4 +93,5 @@ class HangPace:
         return max(candidates, key=lambda t: t.seconds)
 
     def seed_for_next(self) -> PaceSeed:
-        return PaceSeed(self.gap_p95(), self.longest_work)
+        own = self.gap_p95() if len(self.gaps) >= MIN_GAPS else None
+        return PaceSeed(own or self.seed.gap_p95, self.longest_work)

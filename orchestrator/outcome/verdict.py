@@ -144,7 +144,7 @@ class JobVerdict:
                     self.first_heard_at = event.at
         elif isinstance(event, RankOutput):
             self.last_output_at = event.at
-            self.pace.output(event.at)
+            self.pace.output(event.at, stepping=event.stepping)
         elif isinstance(event, NodeExited):
             self._record_exit(event)
         elif isinstance(event, SshEnded):

@@ -26,6 +26,16 @@ def test_before_the_job_shows_a_pace_the_start_up_floor_holds():
     assert pace.threshold().to_json() == {"seconds": START_FLOOR_S, "source": "start-up floor"}
 
 
+def test_lines_before_the_first_step_are_start_up_however_many():
+    pace = HangPace()
+    for at in range(200):  # a launcher's and a library's banners, a data preparation's log
+        pace.output(at * 0.1, stepping=False)
+    assert pace.threshold().source == "start-up floor"
+    for at in range(200, 230):
+        pace.output(at * 0.1, stepping=True)
+    assert pace.threshold().to_json() == {"seconds": FLOOR_S, "source": "floor"}
+
+
 def test_a_fast_job_gets_the_floor_and_a_slow_one_ten_times_its_gap():
     assert _paced(0.5, 100).threshold().to_json() == {"seconds": FLOOR_S, "source": "floor"}
     slow = _paced(30.0, 40).threshold()
@@ -54,6 +64,8 @@ def test_a_restart_starts_from_what_the_attempt_before_learned():
     seed = _paced(30.0, 40).seed_for_next()
     assert seed == PaceSeed(30.0, 0.0)
     restarted = HangPace(seed=seed)
+    assert restarted.threshold().source == "start-up floor"  # its own start-up first
+    restarted.output(0.0, stepping=True)
     assert restarted.threshold().to_json() == {"seconds": 300.0,
                                                "source": "an earlier attempt's pace"}  # fmt: skip
 
@@ -62,7 +74,7 @@ def test_the_verdict_looks_only_beyond_the_learned_threshold_and_says_it():
     verdict = JobVerdict(("n1",), WatchSettings(hang_learned=True), head_launcher=False)
     for at in range(0, 60):  # a step a second: the floor of 120 s holds
         verdict.feed(NodeHeard("n1", float(at)))
-        verdict.feed(RankOutput(float(at)))
+        verdict.feed(RankOutput(float(at), stepping=True))
     looks = []
     for at in range(60, 181, 2):
         decisions = [verdict.feed(NodeHeard("n1", float(at))), verdict.feed(Tick(float(at)))]

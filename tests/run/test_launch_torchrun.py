@@ -55,7 +55,8 @@ def test_success_leaves_every_ranks_output_and_a_complete_record(sandbox, hostfi
     assert record["state"] == "succeeded" and record["exit_code"] == 0
     assert record["launcher"] == "torchrun" and record["hosts"] == names
     assert record["name"] == "allreduce"  # the script's, none being given
-    assert record["hang_watch"]["source"] == "start-up floor"  # looked for, with no flag
+    # Hangs were looked for with no flag: the floor held, before or after a pace was learned.
+    assert record["hang_watch"]["source"] in ("start-up floor", "floor")
     assert record["node_exit_codes"] == dict.fromkeys(names, 0)
     assert record["started_at"] and record["ended_at"]
     assert "--rdzv_backend=c10d" in record["command"]
