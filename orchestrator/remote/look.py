@@ -92,7 +92,8 @@ def activity(ranks: list[tuple[int, int]], seconds: float,
     """Each rank's tree's CPU seconds and storage bytes over `seconds`, and its state at
     the end."""
     started = time.monotonic()
-    first = {pid: sample(pid, children_of(proc), proc) for _rank, pid in ranks}
+    tree = children_of(proc)  # one read of /proc for every rank, at each end
+    first = {pid: sample(pid, tree, proc) for _rank, pid in ranks}
     time.sleep(max(0.0, seconds - (time.monotonic() - started)))
     elapsed = time.monotonic() - started
     tree = children_of(proc)
@@ -117,9 +118,9 @@ def look(job_id: str, node: str, job_python: str, seconds: float, root: str = ""
     if not ranks:
         doc.update(error=f"no rank of job {job_id} runs on this node", kind=stacks.NO_RANKS)
         return doc
-    first = stacks.report(job_id, node, job_python, 0.0, 0, "auto", root)
+    first = stacks.report(job_id, node, job_python, 0.0, 0, "auto", root, ranks)
     doc["ranks"] = activity(ranks, seconds)
-    doc["stacks"] = [first, stacks.report(job_id, node, job_python, 0.0, 0, "auto", root)]
+    doc["stacks"] = [first, stacks.report(job_id, node, job_python, 0.0, 0, "auto", root, ranks)]
     return doc
 
 

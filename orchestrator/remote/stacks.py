@@ -369,9 +369,10 @@ def _auto(py_spy: str | None, ranks: Ranks, node_dir: str, seconds: float, rate:
 
 
 def report(job_id: str, node: str, job_python: str, seconds: float, rate: int,
-           method: str = "auto", root: str = "") -> dict:  # fmt: skip
+           method: str = "auto", root: str = "", ranks: Ranks | None = None) -> dict:  # fmt: skip
+    """`ranks`: the job's ranks on this node when the caller has found them already."""
     doc: dict = {"node": node, "job_id": job_id, "mode": "profile" if seconds else "dump"}
-    ranks = procs.job_ranks(job_id, node)
+    ranks = procs.job_ranks(job_id, node) if ranks is None else ranks
     py_spy = find_py_spy(job_python)
     doc["py_spy"] = py_spy
     doc["method"] = method
