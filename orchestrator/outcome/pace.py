@@ -52,6 +52,9 @@ class HangPace:
     last_output_at: float | None = None
     longest_work: float = 0.0
     stepped: bool = False  # a rank has shown a step: the start-up is over
+    # The percentile of the gaps as last sorted, and how many outputs it counted: the
+    # verdict asks for the threshold at every event, the gaps change only with an output.
+    _p95_of: tuple[int, float] = field(default=(-1, 0.0), repr=False)
 
     def __post_init__(self) -> None:
         self.longest_work = max(self.longest_work, self.seed.longest_work)
@@ -75,8 +78,11 @@ class HangPace:
             return None
         if len(self.gaps) < MIN_GAPS:
             return self.seed.gap_p95
-        ordered = sorted(self.gaps)
-        return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+        if self._p95_of[0] != self.outputs:
+            ordered = sorted(self.gaps)
+            at = min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)
+            self._p95_of = (self.outputs, ordered[at])
+        return self._p95_of[1]
 
     def threshold(self) -> Threshold:
         if self.given is not None:
