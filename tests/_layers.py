@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("stacks", 6),
     ("plan", 7),
     ("outcome", 8),  # pure: job states, the verdict, rank ends, root cause, restart policy
+    ("checkpoints", 8),  # pure: what a checkpoint is, when complete, its copies, a restore
     ("nodes", 9),  # how orch reaches nodes: the transport (ssh or srun steps), pdsh, Slurm
     ("records", 10),  # the run directory and every file in it
     ("logs", 11),
@@ -36,7 +37,8 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("cli", 17),
     ("__main__", 17),
 )
-PURE = ("errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "outcome", "report")
+PURE = ("errors", "pernode", "specs", "probe", "checks", "stacks", "plan", "outcome", "report",
+        "checkpoints")  # fmt: skip
 IMPURE_MODULES = ("subprocess", "socket", "paramiko")
 JOB_STACK = ("torch", "accelerate", "yaml")  # what a node's job interpreter has anyway
 SHIPPED_PREFIX = "orch_"  # remote/<name>.py as a node loads it, beside a program
