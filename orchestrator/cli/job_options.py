@@ -15,6 +15,7 @@ import typer
 from typer.models import OptionInfo
 
 from orchestrator.cli.options import (
+    CHECKPOINTS_PANEL,
     EXCLUDE,
     INCLUDE,
     LAUNCHER_HELP,
@@ -36,6 +37,7 @@ from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.states import HANG_EXIT_CODE
 from orchestrator.plan.request import (
     RESTART_ON,
+    CheckpointRequest,
     HostsRequest,
     JobRequest,
     LaunchSpec,
@@ -43,9 +45,12 @@ from orchestrator.plan.request import (
     WatchRequest,
     check_push_env,
     check_recovery,
+    check_sbatch_checkpoints,
     kept_env,
+    with_checkpoints,
     with_stop,
 )
+from orchestrator.specs.checkpoints import DEFAULT_BANDWIDTH_TEXT, DEFAULT_COPIES
 from orchestrator.specs.constants import LAUNCHERS
 from orchestrator.specs.hang import hang_timeout_value
 from orchestrator.specs.secret_args import secret_args
@@ -111,6 +116,33 @@ _RESTART_ON = typer.Option(
     "transient NCCL/gloo/CUDA fault (the default); any: the script's own errors too.",
     **one_of(RESTART_ON),
     rich_help_panel=RECOVERY_PANEL,
+)
+_CHECKPOINT_DIR = typer.Option(
+    None,
+    "--checkpoint-dir",
+    metavar="PATH",
+    help="The directory, the same path on every node, where the job writes its checkpoints "
+    "(ranks see ORCH_CHECKPOINT_DIR; a relative path is in the workdir). Without a shared "
+    "filesystem orch copies each complete checkpoint to --checkpoint-copies other nodes and "
+    "stages the newest whole one on the next attempt's nodes. Recipe: checkpoint_dir.",
+    rich_help_panel=CHECKPOINTS_PANEL,
+)
+_CHECKPOINT_COPIES = typer.Option(
+    None,
+    "--checkpoint-copies",
+    metavar="K",
+    help="How many other nodes hold a copy of each complete checkpoint (at least 1). "
+    f"Recipe: checkpoint_copies. Default: {DEFAULT_COPIES}.",
+    rich_help_panel=CHECKPOINTS_PANEL,
+)
+_CHECKPOINT_BANDWIDTH = typer.Option(
+    None,
+    "--checkpoint-bandwidth",
+    metavar="RATE",
+    help="The most bytes per second the copies take from the network (200M, 1G, 500k; 0 "
+    "or off: no cap); they run at low CPU and I/O priority. Recipe: checkpoint_bandwidth. "
+    f"Default: {DEFAULT_BANDWIDTH_TEXT}.",
+    rich_help_panel=CHECKPOINTS_PANEL,
 )
 _MAIN_PORT = typer.Option(
     None,
@@ -258,7 +290,8 @@ class JobOptions:
     """Where the job runs, how orch watches it, and what it prints: each field's metadata
     holds its typer option."""
 
-    # In the order of their panels in `--help`: nodes, script, launcher, recovery, stops, output.
+    # In the order of their panels in `--help`: nodes, script, launcher, recovery,
+    # checkpoints, stops, output.
     hostfile: Path | None = field(metadata=_declared(_HOSTFILE))
     nodelist: str | None = field(metadata=_declared(_NODELIST))
     nodes: int | None = field(metadata=_declared(_NODES))
@@ -281,6 +314,9 @@ class JobOptions:
     max_restarts: int | None = field(metadata=_declared(_MAX_RESTARTS))
     restart_on: str | None = field(metadata=_declared(_RESTART_ON))
     min_nodes: int | None = field(metadata=_declared(_MIN_NODES))
+    checkpoint_dir: str | None = field(metadata=_declared(_CHECKPOINT_DIR))
+    checkpoint_copies: int | None = field(metadata=_declared(_CHECKPOINT_COPIES))
+    checkpoint_bandwidth: str | None = field(metadata=_declared(_CHECKPOINT_BANDWIDTH))
     hang_timeout: str | None = field(metadata=_declared(_HANG_TIMEOUT))
     heartbeat_timeout: float = field(metadata=_declared(_HEARTBEAT_TIMEOUT))
     stop_signal: str | None = field(metadata=_declared(_STOP_SIGNAL))
@@ -361,6 +397,9 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
         stop_signal=options.stop_signal, stop_grace=options.stop_grace,
     )  # fmt: skip
     spec = with_stop(spec, options.stop_signal, options.stop_grace)
+    checkpoints = CheckpointRequest(options.checkpoint_dir, options.checkpoint_copies,
+                                    options.checkpoint_bandwidth)  # fmt: skip
+    spec = with_checkpoints(spec, checkpoints)
     if options.name:
         spec = replace(spec, name=options.name)
     hosts = HostsRequest(
@@ -375,6 +414,8 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     check_recovery(recovery)
     request = JobRequest(spec=kept_env(spec, keep), hosts=hosts, watch=watch,
                          fanout=options.fanout, main_port=options.main_port, runs_dir=runs_dir,
-                         env_keep=keep, recovery=recovery, **more)  # fmt: skip
+                         env_keep=keep, recovery=recovery, checkpoints=checkpoints,
+                         **more)  # fmt: skip
     check_push_env(request)
+    check_sbatch_checkpoints(request)
     return request

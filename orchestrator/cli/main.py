@@ -19,13 +19,19 @@ from orchestrator.cli import (
     stop_cmds,
     version_cmds,
 )
+
+# isort: split
+# Commands are listed (`orch --help`, docs/reference/cli.md) in the order their modules are
+# first imported: this one comes last, so a module of the above imported first (as a test
+# may) leaves the order as it is.
+from orchestrator.cli import checkpoints_cmds
 from orchestrator.cli.app import app, debug_requested
 from orchestrator.errors import OrchError
 
 # Importing a command module registers its commands on `app`.
 COMMAND_GROUPS = (
     doctor_cmds, env_cmds, files_cmds, job_cmds, logs_cmds, report_cmds, sandbox_cmds, stacks_cmds,
-    stop_cmds, version_cmds,
+    stop_cmds, version_cmds, checkpoints_cmds,
 )  # fmt: skip
 
 

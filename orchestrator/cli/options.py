@@ -23,6 +23,7 @@ NODES_PANEL = "Nodes"
 SCRIPT_PANEL = "Script and environment"
 LAUNCHER_PANEL = "Launcher"
 RECOVERY_PANEL = "Recovery"
+CHECKPOINTS_PANEL = "Checkpoints"
 STOPS_PANEL = "Stops and hangs"
 OUTPUT_PANEL = "Output"
 

@@ -5,6 +5,7 @@ inputs checked, the job's spec resolved (JobShape), then its launcher's module
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from orchestrator.errors import UsageError
 from orchestrator.plan.launch_plan import (
@@ -17,8 +18,9 @@ from orchestrator.plan.launch_plan import (
     node_private_text,
 )
 from orchestrator.plan.launchers import pdsh, standard, torchrun
-from orchestrator.plan.request import LaunchSpec
+from orchestrator.plan.request import SRUN_CHECKPOINTS, LaunchSpec
 from orchestrator.remote import owned
+from orchestrator.specs.checkpoints import CheckpointSettings, resolved_dir
 from orchestrator.specs.constants import HOSTFILE_NAME, Transport
 from orchestrator.specs.inventory import Hostfile, ranks_per_node, render_hostfile, slot_listing
 from orchestrator.specs.jobenv import build_job_env
@@ -43,17 +45,20 @@ def build_plan(spec: LaunchSpec, place: Placement, head: HeadContext) -> LaunchP
     _check_transport(place.transport, fanout, spec.launcher)
     counts = ranks_per_node(hostfile, spec.nproc_per_node)
     _check_uneven(hostfile, counts, spec.launcher)
+    workdir = spec.workdir or head.cwd
+    checkpoints = _resolved_checkpoints(spec.checkpoints, workdir, fanout, place.transport)
     env = build_job_env(place.job_id, dict(spec.env), spec.passthrough, head.environ,
-                        restart_count=place.restart_count, stop=spec.stop)  # fmt: skip
+                        restart_count=place.restart_count, stop=spec.stop,
+                        checkpoint_dir=checkpoints.dir if checkpoints else None)  # fmt: skip
     job = JobShape(
         job_id=place.job_id, launcher=spec.launcher, hostfile=hostfile, ranks_per_node=counts,
         script=spec.script, args=spec.args, python=spec.python or head.orch_python,
-        workdir=spec.workdir or head.cwd, main_port=place.main_port, env=env,
+        workdir=workdir, main_port=place.main_port, env=env,
         run_dir=place.run_dir, private_dir=head.private_dir, fanout=fanout,
         slurm_job=place.slurm_job, accelerate=spec.accelerate,
         torchrun_args=spec.torchrun_args, rdzv_id=spec.rdzv_id or "",
         private_nonce=head.private_nonce, node_root=owned.root_setting(head.environ),
-        stop=spec.stop,
+        stop=spec.stop, checkpoints=checkpoints,
     )  # fmt: skip
     launch = LAUNCHERS[spec.launcher](job, head)
     return LaunchPlan(
@@ -115,6 +120,17 @@ def _check_transport(transport: Transport, fanout: Fanout, launcher: str) -> Non
             "over SSH",
             "leave --fanout out (srun is the default inside an allocation), or --transport ssh",
         )
+
+
+def _resolved_checkpoints(given: CheckpointSettings | None, workdir: str, fanout: Fanout,
+                          transport: Transport) -> CheckpointSettings | None:  # fmt: skip
+    """The checkpoint settings with their directory as every node sees it (a relative one
+    in the workdir); refused where srun starts the nodes: orch copies over SSH."""
+    if given is None:
+        return None
+    if fanout == Fanout.SRUN or transport == Transport.SLURM:
+        raise UsageError(*SRUN_CHECKPOINTS)
+    return replace(given, dir=resolved_dir(given.dir, workdir))
 
 
 def _check_uneven(hostfile: Hostfile, counts: Sequence[int], launcher: str) -> None:

@@ -88,6 +88,7 @@ def plan_summary(plan: LaunchPlan) -> dict:
         "teardown_command": kill_command(plan.python, plan.job_id, plan.job.grace),
         "workers_wait_for_main_port": plan.launch.wait_for_main,
         "env": plan.redacted_env,
+        "checkpoints": None if plan.checkpoints is None else plan.checkpoints.to_dict(),
         "files": _files_summary(plan),
     }
 
@@ -177,6 +178,7 @@ def plan_text(plan: LaunchPlan, commands_dir: str = "<dry-run dir>") -> str:
            "dry run shows the first one it tries)"] if plan.main_port_chosen else []),
         *([f"accelerate: {accelerate_settings(plan.job.accelerate)}"]
           if plan.launcher in ("pdsh", "standard") else []),
+        *checkpoints_lines(plan),
         f"record: {place}",
         "",
         f"files {NOT_WRITTEN}: a launch writes them before it starts",
@@ -259,6 +261,16 @@ def _pdsh_of(plan: LaunchPlan) -> str:
     if argv and argv[0].endswith("pdsh"):
         return argv[0]
     return _shim_real_pdsh(plan) if plan.launch.head_command else "pdsh"
+
+
+def checkpoints_lines(plan: LaunchPlan) -> list[str]:
+    """`checkpoints: /data/ckpt, 1 copy on another node, at most 200 MB/s`, and what orch
+    does with them; nothing for a job without --checkpoint-dir."""
+    if plan.checkpoints is None:
+        return []
+    return [f"checkpoints: {plan.checkpoints.words}",
+            "  (copied only where the nodes do not all see that directory: no shared "
+            "filesystem)"]  # fmt: skip
 
 
 def accelerate_settings(options: AccelerateOptions) -> str:

@@ -27,6 +27,7 @@ from orchestrator.plan.agent_command import agent_argv, agent_command
 from orchestrator.plan.pdsh_command import build_pdsh_argv, job_window, pdsh_environment
 from orchestrator.plan.srun_command import LINGER_S, build_srun_argv
 from orchestrator.remote.agent_spec import AgentSpec
+from orchestrator.specs.checkpoints import CheckpointSettings
 from orchestrator.specs.constants import STOP_GRACE_S, Transport
 from orchestrator.specs.inventory import Hostfile
 from orchestrator.specs.jobenv import REDACTED, is_secret, looks_like_token
@@ -150,6 +151,8 @@ class JobShape:
     private_nonce: str = ""  # HeadContext's: in node_private, never on a command line
     node_root: str = ""  # the user's ORCH_NODE_ROOT: orch's directory on each node ("": its own)
     stop: StopSettings = field(default_factory=StopSettings)  # the ranks' stop signal, grace
+    # --checkpoint-dir (absolute) and how orch copies what is there; None: left alone
+    checkpoints: CheckpointSettings | None = None
 
     @property
     def nproc(self) -> int:
@@ -226,6 +229,12 @@ class LaunchPlan:
     @property
     def world_size(self) -> int:
         return sum(self.job.ranks_per_node)
+
+    @property
+    def checkpoints(self) -> CheckpointSettings | None:
+        """Where the job writes its checkpoints (the same absolute path on every node) and
+        how orch copies them; None: the job was not given --checkpoint-dir."""
+        return self.job.checkpoints
 
     @property
     def shape_text(self) -> str:

@@ -11,12 +11,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 
 from orchestrator.errors import UsageError
+from orchestrator.specs.checkpoints import (
+    DEFAULT_BANDWIDTH,
+    DEFAULT_COPIES,
+    CheckpointSettings,
+    bandwidth_bytes,
+    check_copies,
+    check_dir,
+)
 from orchestrator.specs.constants import DEFAULT_LAUNCHER
 from orchestrator.specs.hang import HANG_AUTO, HangTimeout
 from orchestrator.specs.jobenv import check_name
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import AccelerateOptions, Recipe, RecoveryOptions
+from orchestrator.specs.slurm import chosen_fanout
 from orchestrator.specs.stop import StopSettings, check_grace, duration_seconds, signal_named
+from orchestrator.specs.words import Fanout
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,9 @@ class LaunchSpec:
     recipe: str | None = None  # the recipe file it came from
     stop: StopSettings = field(default_factory=StopSettings)  # what a stop sends, its grace
     name: str | None = None  # what the user calls the job: --name, the recipe's, the script's
+    # --checkpoint-dir and its options, else the recipe's; the dir may be relative to the
+    # workdir (the plan holds it absolute). None: orch leaves checkpoints alone.
+    checkpoints: CheckpointSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,16 @@ class RecoveryRequest:
 
 
 @dataclass(frozen=True)
+class CheckpointRequest:
+    """--checkpoint-dir, --checkpoint-copies and --checkpoint-bandwidth as given (None: the
+    recipe's, else no checkpoints / the default); the spec holds the settings used."""
+
+    dir: str | None = None
+    copies: int | None = None
+    bandwidth: str | None = None
+
+
+@dataclass(frozen=True)
 class SbatchRequest:
     """`--sbatch`: what to ask Slurm for beyond the recipe's `slurm:` section."""
 
@@ -118,6 +141,7 @@ class JobRequest:
     env_keep: tuple[str, ...] = ()  # --env-keep as given (the spec also holds a recipe's)
     job_id: str | None = None  # given: the batch script's own submit names its job
     overrides: LaunchOverrides = field(default_factory=LaunchOverrides)  # submit: over the recipe
+    checkpoints: CheckpointRequest = field(default_factory=CheckpointRequest)  # as given
 
     @property
     def hang_timeout(self) -> HangTimeout:
@@ -234,6 +258,19 @@ def recipe_spec(recipe: Recipe, path: str, *, extra_args: Sequence[str] = (),
         name=recipe.name,
         stop=StopSettings(recipe.stop_signal or StopSettings.signal,
                           recipe.stop_grace or StopSettings.grace),
+        checkpoints=recipe_checkpoints(recipe),
+    )
+
+
+def recipe_checkpoints(recipe: Recipe) -> CheckpointSettings | None:
+    """A recipe's checkpoint_dir and its keys (checked as the recipe was read)."""
+    if recipe.checkpoint_dir is None:
+        return None
+    copies, bandwidth = recipe.checkpoint_copies, recipe.checkpoint_bandwidth
+    return CheckpointSettings(
+        dir=recipe.checkpoint_dir,
+        copies=DEFAULT_COPIES if copies is None else copies,
+        bandwidth=DEFAULT_BANDWIDTH if bandwidth is None else bandwidth,
     )
 
 
@@ -257,6 +294,54 @@ def with_stop(spec: LaunchSpec, signal: str | None, grace: float | None) -> Laun
         check_grace(grace) if grace is not None else spec.stop.grace,
     )
     return replace(spec, stop=chosen)
+
+
+def with_checkpoints(spec: LaunchSpec, given: CheckpointRequest) -> LaunchSpec:
+    """The spec with the checkpoint options given over its own (a recipe's), each checked;
+    --checkpoint-copies or --checkpoint-bandwidth with no directory, given or the recipe's,
+    is a UsageError."""
+    base = spec.checkpoints
+    if given.dir is None and base is None:
+        loose = [name for name, value in (("--checkpoint-copies", given.copies),
+                                          ("--checkpoint-bandwidth", given.bandwidth))
+                 if value is not None]  # fmt: skip
+        if loose:
+            named = " and ".join(loose)
+            goes = "go" if len(loose) > 1 else "goes"
+            raise UsageError(
+                f"{named} {goes} with --checkpoint-dir: how orch copies the checkpoints of "
+                "that directory",
+                "add --checkpoint-dir PATH (where the job writes its checkpoints, the same "
+                f"path on every node), or leave {named} out",
+            )
+        return spec
+    base = base or CheckpointSettings(dir="")  # the defaults; the dir is the one given
+    chosen = CheckpointSettings(
+        dir=check_dir(given.dir) if given.dir is not None else base.dir,
+        copies=check_copies(given.copies) if given.copies is not None else base.copies,
+        bandwidth=bandwidth_bytes(given.bandwidth) if given.bandwidth is not None
+        else base.bandwidth,
+    )  # fmt: skip
+    return replace(spec, checkpoints=chosen)
+
+
+def check_sbatch_checkpoints(request: JobRequest) -> None:
+    """A batch job whose nodes srun would start cannot have its checkpoints copied (orch
+    copies them over SSH): refused when it is submitted, not once it runs."""
+    if request.sbatch is None or request.spec.checkpoints is None:
+        return
+    if chosen_fanout(request.fanout, request.spec.launcher, in_allocation=True) == Fanout.SRUN:
+        raise UsageError(*SRUN_CHECKPOINTS)
+
+
+# Why a job that srun starts cannot have --checkpoint-dir yet, and what to do instead.
+SRUN_CHECKPOINTS = (
+    "--checkpoint-dir is not supported yet on nodes started by srun (the Slurm fan-out): orch "
+    "copies checkpoints between nodes over SSH",
+    "run over SSH with a hostfile (--hostfile FILE; inside an allocation, --fanout pdsh "
+    "--transport ssh), or leave --checkpoint-dir out if every node sees the directory (a "
+    "shared filesystem)",
+)
 
 
 RESTART_ON = ("infra", "any")

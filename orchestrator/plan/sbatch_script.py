@@ -115,7 +115,10 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
               ("--stop-signal", watch.stop_signal), ("--stop-grace", watch.stop_grace),
               ("--name", request.spec.name if request.spec.name != _recipe_name(request)
                else None),
-              ("--time-limit", watch.time_limit))  # fmt: skip
+              ("--time-limit", watch.time_limit),
+              ("--checkpoint-dir", request.checkpoints.dir),
+              ("--checkpoint-copies", request.checkpoints.copies),
+              ("--checkpoint-bandwidth", request.checkpoints.bandwidth))  # fmt: skip
     for option, value in values:
         if value is not None:
             argv += [option, f"{value}"]

@@ -23,6 +23,7 @@ from orchestrator.outcome.explanation import Explanation
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.outcome.stop import StopSummary
+from orchestrator.specs.checkpoints import CheckpointSettings
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
 from orchestrator.specs.words import Fanout
 
@@ -54,6 +55,7 @@ KILL_MARKER = "kill-requested"  # `orch kill` leaves it, so the head reports "ki
 STOP_MARKER = "stop-requested"  # `orch stop` leaves it: the head stops the job, ranks save
 SBATCH_SCRIPT_FILE = "sbatch.sh"  # a batch job's script, as submitted
 SBATCH_OUTPUT_FILE = "sbatch.out"  # a batch job's own output, as Slurm writes it
+CHECKPOINTS_FILE = "checkpoints.json"  # the job's checkpoints: seen, copied, restored from
 
 # States a record can hold (and QUEUED); HEAD_DIED is derived when reading a running record.
 RUNNING_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
@@ -221,6 +223,8 @@ class JobRecord:
     name: str | None = None  # what the user calls the job (None: a record that names none)
     # the hang threshold in force at the end and where it came from (None: hangs not looked for)
     hang_watch: Mapping[str, object] | None = None
+    # --checkpoint-dir (absolute) and how orch copies it (None: the job was given none)
+    checkpoints: CheckpointSettings | None = None
 
     @property
     def exit_code_from(self) -> str | None:
@@ -244,6 +248,7 @@ class JobRecord:
         data["ranks"] = [asdict(rank) for rank in self.ranks]
         data["attempts"] = [attempt.to_json() for attempt in self.attempts]
         data["environment"] = None if self.environment is None else self.environment.to_json()
+        data["checkpoints"] = None if self.checkpoints is None else self.checkpoints.to_dict()
         return data
 
     @classmethod
@@ -282,7 +287,12 @@ class JobRecord:
             stop=StopSummary.from_json(data.get("stop")),
             name=data.get("name"),
             hang_watch=data.get("hang_watch"),
+            checkpoints=_checkpoints_from_json(data.get("checkpoints")),
         )
+
+
+def _checkpoints_from_json(data: Mapping | None) -> CheckpointSettings | None:
+    return None if data is None else CheckpointSettings.from_dict(data)
 
 
 def now_iso() -> str:

@@ -104,6 +104,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
         slurm_batch=plan.slurm_batch,
         transport=plan.transport,
         environment=environment,
+        checkpoints=plan.checkpoints,
     )
     record = replace(record, attempt_started=record.started_at)
     if earlier is not None:

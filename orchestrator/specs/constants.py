@@ -36,6 +36,8 @@ RESTART_COUNT_VAR = "ORCH_RESTART_COUNT"
 # the ranks have to save and exit by themselves, so a script installs the right handler.
 STOP_SIGNAL_VAR = "ORCH_STOP_SIGNAL"
 STOP_GRACE_VAR = "ORCH_STOP_GRACE"
+# Where the job writes its checkpoints (--checkpoint-dir): the same absolute path on every node.
+CHECKPOINT_DIR_VAR = "ORCH_CHECKPOINT_DIR"
 
 
 def is_tcp_port(port: int) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from orchestrator.errors import UsageError
 from orchestrator.specs.constants import (
+    CHECKPOINT_DIR_VAR,
     JOB_ID_VAR,
     RESTART_COUNT_VAR,
     STOP_GRACE_VAR,
@@ -42,7 +43,7 @@ _SEPARATORS = re.compile(r"[-_/]")
 AUTO_PREFIXES = ("NCCL_",)
 
 # What orch sets for each job, which neither the user nor the head's environment changes.
-ORCH_SET = (JOB_ID_VAR, RESTART_COUNT_VAR, STOP_SIGNAL_VAR, STOP_GRACE_VAR)
+ORCH_SET = (JOB_ID_VAR, RESTART_COUNT_VAR, STOP_SIGNAL_VAR, STOP_GRACE_VAR, CHECKPOINT_DIR_VAR)
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
@@ -110,19 +111,24 @@ def build_job_env(
     environ: Mapping[str, str] = os.environ,
     restart_count: int = 0,
     stop: StopSettings | None = None,
+    checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
-    """The job's variables: ORCH_JOB_ID, ORCH_RESTART_COUNT, ORCH_STOP_SIGNAL and
-    ORCH_STOP_GRACE, the head's NCCL_*, the passthrough names set, then extra.
+    """The job's variables: ORCH_JOB_ID, ORCH_RESTART_COUNT, ORCH_STOP_SIGNAL,
+    ORCH_STOP_GRACE and, given `checkpoint_dir`, ORCH_CHECKPOINT_DIR, the head's NCCL_*, the
+    passthrough names set, then extra.
 
     `extra` (a recipe's `env`, `--env` options) wins over the head's values, but
     may not change ORCH_JOB_ID (teardown finds the job's processes by it),
-    ORCH_RESTART_COUNT (a script resumes by it) nor the stop's (orch sends that signal).
+    ORCH_RESTART_COUNT (a script resumes by it), the stop's (orch sends that signal) nor
+    ORCH_CHECKPOINT_DIR (orch copies and stages what is there).
     """
     if not job_id:
         raise UsageError("empty job id")
     stop = stop or StopSettings()
     env: dict[str, str] = {JOB_ID_VAR: job_id, RESTART_COUNT_VAR: str(restart_count),
                            STOP_SIGNAL_VAR: stop.signal, STOP_GRACE_VAR: f"{stop.grace:g}"}
+    if checkpoint_dir is not None:
+        env[CHECKPOINT_DIR_VAR] = checkpoint_dir
     for name in sorted(environ):
         if name.startswith(AUTO_PREFIXES):
             env[name] = environ[name]
@@ -131,10 +137,11 @@ def build_job_env(
         if name in environ and name not in ORCH_SET:
             env[name] = environ[name]
     for name, value in extra.items():
-        if name in ORCH_SET and value != env[name]:
+        if name in ORCH_SET and value != env.get(name):
             raise UsageError(
                 f"{name} is set by orch for each job and cannot be overridden",
-                hint=f"remove {name} from the job's env",
+                hint=f"remove {name} from the job's env"
+                + (" and give --checkpoint-dir PATH" if name == CHECKPOINT_DIR_VAR else ""),
             )
         env[name] = value
     for name, value in env.items():

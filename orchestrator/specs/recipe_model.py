@@ -19,6 +19,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from orchestrator.errors import UsageError
 from orchestrator.specs import jobenv
+from orchestrator.specs.checkpoints import bandwidth_bytes, check_dir
 from orchestrator.specs.constants import PORT_RANGE
 from orchestrator.specs.hang import hang_timeout_value
 from orchestrator.specs.inventory import expand_nodeset, is_node_count
@@ -208,6 +209,13 @@ class Recipe(_Strict):
     stop_grace: float | None = Field(None, gt=0)  # the ranks' time to save (--stop-grace)
     # 90m, 2h, 3600: the job is stopped then (--time-limit)
     time_limit: str | None = Field(None, json_schema_extra=_text_number_or_null)
+    # Where the job writes its checkpoints, the same path on every node (--checkpoint-dir);
+    # relative: in the workdir. Without a shared filesystem, orch copies each complete one to
+    # checkpoint_copies other nodes, at most checkpoint_bandwidth bytes per second.
+    checkpoint_dir: str | None = None
+    checkpoint_copies: int | None = Field(None, ge=1)  # 1 by default (--checkpoint-copies)
+    # 200M by default, 1G, 500k, 0 or off: no cap (--checkpoint-bandwidth)
+    checkpoint_bandwidth: int | None = Field(None, json_schema_extra=_text_number_or_null)
     accelerate: AccelerateOptions = Field(default_factory=AccelerateOptions)
     torchrun: TorchrunOptions = Field(default_factory=TorchrunOptions)
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
@@ -261,6 +269,25 @@ class Recipe(_Strict):
         _as_value_error(duration_seconds, text, "time_limit")
         return text
 
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _checkpoint_dir(cls, value: str | None) -> str | None:
+        return None if value is None else _as_value_error(check_dir, value, "checkpoint_dir")
+
+    @field_validator("checkpoint_copies")
+    @classmethod
+    def _checkpoint_copies(cls, value: int | None, info: ValidationInfo) -> int | None:
+        _with_checkpoint_dir(info, "checkpoint_copies")
+        return value
+
+    @field_validator("checkpoint_bandwidth", mode="before")
+    @classmethod
+    def _checkpoint_bandwidth(cls, value: Any, info: ValidationInfo) -> Any:
+        _with_checkpoint_dir(info, "checkpoint_bandwidth")
+        if value is None or isinstance(value, bool):
+            return value
+        return _as_value_error(bandwidth_bytes, value, "checkpoint_bandwidth")
+
     @field_validator("passthrough_env", "env_keep")
     @classmethod
     def _passthrough_names(cls, value: list[str]) -> list[str]:
@@ -295,6 +322,14 @@ class Recipe(_Strict):
                 f"DEEPSPEED, not {value.distributed_type} (use launcher 'standard' for MULTI_GPU)"
             )
         return value
+
+
+def _with_checkpoint_dir(info: ValidationInfo, key: str) -> None:
+    """A key that says how checkpoints are copied needs the directory they are in (a
+    checkpoint_dir given and refused is not in info.data: its own problem is the one told)."""
+    if "checkpoint_dir" in info.data and info.data["checkpoint_dir"] is None:
+        raise ValueError(f"{key} goes with checkpoint_dir: add checkpoint_dir: PATH (where "
+                         f"the job writes its checkpoints), or leave {key} out")  # fmt: skip
 
 
 def _scalars_to_text(value: Any) -> Any:

@@ -1,0 +1,158 @@
+"""`orch checkpoints JOB [--json]`: the checkpoints a job launched with --checkpoint-dir wrote
+(how big, complete or not and how that was decided, which nodes wrote their parts, which
+hold copies, which the writer deleted) and what each restart resumed from. The lines and
+rows are made from the record, so they are tested on values; the command prints them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from orchestrator.cli.app import app
+from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel
+from orchestrator.errors import UsageError
+from orchestrator.records.checkpoints import (
+    CheckpointEntry,
+    CheckpointsRecord,
+    RestoreRecord,
+    load_checkpoints,
+)
+from orchestrator.records.job import JobRecord, runs_root
+from orchestrator.records.ownership import check_job, check_runs_root
+from orchestrator.records.rundir import find_job
+from orchestrator.specs.checkpoints import bandwidth_words, copies_words
+from orchestrator.specs.inventory import nodes_text
+from orchestrator.specs.units import format_bytes
+
+COLUMNS = ("checkpoint", "size", "complete", "written by", "copies on", "attempt", "deleted")
+_RUNS_DIR = in_panel(RUNS_DIR, OUTPUT_PANEL)
+_JSON = typer.Option(False, "--json", help="Print the record of checkpoints as one JSON "
+                     "document.", rich_help_panel=OUTPUT_PANEL)  # fmt: skip
+
+
+def settings_line(record: CheckpointsRecord) -> str:
+    """`checkpoints in /data/ckpt: 1 copy on another node, at most 200 MB/s`."""
+    return (f"checkpoints in {record.dir}: {copies_words(record.copies)}, "
+            f"{bandwidth_words(record.bandwidth)}")  # fmt: skip
+
+
+def sharing_line(record: CheckpointsRecord) -> str:
+    """Whether orch copies: not where every node sees the same directory."""
+    if record.shared is None:
+        return f"not found out yet whether every node sees {record.dir}"
+    if record.shared:
+        return f"every node sees {record.dir}: nothing was copied"
+    return f"each node has its own {record.dir}: complete checkpoints are copied to other nodes"
+
+
+def checkpoint_row(entry: CheckpointEntry) -> tuple[str, ...]:
+    """One checkpoint as the table shows it, in COLUMNS' order."""
+    complete = f"yes ({entry.how})" if entry.complete else "no"
+    return (
+        entry.name + ("/" if entry.kind == "dir" else ""),
+        format_bytes(entry.size),
+        complete,
+        nodes_text(entry.writers) or "-",
+        nodes_text(entry.holders) or "-",
+        str(entry.attempt),
+        "yes" if entry.gone_at is not None else "",
+    )
+
+
+def restore_lines(restore: RestoreRecord) -> list[str]:
+    """What one restart resumed from, and what its nodes were sent."""
+    if restore.entry is None:
+        lines = [f"attempt {restore.attempt}: no checkpoint to resume from ({restore.why})"]
+    else:
+        lines = [f"attempt {restore.attempt}: resumed from {restore.entry} ({restore.why})"]
+    for node, got in restore.nodes.items():
+        lines.append(f"  {node}: sent {format_bytes(got.received_bytes)} "
+                     f"({_files(got.received_files)}); {_files(got.reused_files)} already "
+                     "there")  # fmt: skip
+    if restore.skipped:
+        lines.append(f"  newer, not complete among the surviving copies: "
+                     f"{', '.join(restore.skipped)}")  # fmt: skip
+    return lines
+
+
+def _files(count: int) -> str:
+    return f"{count} file" + ("" if count == 1 else "s")
+
+
+def record_lines(record: CheckpointsRecord) -> list[str]:
+    """The lines above the table: the settings, and whether orch copies."""
+    lines = [settings_line(record), sharing_line(record)]
+    if not record.checkpoints:
+        lines.append("no checkpoint seen yet")
+    return lines
+
+
+def restarts_lines(record: CheckpointsRecord) -> list[str]:
+    """The lines below the table: what each restart resumed from."""
+    if not record.restores:
+        return []
+    return ["restarts:", *(line for restore in record.restores
+                           for line in restore_lines(restore))]  # fmt: skip
+
+
+def job_checkpoints(job: JobRecord, found: CheckpointsRecord | None) -> CheckpointsRecord:
+    """The job's record of checkpoints: the file, else (nothing seen yet) the settings the
+    job was launched with; a UsageError for a job launched without --checkpoint-dir."""
+    if found is not None:
+        return found
+    if job.checkpoints is None:
+        raise UsageError(
+            f"job {job.id} was not launched with --checkpoint-dir: orch kept no checkpoints "
+            "of it",
+            "launch with --checkpoint-dir PATH (a recipe: checkpoint_dir: PATH), the "
+            "directory where the job writes its checkpoints",
+        )
+    settings = job.checkpoints
+    return CheckpointsRecord(dir=settings.dir, copies=settings.copies,
+                             bandwidth=settings.bandwidth)  # fmt: skip
+
+
+@app.command(
+    epilog=examples(
+        "orch checkpoints JOB",
+        "orch checkpoints JOB --json",
+    )
+)
+def checkpoints(
+    job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
+    runs_dir: Path = _RUNS_DIR,
+    as_json: bool = _JSON,
+) -> None:
+    """Show a job's checkpoints (--checkpoint-dir) and what each restart resumed from.
+
+    Each checkpoint: its size, whether it is complete and how orch decided it, the nodes
+    that wrote its parts, those that hold copies, and whether its writer deleted it."""
+    root = runs_root(runs_dir)
+    check_runs_root(root)  # before any record in it is read
+    run = find_job(root, job)
+    check_job(run)
+    record = job_checkpoints(run.load(), load_checkpoints(run))
+    if as_json:
+        typer.echo(json.dumps(record.to_dict(), indent=2))
+        return
+    # Piped output keeps whole names rather than a terminal's 80 columns.
+    out = Console(highlight=False, soft_wrap=True,
+                  width=None if sys.stdout.isatty() else 200)  # fmt: skip
+    for line in record_lines(record):
+        out.print(line, markup=False)
+    if record.checkpoints:
+        table = Table()
+        for column in COLUMNS:
+            table.add_column(column, no_wrap=True)
+        for entry in record.checkpoints:
+            table.add_row(*(escape(cell) for cell in checkpoint_row(entry)))
+        out.print(table)
+    for line in restarts_lines(record):
+        out.print(line, markup=False)
