@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("logs", 11),
     ("report", 12),  # a job's page, from its run directory's records
     ("envpush", 13),
+    ("checkpoint_copies", 13),  # checkpoints copied between nodes and staged for restarts
     ("prepare", 14),  # request to hosts, pre-flight, sync, ports
     ("run", 15),
     ("sandbox", 16),

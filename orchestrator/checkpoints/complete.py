@@ -38,6 +38,7 @@ MARKERS: Mapping[str, str] = {
 }
 NAMED_BY_DEEPSPEED = "DeepSpeed's latest names it"
 AT_NEXT_QUIET_SCAN = "complete once a scan finds every part unchanged"
+MOVED_INTO_PLACE = "renamed into place after its last write"
 
 
 def is_temporary(name: str) -> bool:
@@ -280,6 +281,8 @@ def _verdict(
         if not found.changed_now or checkpoint.name in renamed:
             return True, NAMED_BY_DEEPSPEED
         return False, f"{NAMED_BY_DEEPSPEED} but it changed since; {AT_NEXT_QUIET_SCAN}"
+    if _moved_into_place(checkpoint):
+        return True, MOVED_INTO_PLACE
     marker = _marker(checkpoint)
     if marker is not None:
         if unchanged:
@@ -308,6 +311,15 @@ def _unfinished(checkpoint: Checkpoint, kinds: Mapping[str, Kind]) -> str | None
     if not any(checkpoint.parts.values()):
         return "empty so far"
     return None
+
+
+def _moved_into_place(checkpoint: Checkpoint) -> bool:
+    """A single file renamed into place after its last write (the write-to-a-temporary-name
+    then rename pattern): whole the moment it appears under its name."""
+    if checkpoint.kind != "file":
+        return False
+    files = [seen for part in checkpoint.parts.values() for seen in part]
+    return bool(files) and all(seen.renamed for seen in files)
 
 
 def _marker(checkpoint: Checkpoint) -> str | None:

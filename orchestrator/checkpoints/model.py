@@ -31,6 +31,8 @@ class FileSeen:
     path: str
     size: int
     mtime_ns: int
+    # Its inode changed after its last write: renamed into place (write-then-rename).
+    renamed: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,15 @@ def _read_file_seen(read: _Reader, doc: Mapping[str, Any], entry: str, where: st
         path=_read_path(read, doc, entry, where),
         size=read.count(doc, "size", where),
         mtime_ns=read.count(doc, "mtime_ns", where, signed=True),
+        renamed=_renamed_after_write(doc),
     )
+
+
+def _renamed_after_write(doc: Mapping[str, Any]) -> bool:
+    """Whether the file's status changed after its data (ctime after mtime): a rename into
+    place; optional in a scan (an older node program does not say)."""
+    ctime, mtime = doc.get("ctime_ns"), doc.get("mtime_ns")
+    return isinstance(ctime, int) and isinstance(mtime, int) and ctime > mtime
 
 
 def _read_copy(read: _Reader, doc: Mapping[str, Any], where: str) -> CopyHeld:

@@ -113,3 +113,10 @@ def port_command(python: str, job_id: str, directory: str, ttl: float,
     node 0 among `candidates`, in order; any python3 runs it."""
     words = (directory, job_id, f"{ttl:g}", *map(str, candidates))
     return _with_any_python3(python, _boot_blob(("owned", "procs", "main_port"), "ports"), words)
+
+
+def program_command(python: str, parts: tuple[str, ...], program: str,
+                    words: tuple[str, ...]) -> str:  # fmt: skip
+    """The remote shell command that runs remote/<program>.py with its `parts` beside it
+    and `words` as its arguments; any python3 runs it."""
+    return _with_any_python3(python, _boot_blob(parts, program), words)

@@ -224,7 +224,9 @@ class _Budget:
 
 
 def _file_doc(path: str, st: os.stat_result) -> dict[str, Any]:
-    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    # ctime after mtime: the file was renamed (or its mode changed) after its last write.
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns}
 
 
 def _dir_files(top: str, entry: str, budget: _Budget) -> list[dict[str, Any]]:

@@ -30,9 +30,11 @@ def dir_entry(name: str, files: Mapping[str, int], mtime: int = 1,
     }
 
 
-def file_entry(name: str, size: int, mtime: int = 1) -> dict[str, Any]:
-    return {"name": name, "kind": "file", "files": [{"path": name, "size": size,
-            "mtime_ns": mtime}], "text": {}}  # fmt: skip
+def file_entry(name: str, size: int, mtime: int = 1, ctime: int | None = None) -> dict[str, Any]:
+    """A file under PATH; `ctime` after `mtime`: renamed into place after its last write."""
+    seen = {"path": name, "size": size, "mtime_ns": mtime, "ctime_ns": mtime if ctime is None
+            else ctime}  # fmt: skip
+    return {"name": name, "kind": "file", "files": [seen], "text": {}}
 
 
 def pointer(target: str, name: str = "latest", mtime: int = 1) -> dict[str, Any]:

@@ -189,7 +189,16 @@ def test_accelerate_save_state_with_deepspeed_is_complete_by_its_inner_latest():
 
 
 # ----- quiet for the settle time -------------------------------------------------------
-def test_a_model_written_then_renamed_from_partial_is_complete_once_quiet_for_the_settle_time():
+def test_a_model_renamed_into_place_after_its_last_write_is_complete_when_first_seen():
+    seen = scans(scan("node1", file_entry("model.pt", 900, mtime=5, ctime=9)), scan("node2"))
+    first = observe(_rounds(), seen, 0, SETTLE).checkpoints["model.pt"]
+    assert (first.complete, first.how) == (True, "renamed into place after its last write")
+    rewritten = scans(scan("node1", file_entry("model.pt", 950, mtime=12)), scan("node2"))
+    again = observe(observe(_rounds(), seen, 0, SETTLE), rewritten, 10, SETTLE)
+    assert not again.checkpoints["model.pt"].complete  # written in place since: not yet
+
+
+def test_a_model_written_in_place_is_complete_once_quiet_for_the_settle_time():
     def node1(*entries: dict[str, Any]) -> dict[str, NodeScan]:
         return scans(scan("node1", *entries), scan("node2"))
 

@@ -1,0 +1,291 @@
+"""A job's checkpoints across its attempts (`--checkpoint-dir`): checked before the first,
+followed while each runs, put back before each restart.
+
+Before the first attempt every node's PATH is made and checked, and a marker one node
+writes there tells whether the others see it: a shared filesystem is left alone. Otherwise,
+while an attempt runs, a thread scans every node every SCAN_EVERY_S, judges which entries
+are complete (checkpoints/complete.py), copies each complete part to the nodes placement
+picks (node to node, at the cap) and prunes the copies of what the writer deleted. What it
+knows goes into runs/<job>/checkpoints.json after each round. Before a restart, the nodes of
+the next attempt get the newest checkpoint complete among the surviving nodes, whole.
+
+Nothing here ends a job: a node that does not answer, a copy that fails or a staging that
+fails is written down and said; the job goes on (or starts from scratch, said why).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+
+from orchestrator.checkpoint_copies.nodes import CheckpointNodes, Copied, Senders, Staged
+from orchestrator.checkpoints.complete import Checkpoint, Watched, observe
+from orchestrator.checkpoints.model import FileCopy, NodeScan, signature
+from orchestrator.checkpoints.placement import copy_orders, prune_orders
+from orchestrator.checkpoints.staging import KnownCheckpoint, Restore, choose_restore, sources
+from orchestrator.errors import PreflightFailed
+from orchestrator.pernode import NodeResult, for_each_node, succeeded
+from orchestrator.records.checkpoints import (
+    CheckpointEntry,
+    CheckpointsRecord,
+    NodeRestore,
+    PartRecord,
+    RestoreRecord,
+    save_checkpoints,
+)
+from orchestrator.records.checkpoints import FileCopy as FileRecord
+from orchestrator.records.rundir import RunDir
+
+SCAN_EVERY_S = 5.0  # between two scans of every node while the job runs
+SETTLE_S = 30.0  # an entry with no marker: unchanged this long on every node is complete
+SHARED_MARKER = ".orch-shared-check"
+
+Say = Callable[[str], None]
+
+
+class CheckpointKeeper:
+    """What orch knows of the job's checkpoints; one per job, used by every attempt."""
+
+    def __init__(self, nodes: CheckpointNodes, run: RunDir, say: Say) -> None:
+        self.nodes, self.run, self.say = nodes, run, say
+        settings = nodes.settings
+        self.record = CheckpointsRecord(dir=settings.dir, copies=settings.copies,
+                                        bandwidth=settings.bandwidth, shared=None,
+                                        checkpoints=(), restores=())  # fmt: skip
+        self.watched = Watched()
+        self.known: dict[str, KnownCheckpoint] = {}  # complete, with every part's hashes
+        self.first_seen_attempt: dict[str, int] = {}
+        self.restored: dict[str, dict[str, object] | None] = {}  # entry -> parts as staged
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self.holding: dict[tuple[str, str], set[str]] = {}  # (entry, writer) -> copy holders
+
+    # -- before the first attempt -------------------------------------------------------
+    def check(self, hosts: Sequence[str]) -> bool:
+        """PATH made and usable on every node (else PreflightFailed naming the node and the
+        fix); whether the nodes share it (then nothing more is done)."""
+        scans = self.nodes.scan(hosts, create=True)
+        problems = [_problem(node, result) for node, result in scans.items()]
+        bad = [p for p in problems if p is not None]
+        if bad:
+            raise PreflightFailed(
+                "the checkpoint directory cannot be used: " + "; ".join(bad),
+                f"make {self.nodes.settings.dir} a directory of your own, writable, on every "
+                "node (or give another --checkpoint-dir)",
+            )
+        shared = self._shared(hosts)
+        self.record = replace(self.record, shared=shared)
+        self._save()
+        if shared:
+            self.say(f"checkpoints: every node sees {self.nodes.settings.dir} (a shared "
+                     "filesystem): nothing is copied")  # fmt: skip
+        return shared
+
+    def _shared(self, hosts: Sequence[str]) -> bool:
+        if len(hosts) < 2:
+            return True  # one node: nothing to copy to
+        first, rest = hosts[0], hosts[1:]
+        self.nodes.scan([first], write_marker=SHARED_MARKER)
+        try:
+            seen = self.nodes.scan(rest, marker=SHARED_MARKER)
+        finally:
+            self.nodes.scan([first], remove_marker=SHARED_MARKER)
+        return all(r.value is not None and r.value.marker_seen for r in seen.values())
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.record.shared)
+
+    # -- while an attempt runs ----------------------------------------------------------
+    @contextmanager
+    def following(self, hosts: Sequence[str], attempt: int) -> Iterator[None]:
+        """Scans, copies and prunes in the background while the attempt runs."""
+        if self.shared:
+            yield
+            return
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(SCAN_EVERY_S):
+                self.round(hosts, attempt, stop)
+
+        thread = threading.Thread(target=loop, name="checkpoint-copies", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=30.0)  # a copy in flight is cut off with its connection
+
+    def round(self, hosts: Sequence[str], attempt: int,
+              stop: threading.Event | None = None) -> None:  # fmt: skip
+        """One scan of every node, the copies it calls for, the prunes; then the record."""
+        scans = _answered(self.nodes.scan(hosts))
+        now = time.time()
+        with self._lock:
+            self.watched = observe(self.watched, scans, now, SETTLE_S)
+            for name in self.watched.checkpoints:
+                self.first_seen_attempt.setdefault(name, attempt)
+            complete = [c for c in self.watched.complete() if not self._as_restored(c)]
+        plan = copy_orders(complete, scans, hosts, self.nodes.settings.copies)
+        for shortfall in plan.shortfalls:
+            self._warn_once(shortfall.message)
+        for order in plan.orders:
+            if stop is not None and stop.is_set():
+                break
+            self._copied(self.nodes.copy(order))
+        self._learn_hashes(scans)
+        holding: dict[tuple[str, str], set[str]] = {}
+        for node, scan in scans.items():
+            for held in scan.copies:
+                holding.setdefault((held.entry, held.writer), set()).add(node)
+        self.holding = holding
+        for node, keep in prune_orders(list(self.watched.checkpoints.values()), scans).items():
+            self.nodes.prune(node, keep)
+        self._save()
+
+    def _as_restored(self, checkpoint: Checkpoint) -> bool:
+        """A checkpoint a restart staged on every node, unchanged since: not copied again
+        (every node holds it whole)."""
+        if checkpoint.name not in self.restored:
+            return False
+        parts = {node: signature(files) for node, files in checkpoint.parts.items()}
+        staged = self.restored[checkpoint.name]
+        if staged is None:  # the first look since the staging
+            self.restored[checkpoint.name] = dict(parts)
+            return True
+        return parts == staged
+
+    def _copied(self, copied: Copied) -> None:
+        order = copied.order
+        if copied.problem is not None or copied.sha256 is None:
+            self._warn_once(f"{order.entry}: the part written by {order.writer} was not "
+                            f"copied to {order.destination}: {copied.problem}")  # fmt: skip
+            return
+        files = tuple(FileCopy(f.path, f.size, copied.sha256.get(f.path, ""))
+                      for f in order.files)  # fmt: skip
+        self._know(order.entry, order.writer, files)
+
+    def _learn_hashes(self, scans: Mapping[str, NodeScan]) -> None:
+        """Hashes of parts copied in an earlier attempt (or by a copy this head did not see
+        end), from the manifests the nodes holding them keep."""
+        for scan in scans.values():
+            for held in scan.copies:
+                checkpoint = self.watched.checkpoints.get(held.entry)
+                if checkpoint is not None and checkpoint.complete:
+                    self._know(held.entry, held.writer, held.files, only_new=True)
+
+    def _know(self, entry: str, writer: str, files: tuple[FileCopy, ...],
+              only_new: bool = False) -> None:  # fmt: skip
+        with self._lock:
+            checkpoint = self.watched.checkpoints.get(entry)
+            known = self.known.get(entry)
+            if only_new and known is not None and writer in known.parts:
+                return
+            parts = dict(known.parts) if known is not None else {}
+            parts[writer] = files
+            if checkpoint is None or checkpoint.complete_at is None:
+                return
+            self.known[entry] = KnownCheckpoint(entry, checkpoint.kind, checkpoint.complete_at,
+                                                parts, checkpoint.named_by)  # fmt: skip
+
+    # -- before a restart ---------------------------------------------------------------
+    def restore(self, alive: Sequence[str], following: Sequence[str], attempt: int) -> str:
+        """The newest checkpoint complete among `alive` nodes staged whole on every node of
+        `following`; one line for the user saying what the restart resumes from."""
+        if self.shared:
+            return ""
+        scans = _answered(self.nodes.scan(list(dict.fromkeys([*alive, *following])),
+                                          create=True))  # fmt: skip
+        alive_scans = {n: s for n, s in scans.items() if n in alive}
+        restore = choose_restore(list(self._restorable()), alive_scans)
+        if restore.chosen is None:
+            why = "; ".join(restore.skipped) or "no complete checkpoint was copied yet"
+            self._restored(RestoreRecord(attempt, None, time.time(), f"from scratch: {why}",
+                                         restore.skipped, {}))  # fmt: skip
+            return f"checkpoints: attempt {attempt} starts from scratch ({why})"
+        staged = self._stage(restore, following, scans)
+        failed = [s for s in staged if s.problem is not None]
+        why = ("the newest complete checkpoint held by the nodes alive"
+               + (f"; skipped {'; '.join(restore.skipped)}" if restore.skipped else ""))
+        if failed:
+            why += "; staging failed on " + "; ".join(f"{s.node}: {s.problem}" for s in failed)
+        nodes = {s.node: NodeRestore(s.received_bytes, s.received_files, s.reused_files)
+                 for s in staged if s.problem is None}  # fmt: skip
+        self._restored(RestoreRecord(attempt, restore.chosen, time.time(), why,
+                                     restore.skipped, nodes))  # fmt: skip
+        if not failed:
+            self.restored[restore.chosen] = None
+        sent = sum(s.received_bytes for s in staged)
+        return (f"checkpoints: attempt {attempt} resumes from {restore.chosen}, staged on "
+                f"{len(nodes)} of {len(following)} nodes ({sent} bytes sent)"
+                + (f"; NOT on {', '.join(s.node for s in failed)}" if failed else ""))
+
+    def _stage(self, restore: Restore, following: Sequence[str],
+               scans: Mapping[str, NodeScan]) -> list[Staged]:  # fmt: skip
+        """Each next node staged: it says what it lacks, the holders send that."""
+        def senders(node: str) -> Senders:
+            return lambda missing: sources(restore, {node: missing}, scans).get(node, {})
+
+        found = for_each_node(following, lambda node: succeeded(
+            node, self.nodes.stage(node, restore, senders(node))))  # fmt: skip
+        return [r.value for r in found if r.value is not None]
+
+    def _restorable(self) -> Iterator[KnownCheckpoint]:
+        """Known complete checkpoints with a hash for every part a node wrote of them."""
+        for name, known in self.known.items():
+            checkpoint = self.watched.checkpoints.get(name)
+            writers = set(checkpoint.parts) if checkpoint is not None else set(known.parts)
+            if writers <= set(known.parts):
+                yield known
+
+    # -- the record ---------------------------------------------------------------------
+    def _restored(self, done: RestoreRecord) -> None:
+        with self._lock:
+            self.record = replace(self.record, restores=(*self.record.restores, done))
+        self._save()
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            self.say(f"checkpoints: {message}")
+
+    def _save(self) -> None:
+        with self._lock:
+            entries = tuple(self._entry(c) for c in self.watched.checkpoints.values())
+            self.record = replace(self.record, checkpoints=entries)
+            save_checkpoints(self.run, self.record)
+
+    def _entry(self, checkpoint: Checkpoint) -> CheckpointEntry:
+        known = self.known.get(checkpoint.name)
+        holders = self.holding
+        parts = []
+        for writer, files in checkpoint.parts.items():
+            hashed = {f.path: f.sha256 for f in known.parts.get(writer, ())} if known else {}
+            parts.append(PartRecord(
+                writer, tuple(FileRecord(f.path, f.size, hashed.get(f.path, "")) for f in files),
+                tuple(sorted(holders.get((checkpoint.name, writer), ())))))  # fmt: skip
+        return CheckpointEntry(
+            name=checkpoint.name, kind=checkpoint.kind, first_seen=checkpoint.first_seen,
+            complete_at=checkpoint.complete_at, how=checkpoint.how, size=checkpoint.size,
+            parts=tuple(parts), gone_at=checkpoint.changed_at if checkpoint.gone else None,
+            attempt=self.first_seen_attempt.get(checkpoint.name, 1),
+        )  # fmt: skip
+
+
+def _answered(found: Mapping[str, NodeResult[NodeScan]]) -> dict[str, NodeScan]:
+    return {node: r.value for node, r in found.items() if r.value is not None}
+
+
+def _problem(node: str, result: NodeResult[NodeScan]) -> str | None:
+    if result.value is None:
+        return f"{node}: {result.problem}"
+    scan = result.value
+    if scan.problem:
+        return f"{node}: {scan.problem}"
+    if not scan.is_dir or not scan.writable:
+        return f"{node}: {scan.dir} is not a directory the job can write to"
+    return None
