@@ -15,6 +15,7 @@ fails is written down and said; the job goes on (or starts from scratch, said wh
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,7 +41,10 @@ from orchestrator.records.checkpoints import FileCopy as FileRecord
 from orchestrator.records.rundir import RunDir
 
 SCAN_EVERY_S = 5.0  # between two scans of every node while the job runs
-SETTLE_S = 30.0  # an entry with no marker: unchanged this long on every node is complete
+# An entry with no marker and not renamed into place: unchanged this long on every node is
+# complete. A writer that pauses longer in the middle of a file is taken for done; its copy
+# is replaced when the file changes again.
+SETTLE_S = 15.0
 SHARED_MARKER = ".orch-shared-check"
 
 Say = Callable[[str], None]
@@ -78,7 +82,6 @@ class CheckpointKeeper:
             )
         shared = self._shared(hosts)
         self.record = replace(self.record, shared=shared)
-        self._save()
         if shared:
             self.say(f"checkpoints: every node sees {self.nodes.settings.dir} (a shared "
                      "filesystem): nothing is copied")  # fmt: skip
@@ -104,13 +107,19 @@ class CheckpointKeeper:
     def following(self, hosts: Sequence[str], attempt: int) -> Iterator[None]:
         """Scans, copies and prunes in the background while the attempt runs."""
         if self.shared:
-            yield
+            try:
+                yield
+            finally:
+                self._save()
             return
         stop = threading.Event()
 
         def loop() -> None:
             while not stop.wait(SCAN_EVERY_S):
-                self.round(hosts, attempt, stop)
+                try:
+                    self.round(hosts, attempt, stop)
+                except OSError as err:  # the head's own disk: said, and tried again
+                    self._warn_once(f"the record could not be written: {err}")
 
         thread = threading.Thread(target=loop, name="checkpoint-copies", daemon=True)
         thread.start()
@@ -242,6 +251,19 @@ class CheckpointKeeper:
             if writers <= set(known.parts):
                 yield known
 
+    # -- after the job ------------------------------------------------------------------
+    def finish(self, hosts: Sequence[str]) -> str:
+        """The job succeeded: its copies on other nodes are removed from every node (each
+        checkpoint stays where the job wrote it)."""
+        if self.shared:
+            return ""
+        found = for_each_node(
+            hosts, lambda node: succeeded(node, self.nodes.prune(node, None, drop=True)))
+        removed = [r.node for r in found if r.value]
+        return (f"checkpoints: the job succeeded; orch's copies were removed from "
+                f"{len(removed)} of {len(hosts)} nodes (every checkpoint stays in "
+                f"{self.nodes.settings.dir} where the job wrote it)")
+
     # -- the record ---------------------------------------------------------------------
     def _restored(self, done: RestoreRecord) -> None:
         with self._lock:
@@ -254,10 +276,13 @@ class CheckpointKeeper:
             self.say(f"checkpoints: {message}")
 
     def _save(self) -> None:
+        """The record into the job's directory; not yet there before the first attempt has
+        made it (the next round writes it)."""
         with self._lock:
             entries = tuple(self._entry(c) for c in self.watched.checkpoints.values())
             self.record = replace(self.record, checkpoints=entries)
-            save_checkpoints(self.run, self.record)
+            with contextlib.suppress(FileNotFoundError):
+                save_checkpoints(self.run, self.record)
 
     def _entry(self, checkpoint: Checkpoint) -> CheckpointEntry:
         known = self.known.get(checkpoint.name)
@@ -282,7 +307,8 @@ def _answered(found: Mapping[str, NodeResult[NodeScan]]) -> dict[str, NodeScan]:
 
 def _problem(node: str, result: NodeResult[NodeScan]) -> str | None:
     if result.value is None:
-        return f"{node}: {result.problem}"
+        problem = result.problem or "no answer"
+        return problem if node in problem else f"{node}: {problem}"
     scan = result.value
     if scan.problem:
         return f"{node}: {scan.problem}"

@@ -215,12 +215,16 @@ class CheckpointNodes:
         return "; ".join(bad) if bad else None
 
     # -- prune --------------------------------------------------------------------------
-    def prune(self, node: str, keep: Sequence[str] | None, *, drop: bool = False) -> None:
-        """Copies on `node` of every entry not in `keep` removed (`drop`: all the job's)."""
+    def prune(self, node: str, keep: Sequence[str] | None, *, drop: bool = False) -> bool:
+        """Copies on `node` of every entry not in `keep` removed (`drop`: all the job's);
+        whether the node did it."""
         request = self._request(node, keep=list(keep or ()), drop=drop)
-        self.transport.run([node], checkpoint_command(self.python, "prune"),
-                           timeout=SCAN_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S,
-                           stdin=_line(request))  # fmt: skip
+        [result] = self.transport.run([node], checkpoint_command(self.python, "prune"),
+                                      timeout=SCAN_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S,
+                                      stdin=_line(request))  # fmt: skip
+        if result.value is None:
+            return False
+        return bool(_last_answer(result.value.stdout, result.value.stderr).get("ok"))
 
 
 def checkpoint_command(python: str, step: str) -> str:

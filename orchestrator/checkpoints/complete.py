@@ -75,7 +75,13 @@ class Checkpoint:
 
     @property
     def size(self) -> int:
-        return sum(seen.size for files in self.parts.values() for seen in files)
+        """The checkpoint's bytes: each path once, however many nodes have it (a restored
+        checkpoint is whole on every node)."""
+        sizes: dict[str, int] = {}
+        for files in self.parts.values():
+            for seen in files:
+                sizes[seen.path] = max(seen.size, sizes.get(seen.path, 0))
+        return sum(sizes.values())
 
 
 @dataclass(frozen=True)

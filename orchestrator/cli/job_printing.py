@@ -222,6 +222,12 @@ class PipelinePrinter:
                       markup=False)  # fmt: skip
 
 
+    def checkpoints(self, line: str) -> None:
+        """What became of the job's checkpoints: a shared directory, a copy that failed, what
+        a restart resumes from."""
+        if line:
+            err_console().print(line, markup=False)
+
     def slurm_limit(self, left: float, stop_after: float, grace: float) -> None:
         """Inside an allocation with an end: when the job will be stopped to save."""
         if stop_after > 0:

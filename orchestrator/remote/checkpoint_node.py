@@ -370,7 +370,7 @@ def scan(request: Request, max_files: int = MAX_FILES) -> Answer:
         "writable": _writable(top, is_dir), "problem": problem,
         "free_bytes": free_bytes(top), "copies_dir": copies,
         "copies_free_bytes": free_bytes(copies),
-        "marker_seen": _markers(request, top, is_dir),
+        "marker_seen": _markers(request, top, is_dir), "truncated": False,
         "entries": _entries(top, budget) if is_dir else [],
         "copies": [{"entry": part.entry, "writer": part.writer, "files": list(part.files)}
                    for part in whole_parts(copies)],

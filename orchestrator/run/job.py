@@ -6,6 +6,7 @@ restart is the restart policy's (outcome/restart_policy.py); the loop here carri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -14,9 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.checkpoint_copies.keeper import CheckpointKeeper
+from orchestrator.checkpoint_copies.nodes import CheckpointNodes
 from orchestrator.errors import NodesUnavailable, OrchError, RecordError, RestartNotStarted
 from orchestrator.logs.router import LogView
 from orchestrator.nodes import slurm
+from orchestrator.nodes.transport import plan_transport
 from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.pace import PaceSeed
 from orchestrator.outcome.restart_policy import (
@@ -95,11 +99,15 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
                       wanted=len(job.plan.hosts),
                       minimum=request.min_nodes or len(job.plan.hosts))  # fmt: skip
     job = _healthy_start(job, state.wanted, state.minimum)
-    result = _run_attempt(job, run, None, view=view, reporter=reporter)
+    keeper = _checkpoint_keeper(job, run, reporter)
+    with _following(keeper, job, 1):
+        result = _run_attempt(job, run, None, view=view, reporter=reporter)
     first_started = result.started
     while True:
         record = run.load()
         if result.state == JobState.SUCCEEDED or result.first_failure is None:
+            if keeper is not None and result.state == JobState.SUCCEEDED:
+                reporter.checkpoints(keeper.finish(_pool(job)))
             return _ended(run, record, result, None)
         decision, excluded, nodes = state.after(job, record, result.first_failure,
                                                 result.progress)  # fmt: skip
@@ -120,9 +128,13 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
         job = following
         try:
             time.sleep(pause)
-            result = _run_attempt(job, run, earlier, view=view, reporter=reporter,
-                                  time_left=_time_left(job, first_started),
-                                  pace=result.pace)  # fmt: skip
+            if keeper is not None:
+                alive = [n for n in _pool(job) if n not in state.dropped]
+                reporter.checkpoints(keeper.restore(alive, job.plan.hosts, record.attempt + 1))
+            with _following(keeper, job, record.attempt + 1):
+                result = _run_attempt(job, run, earlier, view=view, reporter=reporter,
+                                      time_left=_time_left(job, first_started),
+                                      pace=result.pace)  # fmt: skip
         except (OrchError, KeyboardInterrupt) as err:
             # The next attempt never started: the job ended with the one before, and so does
             # its exit code, whatever kept the next one from starting.
@@ -130,6 +142,33 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
             if isinstance(err, KeyboardInterrupt):
                 return replace(result, attempts=ended.attempts)
             raise RestartNotStarted(record.attempt, err, record.exit_code or 1) from err
+
+
+def _pool(job: PreparedJob) -> tuple[str, ...]:
+    """Every node the job may run on: the hostfile's or allocation's, spares included."""
+    return job.pool.names if job.pool is not None else job.plan.hosts
+
+
+def _checkpoint_keeper(job: PreparedJob, run: RunDir,
+                       reporter: PipelineReporter) -> CheckpointKeeper | None:  # fmt: skip
+    """With --checkpoint-dir: the job's checkpoints, PATH checked on every node of the pool
+    first (a shared filesystem is found there and left alone)."""
+    settings = job.plan.checkpoints
+    if settings is None:
+        return None
+    nodes = CheckpointNodes(plan_transport(job.plan), job.plan.job.python, job.plan.job_id,
+                            settings, job.plan.job.node_root)  # fmt: skip
+    keeper = CheckpointKeeper(nodes, run, reporter.checkpoints)
+    keeper.check(_pool(job))
+    return keeper
+
+
+def _following(keeper: CheckpointKeeper | None, job: PreparedJob,
+               attempt: int) -> contextlib.AbstractContextManager[None]:  # fmt: skip
+    """The attempt's checkpoints copied between its nodes while it runs."""
+    if keeper is None:
+        return contextlib.nullcontext()
+    return keeper.following(job.plan.hosts, attempt)
 
 
 def _in_allocation(settings: WatchSettings, reporter: PipelineReporter) -> WatchSettings:
@@ -171,7 +210,7 @@ class _Recovery:
         """The decision after a failed attempt (`progress`: how far it got), the nodes it
         drops, the next one's nodes."""
         restarts_done = record.attempt - 1
-        pool = job.pool.names if job.pool is not None else job.plan.hosts
+        pool = _pool(job)
         # The re-check costs a few seconds: only when a restart may follow, over ssh.
         recheck = self.policy.max_restarts > restarts_done and job.plan.job.fanout == Fanout.PDSH
         left = [n for n in pool if n not in self.dropped]
@@ -221,6 +260,8 @@ class PipelineReporter(PrepareReporter, Protocol):
                    pause: float) -> None: ...  # fmt: skip
 
     def slurm_limit(self, left: float, stop_after: float, grace: float) -> None: ...
+
+    def checkpoints(self, line: str) -> None: ...
 
 
 def execute_plan(

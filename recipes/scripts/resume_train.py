@@ -4,9 +4,10 @@ Plain torch DDP (gloo on CPU, NCCL on GPUs) fitting y = 3x - 1 with a tiny MLP. 
 saves the model, the optimizer and the next step every `--save-every` steps to
 `<checkpoint-dir>/<job id>.pt`, atomically (a node may die in the middle of a save). When
 orch restarts the job (ORCH_RESTART_COUNT > 0) every rank loads that checkpoint and goes on
-from its step; a new job (another job id) starts from scratch. The checkpoint directory must
-be one every node can read: a shared filesystem (here: the sandbox's nodes share this
-machine's). The world size may change between attempts (--min-nodes): each rank takes its
+from its step; a new job (another job id) starts from scratch. The checkpoint directory is
+orch's --checkpoint-dir (ORCH_CHECKPOINT_DIR): with no shared filesystem, orch copies each
+checkpoint to another node as it is written and puts the newest back on every node of the
+restarted job. The world size may change between attempts (--min-nodes): each rank takes its
 share of every batch by its rank, so a data-parallel run goes on with fewer ranks.
 
 When orch stops the job (the first Ctrl-C, `orch stop`, --time-limit), every rank gets
@@ -35,7 +36,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.1, help="seconds per step")
-    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
+    # orch's --checkpoint-dir (ORCH_CHECKPOINT_DIR): orch copies each checkpoint to other
+    # nodes and puts the newest back on a restarted job's nodes, with nothing shared.
+    parser.add_argument("--checkpoint-dir", type=Path,
+                        default=Path(os.environ.get("ORCH_CHECKPOINT_DIR", "checkpoints")))
     parser.add_argument("--resume-from", type=Path, default=None,
                         help="a checkpoint of an earlier job (one a stop saved) to go on from")
     return parser.parse_args()

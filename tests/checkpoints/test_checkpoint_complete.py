@@ -368,3 +368,12 @@ def test_without_a_marker_complete_means_unchanged_on_every_node_for_the_settle_
         checkpoint = state.checkpoints["model.pt"]
         assert checkpoint.changed_at == last_change
         assert checkpoint.complete == (quiet_rounds >= 1 and now - last_change >= SETTLE)
+
+
+def test_a_checkpoint_on_every_node_after_a_restore_counts_its_bytes_once():
+    whole = file_entry("model.pt", 900)
+    state = _rounds((0, scans(scan("node1", whole), scan("node2", whole), scan("node3"))))
+    assert state.checkpoints["model.pt"].size == 900
+    shards = _rounds((0, scans(scan("node1", dir_entry("step", {"a.pt": 5})),
+                               scan("node2", dir_entry("step", {"b.pt": 7})))))  # fmt: skip
+    assert shards.checkpoints["step"].size == 12

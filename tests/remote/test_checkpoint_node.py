@@ -140,7 +140,7 @@ def test_a_scan_lists_entries_their_files_and_deepspeeds_pointer(
     assert entries["model.safetensors"]["files"][0]["path"] == "model.safetensors"
     assert answer["copies_dir"] == str(_copies(node_root)) and answer["copies"] == []
     assert answer["free_bytes"] > 0 and answer["marker_seen"] is None
-    assert "truncated" not in answer
+    assert answer["truncated"] is False
 
 
 def test_a_scan_lists_only_the_copies_that_are_whole(tmp_path: Path, node_root: Path) -> None:

@@ -1,0 +1,92 @@
+"""Checkpoints that follow the job, on sandbox nodes that share nothing: each node has its
+own checkpoint directory and its own orch directory (bind-mounted in its mount namespace
+only, as a local disk), so a node's files die with it. The node holding the only
+checkpoint dies mid-job; the restarted job resumes from it on the spare."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from launch_support import ORCH, REPO, free_port, job_ids, log_text, orch_env, run_orch, wait_for
+
+pytestmark = pytest.mark.sandbox
+
+RECIPE = str(REPO / "recipes" / "cpu-resume.yaml")
+
+
+def _kill_node(box, name: str) -> None:
+    """The node dies for good: every process of it, its sshd among them."""
+    for pid in box.node_pids(name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _record(runs: Path) -> dict:
+    """The job's checkpoints.json, or {} while there is none."""
+    for job_id in job_ids(runs):
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads((runs / job_id / "checkpoints.json").read_text())
+    return {}
+
+
+def _copied(runs: Path, writer: str) -> bool:
+    """A complete checkpoint of `writer`'s is held whole by another node."""
+    return any(entry["complete_at"] and part["writer"] == writer and part["holders"]
+               for entry in _record(runs).get("checkpoints", [])
+               for part in entry["parts"])  # fmt: skip
+
+
+def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
+    sandbox_factory, tmp_path
+):
+    box, state = sandbox_factory(4, 1)
+    names = [n.name for n in state.nodes]
+    checkpoints, node_root = tmp_path / "checkpoints", tmp_path / "orch-node"
+    for directory in (checkpoints, node_root):
+        directory.mkdir(mode=0o700)
+        for name in names:
+            box.private_directory(name, directory)
+    runs, log = tmp_path / "runs", tmp_path / "orch.log"
+    env = {**orch_env(runs), "ORCH_NODE_ROOT": str(node_root)}
+    args = ["submit", RECIPE, "--hostfile", state.hostfile, "--no-doctor", "--checkpoint-dir",
+            str(checkpoints), "--main-port", str(free_port()), "--hang-timeout", "off", "--",
+            "--steps", "600", "--save-every", "300", "--step-sleep", "0.1"]  # fmt: skip
+    with log.open("wb") as out:
+        orch = subprocess.Popen([*ORCH, *args], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        # Rank 0 (on the first node) writes the only checkpoint, every 30 s; once another
+        # node holds a whole copy of it, the first node dies with its disk.
+        copied = wait_for(lambda: _copied(runs, names[0]) or orch.poll() is not None, 180, 0.5)
+        assert copied and orch.poll() is None, log.read_text()[-4000:]
+        _kill_node(box, names[0])
+        code = orch.wait(timeout=400)
+    finally:
+        if orch.poll() is None:
+            orch.kill()
+    said = log.read_text()
+    assert code == 0, said[-4000:]
+    [job_id] = job_ids(runs)
+    entry = f"{job_id}.pt"
+    assert f"checkpoints: attempt 2 resumes from {entry}, staged on 3 of 3 nodes" in said, said
+    # The second attempt runs on the survivors and the spare; its rank 0 (now on the second
+    # node, which never wrote a checkpoint) went on from the saved step, not from 0.
+    resumed = [line for line in log_text(runs, job_id, names[1]).splitlines()
+               if "attempt 2, from step" in line]  # fmt: skip
+    assert resumed and not resumed[0].endswith("from step 0"), log_text(runs, job_id, names[1])
+    record = _record(runs)
+    [restore] = record["restores"]
+    assert (restore["attempt"], restore["entry"]) == (2, entry)
+    assert set(restore["nodes"]) == set(names[1:])
+    # The spare had nothing: it received the whole checkpoint; the node holding the copy
+    # took it from its own copies.
+    assert restore["nodes"][names[3]]["received_files"] == 1
+    assert restore["nodes"][names[1]]["received_files"] == 0
+    shown = run_orch(["checkpoints", job_id], runs)
+    assert shown.returncode == 0 and entry in shown.stdout, shown.stdout + shown.stderr
