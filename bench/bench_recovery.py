@@ -22,8 +22,6 @@ Run: python bench/bench_recovery.py [--reps 3] [--steps 60]
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as dt
 import json
 import os
 import signal
@@ -52,18 +50,6 @@ def _argv(state: SandboxState, steps: int, checkpoints: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _stamps(log_dir: Path) -> list[tuple[float, str]]:
-    """Every line of the head-side logs: (its arrival time, its text)."""
-    lines = []
-    for path in log_dir.glob("*.log"):
-        for line in path.read_text(errors="replace").splitlines():
-            stamp, _, text = line.partition(" ")
-            with contextlib.suppress(ValueError):
-                when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-                lines.append((when, text))
-    return sorted(lines)
-
-
 def _job_dir(runs: Path) -> Path | None:
     found = [p for p in runs.iterdir() if (p / "job.json").exists()] if runs.exists() else []
     return found[0] if found else None
@@ -71,13 +57,7 @@ def _job_dir(runs: Path) -> Path | None:
 
 def _printed(runs: Path, words: str) -> bool:
     job = _job_dir(runs)
-    return job is not None and any(words in text for _, text in _stamps(job / "logs"))
-
-
-def _kill_node(state: SandboxState, name: str) -> None:
-    for pid in common.sandbox_of(state).node_pids(name):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    return job is not None and any(words in text for _, text in common.log_stamps(job / "logs"))
 
 
 def run_once(state: SandboxState, work: Path, steps: int, *, fault: bool) -> dict[str, object]:
@@ -95,7 +75,7 @@ def run_once(state: SandboxState, work: Path, steps: int, *, fault: bool) -> dic
                 while not _printed(runs, KILL_AT) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 killed_at = time.time()
-                _kill_node(state, state.nodes[1].name)
+                common.kill_node(state, state.nodes[1].name)
             code = orch.wait(timeout=CAP_S)
         finally:
             if orch.poll() is None:
@@ -106,7 +86,7 @@ def run_once(state: SandboxState, work: Path, steps: int, *, fault: bool) -> dic
     result: dict[str, object] = {"fault": fault, "exit_code": code, "wall_s": round(wall, 2),
                                  "attempts": len(record.get("attempts", ()))}  # fmt: skip
     if fault and job is not None and killed_at is not None:
-        lines = _stamps(job / "logs")  # the latest attempt's: attempt 2's
+        lines = common.log_stamps(job / "logs")  # the latest attempt's: attempt 2's
         ranks = [when for when, text in lines if text.startswith("r")]
         result["to_next_attempt_s"] = round(lines[0][0] - killed_at, 2) if lines else None
         result["to_first_rank_line_s"] = round(ranks[0] - killed_at, 2) if ranks else None

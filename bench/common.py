@@ -482,3 +482,22 @@ def exit_cleanly_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+
+
+def log_stamps(log_dir: Path) -> list[tuple[float, str]]:
+    """Every line of a job's head-side logs: (its arrival time, its text), oldest first."""
+    lines = []
+    for path in log_dir.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            stamp, _, text = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+                lines.append((when, text))
+    return sorted(lines)
+
+
+def kill_node(state: SandboxState, name: str) -> None:
+    """A sandbox node dies for good: every process of it, its sshd among them."""
+    for pid in sandbox_of(state).node_pids(name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

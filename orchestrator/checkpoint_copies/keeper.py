@@ -22,9 +22,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from orchestrator.checkpoint_copies.nodes import CheckpointNodes, Copied, Senders, Staged
+from orchestrator.checkpoint_copies.nodes import (
+    FREE_MARGIN_BYTES,
+    CheckpointNodes,
+    Copied,
+    Senders,
+    Staged,
+)
 from orchestrator.checkpoints.complete import Checkpoint, Watched, observe
-from orchestrator.checkpoints.model import FileCopy, NodeScan, signature
+from orchestrator.checkpoints.model import FileCopy, NodeScan, part_size, signature
 from orchestrator.checkpoints.placement import copy_orders, prune_orders
 from orchestrator.checkpoints.staging import KnownCheckpoint, Restore, choose_restore, sources
 from orchestrator.errors import PreflightFailed
@@ -39,6 +45,7 @@ from orchestrator.records.checkpoints import (
 )
 from orchestrator.records.checkpoints import FileCopy as FileRecord
 from orchestrator.records.rundir import RunDir
+from orchestrator.specs.units import format_bytes
 
 SCAN_EVERY_S = 5.0  # between two scans of every node while the job runs
 # An entry with no marker and not renamed into place: unchanged this long on every node is
@@ -72,7 +79,9 @@ class CheckpointKeeper:
         """PATH made and usable on every node (else PreflightFailed naming the node and the
         fix); whether the nodes share it (then nothing more is done)."""
         scans = self.nodes.scan(hosts, create=True)
-        problems = [_problem(node, result) for node, result in scans.items()]
+        largest = max((part_size(entry.files) for r in scans.values() if r.value is not None
+                       for entry in r.value.entries), default=0)  # fmt: skip
+        problems = [directory_problem(node, result, largest) for node, result in scans.items()]
         bad = [p for p in problems if p is not None]
         if bad:
             raise PreflightFailed(
@@ -128,6 +137,7 @@ class CheckpointKeeper:
         finally:
             stop.set()
             thread.join(timeout=30.0)  # a copy in flight is cut off with its connection
+            self.nodes.close()
 
     def round(self, hosts: Sequence[str], attempt: int,
               stop: threading.Event | None = None) -> None:  # fmt: skip
@@ -176,6 +186,8 @@ class CheckpointKeeper:
             return
         files = tuple(FileCopy(f.path, f.size, copied.sha256.get(f.path, ""))
                       for f in order.files)  # fmt: skip
+        with self._lock:
+            self.record = replace(self.record, copied_bytes=self.record.copied_bytes + copied.bytes)
         self._know(order.entry, order.writer, files)
 
     def _learn_hashes(self, scans: Mapping[str, NodeScan]) -> None:
@@ -228,6 +240,9 @@ class CheckpointKeeper:
                                      restore.skipped, nodes))  # fmt: skip
         if not failed:
             self.restored[restore.chosen] = None
+        with self._lock:
+            known = self.known[restore.chosen]
+            self.known[restore.chosen] = replace(known, staged_on=tuple(nodes))
         sent = sum(s.received_bytes for s in staged)
         return (f"checkpoints: attempt {attempt} resumes from {restore.chosen}, staged on "
                 f"{len(nodes)} of {len(following)} nodes ({sent} bytes sent)"
@@ -248,7 +263,7 @@ class CheckpointKeeper:
         for name, known in self.known.items():
             checkpoint = self.watched.checkpoints.get(name)
             writers = set(checkpoint.parts) if checkpoint is not None else set(known.parts)
-            if writers <= set(known.parts):
+            if writers <= set(known.parts) | set(known.staged_on):
                 yield known
 
     # -- after the job ------------------------------------------------------------------
@@ -259,6 +274,7 @@ class CheckpointKeeper:
             return ""
         found = for_each_node(
             hosts, lambda node: succeeded(node, self.nodes.prune(node, None, drop=True)))
+        self.nodes.close()
         removed = [r.node for r in found if r.value]
         return (f"checkpoints: the job succeeded; orch's copies were removed from "
                 f"{len(removed)} of {len(hosts)} nodes (every checkpoint stays in "
@@ -305,7 +321,9 @@ def _answered(found: Mapping[str, NodeResult[NodeScan]]) -> dict[str, NodeScan]:
     return {node: r.value for node, r in found.items() if r.value is not None}
 
 
-def _problem(node: str, result: NodeResult[NodeScan]) -> str | None:
+def directory_problem(node: str, result: NodeResult[NodeScan], largest: int) -> str | None:
+    """What keeps the node's PATH or copies from being used, or None. `largest`: the biggest
+    part of a checkpoint already in PATH on any node, which a copy must have room for."""
     if result.value is None:
         problem = result.problem or "no answer"
         return problem if node in problem else f"{node}: {problem}"
@@ -314,4 +332,10 @@ def _problem(node: str, result: NodeResult[NodeScan]) -> str | None:
         return f"{node}: {scan.problem}"
     if not scan.is_dir or not scan.writable:
         return f"{node}: {scan.dir} is not a directory the job can write to"
+    needed = largest + FREE_MARGIN_BYTES
+    if scan.copies_free_bytes is not None and scan.copies_free_bytes < needed:
+        return (f"{node}: {scan.copies_dir} has {format_bytes(scan.copies_free_bytes)} free, "
+                f"less than a copy of the largest checkpoint part there now "
+                f"({format_bytes(largest)}) and {format_bytes(FREE_MARGIN_BYTES)} to spare "
+                "(set ORCH_NODE_ROOT to a directory on a larger disk)")
     return None

@@ -11,6 +11,7 @@ said with the node's name, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -20,12 +21,15 @@ from typing import Any
 from orchestrator.checkpoints.model import NodeScan
 from orchestrator.checkpoints.placement import CopyOrder
 from orchestrator.checkpoints.staging import Fetch, Restore
-from orchestrator.nodes.transport import NodeTransport, StartedCommand
+from orchestrator.errors import OrchError
+from orchestrator.nodes.srun import StepError
+from orchestrator.nodes.transport import NodeAccess, NodeTransport, StartedCommand
 from orchestrator.pernode import NodeResult, failed, for_each_node, succeeded
 from orchestrator.plan.agent_command import program_command
 from orchestrator.remote.checkpoint_node import CHECKPOINT_PARTS
 from orchestrator.remote.envpush_relay import Hop
 from orchestrator.specs.checkpoints import CheckpointSettings
+from orchestrator.ssh import CommandResult
 
 SCAN_TIMEOUT_S = 60.0  # a scan lists PATH and orch's copies: no hashing
 CONNECT_TIMEOUT_S = 15.0
@@ -59,15 +63,60 @@ class Staged:
     problem: str | None = None
 
 
-@dataclass(frozen=True)
+class _Sessions:
+    """One open session per node for the scans repeated every few seconds while a job runs:
+    a login per node per scan would cost the head a key exchange each time. A session that
+    fails is dropped and the command tried once on a new one."""
+
+    def __init__(self, transport: NodeTransport) -> None:
+        self.transport = transport
+        self._open: dict[str, NodeAccess] = {}
+        self._lock = threading.Lock()
+
+    def run(self, node: str, command: str, timeout: float,
+            stdin: bytes) -> NodeResult[CommandResult]:  # fmt: skip
+        problem = ""
+        for _ in range(2):
+            with self._lock:
+                session = self._open.pop(node, None)
+            try:
+                if session is None:
+                    session = self.transport.session(node, timeout=CONNECT_TIMEOUT_S)
+                result = session.run(command, timeout, stdin)
+            except (OrchError, StepError, OSError) as err:
+                _close(session)
+                problem = str(err) or type(err).__name__
+                continue
+            with self._lock:
+                self._open[node] = session
+            return succeeded(node, result)
+        return failed(node, problem if node in problem else f"{node}: {problem}")
+
+    def close(self) -> None:
+        with self._lock:
+            sessions, self._open = list(self._open.values()), {}
+        for session in sessions:
+            _close(session)
+
+
+def _close(session: NodeAccess | None) -> None:
+    if session is not None:
+        with contextlib.suppress(Exception):  # closing a dead connection: nothing to keep
+            session.__exit__(None, None, None)
+
+
 class CheckpointNodes:
     """The job's checkpoint directory on its nodes, and the way to reach them."""
 
-    transport: NodeTransport
-    python: str
-    job_id: str
-    settings: CheckpointSettings
-    node_root: str = ""
+    def __init__(self, transport: NodeTransport, python: str, job_id: str,
+                 settings: CheckpointSettings, node_root: str = "") -> None:  # fmt: skip
+        self.transport, self.python, self.job_id = transport, python, job_id
+        self.settings, self.node_root = settings, node_root
+        self._sessions = _Sessions(transport)
+
+    def close(self) -> None:
+        """The scans' sessions closed (after an attempt: its nodes may not all be kept)."""
+        self._sessions.close()
 
     def _request(self, node: str, **fields: Any) -> dict[str, Any]:
         return {"dir": self.settings.dir, "job_id": self.job_id, "node_root": self.node_root,
@@ -82,10 +131,8 @@ class CheckpointNodes:
 
     def _scan_one(self, node: str, fields: Mapping[str, Any]) -> NodeResult[NodeScan]:
         request = self._request(node, **fields)
-        [result] = self.transport.run(
-            [node], checkpoint_command(self.python, "scan"), timeout=SCAN_TIMEOUT_S,
-            connect_timeout=CONNECT_TIMEOUT_S, stdin=_line(request),
-        )  # fmt: skip
+        result = self._sessions.run(node, checkpoint_command(self.python, "scan"),
+                                    SCAN_TIMEOUT_S, _line(request))  # fmt: skip
         if result.value is None:
             return failed(node, result.problem or f"{node}: no answer", result.hint, result.kind)
         answer = _last_answer(result.value.stdout, result.value.stderr)

@@ -32,6 +32,7 @@ class KnownCheckpoint:
     complete_at: float
     parts: Mapping[str, tuple[FileCopy, ...]]
     named_by: tuple[str, ...] = ()
+    staged_on: tuple[str, ...] = ()  # nodes a restart put it on whole, in their PATH
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,13 @@ def _holders(
     files: tuple[FileCopy, ...],
     alive: Mapping[str, NodeScan],
 ) -> tuple[Holder, ...]:
-    """The alive nodes with the writer's whole part: the writer's PATH first, then copies."""
+    """The alive nodes with the writer's whole part: the writer's PATH first, then the
+    nodes a restart staged it on (their PATH), then copies."""
     found: list[Holder] = []
-    scan = alive.get(writer)
-    if scan is not None and _shows(scan, checkpoint.name, files):
-        found.append(Holder(writer, "dir"))
+    for node in dict.fromkeys((writer, *checkpoint.staged_on)):
+        scan = alive.get(node)
+        if scan is not None and _shows(scan, checkpoint.name, files):
+            found.append(Holder(node, "dir"))
     wanted = set(files)
     for node, scan in alive.items():
         held = scan.copy_of(checkpoint.name, writer)

@@ -173,7 +173,8 @@ class RestoreRecord:
 class CheckpointsRecord:
     """The job's checkpoints: its settings (`dir` absolute, `copies`, `bandwidth` in bytes
     per second, 0: no cap), whether every node sees the same directory (`shared`; None: not
-    found out yet), every checkpoint seen, oldest first, and every restart's restore."""
+    found out yet), every checkpoint seen, oldest first, every restart's restore, and the
+    bytes the copies between nodes carried (`copied_bytes`, restores not counted)."""
 
     dir: str
     copies: int
@@ -181,10 +182,11 @@ class CheckpointsRecord:
     shared: bool | None = None
     checkpoints: tuple[CheckpointEntry, ...] = ()
     restores: tuple[RestoreRecord, ...] = ()
+    copied_bytes: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {"dir": self.dir, "copies": self.copies, "bandwidth": self.bandwidth,
-                "shared": self.shared,
+                "shared": self.shared, "copied_bytes": self.copied_bytes,
                 "checkpoints": [entry.to_dict() for entry in self.checkpoints],
                 "restores": [restore.to_dict() for restore in self.restores]}  # fmt: skip
 
@@ -199,6 +201,8 @@ class CheckpointsRecord:
                 shared=_field(data, "shared", (bool, type(None))),
                 checkpoints=_items(data, "checkpoints", CheckpointEntry.from_dict),
                 restores=_items(data, "restores", RestoreRecord.from_dict),
+                copied_bytes=_count(data, "copied_bytes")
+                if isinstance(data, dict) and "copied_bytes" in data else 0,
             )  # fmt: skip
         except _Malformed as err:
             raise RecordError(f"{source}: not a record of checkpoints orch can read ({err})",

@@ -1,7 +1,10 @@
 """A small real training run: accelerate + DeepSpeed ZeRO-2 on CPU over gloo.
 
 It fits y = 3x - 1 with a tiny MLP on synthetic data, shows a tqdm bar on the
-main process, prints the loss and exits 0. Switches let tests inject faults:
+main process, prints the loss and exits 0. With `--save-every N` every rank saves the
+training state (`accelerator.save_state`: with ZeRO each rank's optimizer shard on its own
+node) to `<checkpoint-dir>/step_<N>/`; restarted by orch (ORCH_RESTART_COUNT > 0), it loads
+the newest one there and goes on from its step. Switches let tests inject faults:
 `--fail-rank R --exit-code C` makes global rank R exit with C after a step,
 `--hang-after-steps N` makes one rank (default the last) stop answering.
 """
@@ -33,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hang-after-steps", type=int, default=None, help="a rank then hangs")
     parser.add_argument("--hang-rank", type=int, default=None, help="default: the last rank")
     parser.add_argument("--timeout", type=float, default=300.0, help="collective timeout (s)")
+    parser.add_argument("--save-every", type=int, default=0, help="steps between saves (0: none)")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("ORCH_CHECKPOINT_DIR", ""),
+                        help="where to save (default: orch's --checkpoint-dir)")
     return parser.parse_args(argv)
 
 
@@ -58,6 +64,18 @@ def pin_jit_build_tools() -> None:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", default_cache)
 
 
+def newest_saved(directory: str) -> tuple[str, int] | None:
+    """The newest `step_<N>/` under `directory` with accelerate's state in it, and N."""
+    found = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        if name.startswith("step_") and name[5:].isdigit():
+            found.append((int(name[5:]), os.path.join(directory, name)))
+    if not found:
+        return None
+    step, path = max(found)
+    return path, step
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pin_jit_build_tools()
@@ -75,9 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
     hang_rank = world - 1 if args.hang_rank is None else args.hang_rank
-    bar = tqdm(total=args.steps, desc="train", disable=not accelerator.is_main_process)
+    start = 0
+    saved = newest_saved(args.checkpoint_dir) if args.checkpoint_dir else None
+    if saved is not None and int(os.environ.get("ORCH_RESTART_COUNT", "0")) > 0:
+        accelerator.load_state(saved[0])
+        start = saved[1]
+        loader = accelerator.skip_first_batches(loader, start)
+        print(f"rank {rank}: resumed from step {start} ({saved[0]})", flush=True)
+    bar = tqdm(total=args.steps, initial=start, desc="train",
+               disable=not accelerator.is_main_process)  # fmt: skip
     loss_value = float("nan")
-    for step, (x, y) in enumerate(loader, start=1):
+    for step, (x, y) in enumerate(loader, start=start + 1):
         loss = torch.nn.functional.mse_loss(model(x), y)
         accelerator.backward(loss)
         optimizer.step()
@@ -87,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         bar.update(1)
         if step % 10 == 0:
             accelerator.print(f"step {step} loss {loss_value:.4f}", flush=True)
+        if args.save_every and step % args.save_every == 0 and args.checkpoint_dir:
+            accelerator.save_state(os.path.join(args.checkpoint_dir, f"step_{step}"))
         if args.fail_rank == rank and step >= args.fail_after_steps:
             print(f"rank {rank} on {node}: failing on purpose at step {step}", flush=True)
             sys.stdout.flush()

@@ -35,11 +35,42 @@ def _record(runs: Path) -> dict:
     return {}
 
 
-def _copied(runs: Path, writer: str) -> bool:
-    """A complete checkpoint of `writer`'s is held whole by another node."""
-    return any(entry["complete_at"] and part["writer"] == writer and part["holders"]
-               for entry in _record(runs).get("checkpoints", [])
-               for part in entry["parts"])  # fmt: skip
+def _every_part_copied(runs: Path) -> str | None:
+    """A complete checkpoint every part of which another node holds: its name."""
+    for entry in _record(runs).get("checkpoints", []):
+        if entry["complete_at"] and entry["parts"] and all(p["holders"] for p in entry["parts"]):
+            return entry["name"]
+    return None
+
+
+def _run_and_kill(box, argv: list[str], env: dict[str, str], log: Path, runs: Path,
+                  victim: str) -> tuple[int, str, str | None]:  # fmt: skip
+    """orch started; once every part of a complete checkpoint is held by another node,
+    `victim` dies with its disk. (orch's exit code, what it printed, that checkpoint)."""
+    with log.open("wb") as out:
+        orch = subprocess.Popen([*ORCH, *argv], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        copied = wait_for(lambda: _every_part_copied(runs) or orch.poll() is not None, 300, 0.5)
+        assert copied and orch.poll() is None, log.read_text()[-4000:]
+        saved = _every_part_copied(runs)
+        _kill_node(box, victim)
+        code = orch.wait(timeout=400)
+    finally:
+        if orch.poll() is None:
+            orch.kill()
+    return code, log.read_text(), saved
+
+
+def _nothing_shared(box, names: list[str], tmp_path: Path, runs: Path) -> dict[str, str]:
+    """Each node its own checkpoint directory and orch directory, as local disks; orch's
+    environment for them."""
+    node_root = tmp_path / "orch-node"
+    for directory in (tmp_path / "checkpoints", node_root):
+        directory.mkdir(mode=0o700)
+        for name in names:
+            box.private_directory(name, directory)
+    return {**orch_env(runs), "ORCH_NODE_ROOT": str(node_root)}
 
 
 def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
@@ -47,30 +78,14 @@ def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
 ):
     box, state = sandbox_factory(4, 1)
     names = [n.name for n in state.nodes]
-    checkpoints, node_root = tmp_path / "checkpoints", tmp_path / "orch-node"
-    for directory in (checkpoints, node_root):
-        directory.mkdir(mode=0o700)
-        for name in names:
-            box.private_directory(name, directory)
-    runs, log = tmp_path / "runs", tmp_path / "orch.log"
-    env = {**orch_env(runs), "ORCH_NODE_ROOT": str(node_root)}
+    checkpoints, runs, log = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "orch.log"
+    env = _nothing_shared(box, names, tmp_path, runs)
     args = ["submit", RECIPE, "--hostfile", state.hostfile, "--no-doctor", "--checkpoint-dir",
             str(checkpoints), "--main-port", str(free_port()), "--hang-timeout", "off", "--",
             "--steps", "600", "--save-every", "300", "--step-sleep", "0.1"]  # fmt: skip
-    with log.open("wb") as out:
-        orch = subprocess.Popen([*ORCH, *args], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        # Rank 0 (on the first node) writes the only checkpoint, every 30 s; once another
-        # node holds a whole copy of it, the first node dies with its disk.
-        copied = wait_for(lambda: _copied(runs, names[0]) or orch.poll() is not None, 180, 0.5)
-        assert copied and orch.poll() is None, log.read_text()[-4000:]
-        _kill_node(box, names[0])
-        code = orch.wait(timeout=400)
-    finally:
-        if orch.poll() is None:
-            orch.kill()
-    said = log.read_text()
+    # Rank 0 (on the first node) writes the only checkpoint, every 30 s; once another node
+    # holds a whole copy of it, the first node dies with its disk.
+    code, said, _saved = _run_and_kill(box, args, env, log, runs, names[0])
     assert code == 0, said[-4000:]
     [job_id] = job_ids(runs)
     entry = f"{job_id}.pt"
@@ -90,3 +105,32 @@ def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
     assert restore["nodes"][names[1]]["received_files"] == 0
     shown = run_orch(["checkpoints", job_id], runs)
     assert shown.returncode == 0 and entry in shown.stdout, shown.stdout + shown.stderr
+
+
+@pytest.mark.slow
+def test_accelerate_deepspeed_zero2_resumes_every_shard_after_a_node_dies(sandbox_factory,
+                                                                          tmp_path):  # fmt: skip
+    """The seeds' path (accelerate + DeepSpeed ZeRO-2 through DeepSpeed's pdsh launcher):
+    `accelerator.save_state` writes each rank's optimizer shard on its own node. The second
+    node dies with its shard; the next attempt (the spare in its place, rank 1 on another
+    node) loads every shard and goes on from the saved step."""
+    box, state = sandbox_factory(4, 1)
+    names = [n.name for n in state.nodes]
+    checkpoints, runs, log = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "orch.log"
+    env = _nothing_shared(box, names, tmp_path, runs)
+    args = ["submit", str(REPO / "recipes" / "cpu-smoke.yaml"), "--hostfile", state.hostfile,
+            "--no-doctor", "--nodes", "3", "--max-restarts", "2", "--checkpoint-dir",
+            str(checkpoints), "--hang-timeout", "off", "--",
+            "--steps", "150", "--step-sleep", "0.25", "--save-every", "30"]  # fmt: skip
+    code, said, saved = _run_and_kill(box, args, env, log, runs, names[1])
+    assert code == 0, said[-4000:]
+    assert len(job_ids(runs)) == 1
+    [restore] = _record(runs)["restores"]
+    assert restore["entry"] is not None, restore
+    assert int(restore["entry"].removeprefix("step_")) >= int(str(saved).removeprefix("step_"))
+    assert f"attempt 2 resumes from {restore['entry']}, staged on 3 of 3 nodes" in said, said
+    # Every rank of attempt 2 loaded the state (its own shard among the others) and went on.
+    step = restore["entry"].removeprefix("step_")
+    for rank in range(3):
+        assert f"rank {rank}: resumed from step {step}" in said, said[-4000:]
+    assert "final loss" in said

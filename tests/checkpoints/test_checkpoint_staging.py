@@ -5,6 +5,7 @@ DeepSpeed's `latest` written back, and where each node's missing files come from
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 from _checkpoint_scans import copy_doc, dir_entry, scan, scans, sha
@@ -169,6 +170,19 @@ def test_a_dead_nodes_empty_part_does_not_keep_a_checkpoint_from_being_restored(
     assert (restore.chosen, [f.path for f in restore.files]) == (
         "checkpoint-9", ["checkpoint-9/model.pt"],
     )  # fmt: skip
+
+
+def test_a_checkpoint_a_restart_staged_survives_the_death_of_the_node_that_held_its_copy():
+    # node1 wrote it and died; node2 held the only copy and staged it on node2..node4; now
+    # node2 dies too: node3 and node4 have it whole in their PATH.
+    parts = {"node1": {"model.pt": 900}}
+    staged = scans(*(scan(node, dir_entry("checkpoint-9", parts["node1"]))
+                     for node in ("node3", "node4")))  # fmt: skip
+    known = _known("checkpoint-9", parts, 10)
+    assert choose_restore([known], staged).chosen is None  # not known as staged: lost
+    restore = choose_restore([replace(known, staged_on=("node2", "node3", "node4"))], staged)
+    assert restore.chosen == "checkpoint-9"
+    assert restore.holders["node1"] == (Holder("node3", "dir"), Holder("node4", "dir"))
 
 
 def test_nothing_to_restore_when_nothing_is_known():
