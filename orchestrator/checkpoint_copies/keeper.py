@@ -29,7 +29,7 @@ from orchestrator.checkpoint_copies.nodes import (
     Senders,
     Staged,
 )
-from orchestrator.checkpoints.complete import Checkpoint, Watched, observe
+from orchestrator.checkpoints.complete import Checkpoint, Watched, is_checkpoint_name, observe
 from orchestrator.checkpoints.model import FileCopy, NodeScan, part_size, signature
 from orchestrator.checkpoints.placement import copy_orders, prune_orders
 from orchestrator.checkpoints.staging import KnownCheckpoint, Restore, choose_restore, sources
@@ -73,12 +73,15 @@ class CheckpointKeeper:
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self.holding: dict[tuple[str, str], set[str]] = {}  # (entry, writer) -> copy holders
+        self.before: set[str] = set()  # entries in PATH before the job: never set aside
 
     # -- before the first attempt -------------------------------------------------------
     def check(self, hosts: Sequence[str]) -> bool:
         """PATH made and usable on every node (else PreflightFailed naming the node and the
         fix); whether the nodes share it (then nothing more is done)."""
         scans = self.nodes.scan(hosts, create=True)
+        self.before = {entry.name for r in scans.values() if r.value is not None
+                       for entry in r.value.entries}  # fmt: skip
         largest = max((part_size(entry.files) for r in scans.values() if r.value is not None
                        for entry in r.value.entries), default=0)  # fmt: skip
         problems = [directory_problem(node, result, largest) for node, result in scans.items()]
@@ -223,13 +226,16 @@ class CheckpointKeeper:
                                           create=True))  # fmt: skip
         alive_scans = {n: s for n, s in scans.items() if n in alive}
         restore = choose_restore(list(self._restorable()), alive_scans)
+        restore = replace(restore, skipped=(*self._never_copied(restore.chosen),
+                                            *restore.skipped))  # fmt: skip
         if restore.chosen is None:
             why = "; ".join(restore.skipped) or "no complete checkpoint was copied yet"
             self._restored(RestoreRecord(attempt, None, time.time(), f"from scratch: {why}",
                                          restore.skipped, {}))  # fmt: skip
             return f"checkpoints: attempt {attempt} starts from scratch ({why})"
-        staged = self._stage(restore, following, scans)
+        staged = self._stage(restore, following, scans, self._newer(restore.chosen, scans))
         failed = [s for s in staged if s.problem is not None]
+        aside = sorted({name for s in staged for name in s.set_aside})
         why = ("the newest complete checkpoint held by the nodes alive"
                + (f"; skipped {'; '.join(restore.skipped)}" if restore.skipped else ""))
         if failed:
@@ -246,17 +252,48 @@ class CheckpointKeeper:
         sent = sum(s.received_bytes for s in staged)
         return (f"checkpoints: attempt {attempt} resumes from {restore.chosen}, staged on "
                 f"{len(nodes)} of {len(following)} nodes ({sent} bytes sent)"
-                + (f"; NOT on {', '.join(s.node for s in failed)}" if failed else ""))
+                + (f"; NOT on {', '.join(s.node for s in failed)}" if failed else "")
+                + (f"; newer, not whole, moved to {self.nodes.settings.dir}/.orch-set-aside/: "
+                   f"{', '.join(aside)}" if aside else "")
+                + (f" ({'; '.join(restore.skipped)})" if restore.skipped else ""))
 
     def _stage(self, restore: Restore, following: Sequence[str],
-               scans: Mapping[str, NodeScan]) -> list[Staged]:  # fmt: skip
+               scans: Mapping[str, NodeScan], aside: Sequence[str]) -> list[Staged]:  # fmt: skip
         """Each next node staged: it says what it lacks, the holders send that."""
         def senders(node: str) -> Senders:
             return lambda missing: sources(restore, {node: missing}, scans).get(node, {})
 
         found = for_each_node(following, lambda node: succeeded(
-            node, self.nodes.stage(node, restore, senders(node))))  # fmt: skip
+            node, self.nodes.stage(node, restore, senders(node), aside)))  # fmt: skip
         return [r.value for r in found if r.value is not None]
+
+    def _newer(self, chosen: str | None, scans: Mapping[str, NodeScan]) -> list[str]:
+        """Entries the job wrote after `chosen` that a node has in PATH: a script that loads
+        the newest entry would take one of them, not whole on that node."""
+        mine = self.watched.checkpoints.get(chosen or "")
+        since = mine.first_seen if mine is not None else 0.0
+        names = {entry.name for scan in scans.values() for entry in scan.entries}
+        newer = []
+        for name in sorted(names - self.before - {chosen or ""}):
+            seen = self.watched.checkpoints.get(name)
+            if is_checkpoint_name(name) and (seen is None or seen.first_seen > since):
+                newer.append(name)
+        return newer
+
+    def _never_copied(self, chosen: str | None) -> list[str]:
+        """Complete checkpoints newer than `chosen` a part of which was never copied: why
+        each is not the one restored."""
+        mine = self.watched.checkpoints.get(chosen or "")
+        reasons = []
+        for checkpoint in self.watched.complete():
+            if mine is not None and checkpoint.first_seen <= mine.first_seen:
+                continue
+            known = self.known.get(checkpoint.name)
+            uncopied = [w for w in checkpoint.parts if known is None or w not in known.parts]
+            if uncopied and checkpoint.name != chosen:
+                reasons.append(f"{checkpoint.name}: the part written by "
+                               f"{', '.join(uncopied)} was not copied yet")  # fmt: skip
+        return reasons
 
     def _restorable(self) -> Iterator[KnownCheckpoint]:
         """Known complete checkpoints with a hash for every part a node wrote of them."""

@@ -61,6 +61,7 @@ class Staged:
     received_files: int = 0
     reused_files: int = 0
     problem: str | None = None
+    set_aside: tuple[str, ...] = ()  # newer entries moved out of the framework's sight
 
 
 class _Sessions:
@@ -202,13 +203,16 @@ class CheckpointNodes:
         return process, int(said["port"])
 
     # -- stage --------------------------------------------------------------------------
-    def stage(self, node: str, restore: Restore, senders: Senders) -> Staged:
+    def stage(self, node: str, restore: Restore, senders: Senders,
+              set_aside: Sequence[str] = ()) -> Staged:  # fmt: skip
         """`restore`'s checkpoint put whole into the checkpoint directory on `node`: the
-        files it says it lacks come from the nodes `senders` names for them. Returns what
-        was received and reused."""
+        files it says it lacks come from the nodes `senders` names for them; the entries
+        `set_aside` (newer, not whole) moved out of the way. Returns what was received and
+        reused."""
         request = self._request(node, entry=restore.chosen, kind=restore.kind, files=[
             {"path": f.path, "size": f.size, "sha256": f.sha256} for f in restore.files
-        ], write=dict(restore.pointers), free_margin=FREE_MARGIN_BYTES)  # fmt: skip
+        ], write=dict(restore.pointers), free_margin=FREE_MARGIN_BYTES,
+            set_aside=list(set_aside))  # fmt: skip
         started = self.transport.start(node, checkpoint_command(self.python, "stage"),
                                        timeout=CONNECT_TIMEOUT_S)  # fmt: skip
         if started.value is None:
@@ -231,7 +235,8 @@ class CheckpointNodes:
         if not done.get("ok"):
             return Staged(node, problem=str(done.get("error") or f"{node}: staging failed"))
         return Staged(node, int(done.get("received_bytes") or 0),
-                      int(done.get("received") or 0), int(done.get("reused") or 0))  # fmt: skip
+                      int(done.get("received") or 0), int(done.get("reused") or 0),
+                      set_aside=tuple(str(name) for name in done.get("set_aside") or ()))
 
     def _fill(self, node: str, process: StartedCommand, restore: Restore,
               missing: Sequence[str],

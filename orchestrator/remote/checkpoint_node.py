@@ -65,6 +65,7 @@ STAGE_PREFIX = OWN_PREFIX + "stage-"
 PART_PREFIX = OWN_PREFIX + "part-"
 OLD_PREFIX = OWN_PREFIX + "old-"
 MANIFEST_SUFFIX = ".json"
+ASIDE_DIR = OWN_PREFIX + "set-aside"  # in PATH: newer entries a restart could not make whole
 MAX_FILES = 200_000  # listed by one scan, at most
 POINTER_NAMES = ("latest", "latest_universal")  # DeepSpeed's pointer to its newest tag
 POINTER_MAX = 4096  # bytes of a pointer file read as text
@@ -739,9 +740,29 @@ def stage(request: Request, read_line: ReadLine, write_line: WriteLine,
     finally:
         _remove(staging)
     write_pointers(top, writes)
+    aside = set_aside(top, [_entry_name(name) for name in request.get("set_aside") or ()])
     return {"ok": True, "received_bytes": sum(got.bytes for got in received),
             "received": sum(len(got.files) for got in received),
-            "reused": len(found.have) + len(found.local)}  # fmt: skip
+            "reused": len(found.have) + len(found.local), "set_aside": aside}  # fmt: skip
+
+
+def set_aside(top: str, entries: list[str]) -> list[str]:
+    """Entries newer than the staged checkpoint that cannot be made whole, moved out of
+    the framework's sight (a script that loads the newest entry would take one of them) into
+    PATH/.orch-set-aside/, not deleted: they are the user's. Returns those moved."""
+    moved = []
+    for name in entries:
+        if not os.path.lexists(os.path.join(top, name)):
+            continue
+        aside = os.path.join(top, ASIDE_DIR)
+        os.makedirs(aside, mode=0o700, exist_ok=True)
+        target = os.path.join(aside, name)
+        if os.path.lexists(target):
+            target = tempfile.mkdtemp(prefix=name + ".", dir=aside)
+            target = os.path.join(target, name)
+        os.rename(os.path.join(top, name), target)
+        moved.append(name)
+    return moved
 
 
 def _receive_missing(missing: tuple[StageFile, ...], staging: str, read_line: ReadLine,

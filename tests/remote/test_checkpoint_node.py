@@ -438,7 +438,7 @@ def test_stage_puts_the_whole_checkpoint_in_place_from_here_and_two_senders(
 
     assert sorted_line == {"missing": [NAMES[1], NAMES[3], NAMES[4]], "have": 1, "local": 1}
     assert ready["ready"] is True
-    assert answer == {"ok": True, "received": 3, "reused": 2,
+    assert answer == {"ok": True, "received": 3, "reused": 2, "set_aside": [],
                       "received_bytes": sum(len(WHOLE[NAMES[n]]) for n in (1, 3, 4))}  # fmt: skip
     assert _every_file(top) == {**WHOLE, "latest": b"global_step10"}
     assert [p.name for p in top.iterdir() if p.name.startswith(".")] == []
@@ -452,8 +452,25 @@ def test_stage_with_everything_here_needs_no_sender(tmp_path: Path) -> None:
     answer = staging.answer()
 
     assert staging.next_line() == {"missing": [], "have": 5, "local": 0}
-    assert answer == {"ok": True, "received": 0, "reused": 5, "received_bytes": 0}
+    assert answer == {"ok": True, "received": 0, "reused": 5, "received_bytes": 0,
+                      "set_aside": []}  # fmt: skip
     assert _every_file(top) == {**WHOLE, "latest": b"global_step10"}
+
+
+def test_stage_moves_newer_entries_that_are_not_whole_out_of_sight_and_keeps_them(
+    tmp_path: Path,
+) -> None:
+    top, node_root = tmp_path / "ckpt", tmp_path / "orch"
+    _tree(top, {**WHOLE, "global_step20/zero_pp_rank_2.pt": b"only this node's shard"})
+
+    answer = Talking(stage, {**_stage_request(top, node_root),
+                             "set_aside": ["global_step20", "global_step30"]}).answer()
+
+    assert answer["set_aside"] == ["global_step20"]  # global_step30 is not on this node
+    assert not (top / "global_step20").exists()
+    kept = top / ".orch-set-aside" / "global_step20" / "zero_pp_rank_2.pt"
+    assert kept.read_bytes() == b"only this node's shard"
+    assert _every_file(top)["latest"] == b"global_step10"
 
 
 def test_a_single_file_checkpoint_is_staged_from_a_kept_copy(tmp_path: Path) -> None:
