@@ -19,7 +19,7 @@ against without copies (the ratio in one repetition, on the same sandbox, the or
 alternating); the bytes the copies carried against the complete checkpoints' sizes times the
 copies asked; from the node's death (the head's clock) to attempt 2's first step line.
 
-Run: python bench/bench_checkpoints.py [--reps 3] [--steps 400] [--save-every 100] [--shard-mb 20]
+Run: python bench/bench_checkpoints.py [--reps 3] [--steps 3000] [--save-every 600] [--shard-mb 20]
 """
 
 from __future__ import annotations
@@ -108,14 +108,18 @@ def run_once(state: SandboxState, work: Path, args: argparse.Namespace, *, follo
     record = _record(runs)
     if record:
         complete = [e for e in record["checkpoints"] if e["complete_at"]]
+        held = [e for e in complete if e["parts"] and all(p["holders"] for p in e["parts"])]
         result["copied_bytes"] = record.get("copied_bytes", 0)
         result["complete_bytes"] = sum(e["size"] for e in complete)
+        # The checkpoints every part of which another node held when the job ended (the
+        # last one may complete as the job ends, before its copy).
+        result["held_bytes"] = sum(e["size"] for e in held)
         result["checkpoints_complete"] = len(complete)
         result["restores"] = [(r["entry"], r["why"]) for r in record.get("restores", [])]
     job = _job_dir(runs)
     if fault and killed_at is not None and job is not None:
         steps = [when for when, text in common.log_stamps(job / "logs")
-                 if re.search(r"r\d+: step ", text)]  # fmt: skip
+                 if re.match(r"r\d+/\d+ out step \d", text)]  # fmt: skip
         result["death_to_first_step_s"] = round(steps[0] - killed_at, 2) if steps else None
     return result
 
@@ -132,10 +136,11 @@ def _private_dirs(state: SandboxState, work: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--save-every", type=int, default=600)
     parser.add_argument("--shard-mb", type=float, default=20.0)
     args = parser.parse_args()
+    common.exit_cleanly_on_sigterm()  # a stopped benchmark takes its sandbox down
     info = common.machine()
     common.print_header("checkpoints copied between nodes (4-node sandbox, nothing shared)",
                         info)  # fmt: skip
@@ -156,7 +161,7 @@ def main() -> int:
         copied = next(r for r in results if r["rep"] == rep and r["follow"] and not r["fault"])
         faulty = next(r for r in results if r["rep"] == rep and r["fault"])
         slowdown = common.ratio(float(copied["step_ms"] or 0), float(plain["step_ms"] or 0))
-        sizes = float(copied.get("complete_bytes") or 0) * 1  # 1 copy asked
+        sizes = float(copied.get("held_bytes") or 0) * 1  # 1 copy asked
         carried = common.ratio(float(copied.get("copied_bytes") or 0), sizes)
         rows.append((rep, f"{plain['step_ms']} ms", f"{copied['step_ms']} ms",
                      common.ratio_text(slowdown), common.ratio_text(carried),
