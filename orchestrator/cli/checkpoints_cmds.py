@@ -6,6 +6,7 @@ rows are made from the record, so they are tested on values; the command prints 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,10 +15,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.checkpoint_copies.gather import gather
+from orchestrator.checkpoint_copies.nodes import CheckpointNodes
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel
 from orchestrator.errors import UsageError
+from orchestrator.nodes.transport import reaching
 from orchestrator.records.checkpoints import (
     CheckpointEntry,
     CheckpointsRecord,
@@ -27,7 +31,8 @@ from orchestrator.records.checkpoints import (
 from orchestrator.records.job import JobRecord, runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import find_job
-from orchestrator.specs.checkpoints import bandwidth_words, copies_words
+from orchestrator.remote import owned
+from orchestrator.specs.checkpoints import CheckpointSettings, bandwidth_words, copies_words
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.units import format_bytes
 
@@ -119,26 +124,58 @@ def job_checkpoints(job: JobRecord, found: CheckpointsRecord | None) -> Checkpoi
                              bandwidth=settings.bandwidth)  # fmt: skip
 
 
+def _gather(job: JobRecord, record: CheckpointsRecord, dest: Path, name: str | None) -> None:
+    """One checkpoint collected onto the head, said in one line."""
+    settings = CheckpointSettings(record.dir, record.copies, record.bandwidth)
+    nodes = CheckpointNodes(reaching(job.transport, job.slurm_job_id), job.python, job.id,
+                            settings, owned.root_setting(os.environ))  # fmt: skip
+    hosts = tuple(dict.fromkeys((*job.hosts, *(n for a in job.attempts for n in a.nodes))))
+    try:
+        done = gather(nodes, record, hosts, dest, name)
+    finally:
+        nodes.close()
+    Console(stderr=True, highlight=False).print(
+        f"gathered {done.entry} ({_files(done.files)}, {format_bytes(done.bytes)}, each checked "
+        f"by its sha256) into {done.path} from {nodes_text(done.from_nodes)}", markup=False)
+
+
+_GATHER = typer.Option(None, "--gather", metavar="DEST", help="Collect one checkpoint onto "
+                       "this machine, whole, into DEST/<its name> (the newest complete one "
+                       "unless --checkpoint names another).")  # fmt: skip
+_CHECKPOINT = typer.Option(None, "--checkpoint", metavar="NAME",
+                           help="With --gather: the checkpoint to collect.")  # fmt: skip
+
+
 @app.command(
     epilog=examples(
         "orch checkpoints JOB",
         "orch checkpoints JOB --json",
+        "orch checkpoints JOB --gather ./gathered",
     )
 )
 def checkpoints(
     job: str = typer.Argument(..., help="The job id (or a unique prefix)."),
     runs_dir: Path = _RUNS_DIR,
     as_json: bool = _JSON,
+    gather_to: Path | None = _GATHER,
+    name: str | None = _CHECKPOINT,
 ) -> None:
     """Show a job's checkpoints (--checkpoint-dir) and what each restart resumed from.
 
     Each checkpoint: its size, whether it is complete and how orch decided it, the nodes
-    that wrote its parts, those that hold copies, and whether its writer deleted it."""
+    that wrote its parts, those that hold copies, and whether its writer deleted it. With
+    --gather, one of them collected from the nodes onto this machine, whole."""
+    if name is not None and gather_to is None:
+        raise UsageError("--checkpoint goes with --gather", "add --gather DEST")
     root = runs_root(runs_dir)
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)
     check_job(run)
-    record = job_checkpoints(run.load(), load_checkpoints(run))
+    loaded = run.load()
+    record = job_checkpoints(loaded, load_checkpoints(run))
+    if gather_to is not None:
+        _gather(loaded, record, gather_to, name)
+        return
     if as_json:
         typer.echo(json.dumps(record.to_dict(), indent=2))
         return

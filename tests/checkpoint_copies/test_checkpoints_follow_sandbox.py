@@ -6,6 +6,7 @@ checkpoint dies mid-job; the restarted job resumes from it on the spare."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from launch_support import ORCH, REPO, free_port, job_ids, log_text, orch_env, run_orch, wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -105,6 +107,16 @@ def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
     assert restore["nodes"][names[1]]["received_files"] == 0
     shown = run_orch(["checkpoints", job_id], runs)
     assert shown.returncode == 0 and entry in shown.stdout, shown.stdout + shown.stderr
+    # After the job, the checkpoint collected onto this machine from the nodes, whole: a
+    # file whose sha256 the record keeps, that torch loads.
+    gathered = run_orch(["checkpoints", job_id, "--gather", str(tmp_path / "gathered")], runs)
+    assert gathered.returncode == 0, gathered.stderr
+    assert f"gathered {entry} (1 file, " in gathered.stderr
+    got = tmp_path / "gathered" / entry
+    recorded = {f["sha256"] for e in _record(runs)["checkpoints"] if e["name"] == entry
+                for part in e["parts"] for f in part["files"]}  # fmt: skip
+    assert hashlib.sha256(got.read_bytes()).hexdigest() in recorded
+    assert torch.load(got, weights_only=True)["step"] > 0
 
 
 @pytest.mark.slow

