@@ -89,12 +89,26 @@ def check_hostnames(probes: Sequence[NodeProbe]) -> list[Finding]:
 
 
 def check_main_port(
-    probes: Sequence[NodeProbe], address: str | None, port: int | None
+    probes: Sequence[NodeProbe], address: str | None, port: int | None, chosen: bool = False
 ) -> list[Finding]:
-    """Node 0 could hold the main port, and every other node reached it there."""
+    """Node 0 could hold the main port, and every other node reached it there. `chosen`:
+    orch picked the port as free on node 0 a moment before (none was given): one another
+    process took since says nothing of the node, a launch picks its own."""
     main = probes[0].facts if probes else None
     if main is None or main.port is None:
         return []  # node 0 gave no facts: reported already, nothing to test against
+    if not main.port_free and chosen:
+        return [
+            Finding(
+                main.node,
+                "network",
+                f"port {main.port}, free on {main.node} when orch picked it for this check, "
+                "was taken by another process meanwhile: whether the other nodes reach node 0 "
+                "was not tested",
+                "run doctor again, or give the job's port with --main-port",
+                "warning",
+            )
+        ]
     if not main.port_free:
         return [
             Finding(

@@ -95,7 +95,7 @@ def build_report(
         *parity_findings,
         *check_resolution(probes, names),
         *check_hostnames(probes),
-        *check_main_port(probes, main_address, main_port),
+        *check_main_port(probes, main_address, main_port, request.main_port_chosen),
         *check_nccl_env(probes, request.env or {}),
         *check_gpus(probes, slots),
         *check_disk(probes),

@@ -30,6 +30,7 @@ class PreflightRequest:
     workdir: str | None = None  # the job's working directory (None: the head's current one)
     script: str | None = None  # the training script to look for, relative to workdir
     main_port: int | None = None  # the rendezvous port node 0 holds open (None: the default)
+    main_port_chosen: bool = False  # picked by orch as free on node 0 (none was given)
     main_address: str | None = None  # where the nodes reach node 0 (None: its name)
     env: Mapping[str, str] | None = None  # the job's environment (None: the head's)
     push: PushFix | None = None  # how the head's environment could reach the nodes, for fixes

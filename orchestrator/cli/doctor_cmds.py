@@ -290,15 +290,18 @@ def doctor(
         first_node=hosts.names[0] if hosts.names else "", say=_say,
         accept_new_host_keys=accept_new_host_keys,
     )  # fmt: skip
-    if main_port is None and hosts.names:  # the kind of port a launch would pick
+    chosen = main_port is None and bool(hosts.names)
+    if chosen:  # the kind of port a launch would pick
         main_port = free_port_on(hosts.names[0], python, transport)
+        chosen = main_port is not None
     port = main_port if main_port is not None else DEFAULT_MAIN_PORT
     extra = _accelerate_findings(accelerate_config)
     in_allocation = hostfile is None and allocation is not None
     push = push_fix(python, hostfile=None if hostfile is None else str(hostfile),
                     slurm=in_allocation, include=include, exclude=exclude)  # fmt: skip
     request = PreflightRequest(hosts, python=python, workdir=workdir or os.getcwd(),
-                               script=script, main_port=port, main_address=main_address,
+                               script=script, main_port=port, main_port_chosen=chosen,
+                               main_address=main_address,
                                push=push, extra_findings=tuple(extra))  # fmt: skip
     with node_progress(len(hosts.names), "checking nodes") as on_node:
         report = run_preflight(

@@ -181,6 +181,17 @@ def test_main_port_in_use_on_node_zero() -> None:
     assert [(f.node, f.check) for f in found] == [("n1", "network")]
     assert "main port 29500 is already in use on n1 (Address already in use)" in found[0].problem
     assert "--main-port" in found[0].fix
+    assert found[0].severity == "error"
+
+
+def test_a_port_orch_picked_and_another_process_took_meanwhile_is_only_a_warning() -> None:
+    # doctor with no --main-port picks a port free on node 0, then probes it: on a shared
+    # machine another process may take it in between; a launch picks its own.
+    busy = {"port": 29686, "port_free": False, "port_error": "Address already in use"}
+    [found] = check_main_port(cluster(n1=busy), "n1", 29686, chosen=True)
+    assert (found.node, found.check, found.severity) == ("n1", "network", "warning")
+    assert "port 29686, free on n1 when orch picked it for this check, was taken" in found.problem
+    assert "--main-port" in found.fix
 
 
 def test_main_port_unreachable_from_one_node() -> None:
