@@ -10,7 +10,6 @@ its own name only once whole.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ from orchestrator.errors import OrchError, UsageError
 from orchestrator.nodes.srun import StepError
 from orchestrator.records.checkpoints import CheckpointEntry, CheckpointsRecord
 from orchestrator.records.checkpoints import FileCopy as FileRecord
+from orchestrator.remote.digest import sha256_of
 
 READ_TIMEOUT_S = 3600.0  # one file of a checkpoint, over SSH or srun
 
@@ -122,7 +122,7 @@ def _fetch(nodes: CheckpointNodes, scans: Mapping[str, NodeScan], entry: str, wr
         except (OrchError, StepError, OSError) as err:
             tried.append(f"{node}: {err}")
             continue
-        if _sha256(local) == copied.sha256:
+        if sha256_of(local) == copied.sha256:
             return node
         tried.append(f"{node}: {remote} is not the file the job wrote (another sha256)")
     why = "; ".join(tried) or "no node answering has it"
@@ -154,10 +154,3 @@ def _shows(scan: NodeScan, entry: str, copied: FileRecord) -> bool:
     return seen is not None and any(f.path == copied.path and f.size == copied.size
                                     for f in seen.files)  # fmt: skip
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as data:
-        for chunk in iter(lambda: data.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
