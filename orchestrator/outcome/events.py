@@ -28,7 +28,10 @@ class WatchSettings:
     heartbeat_timeout: float = 10.0
     start_timeout: float = 120.0  # a node never heard from, once another node started
     settle: float = 1.0  # after the first failure, wait this long for an earlier one
-    drain_after_teardown: float = 3.0  # read what the nodes say as they stop, then end
+    # Read what the nodes the teardown reached say as they stop (each agent's last word holds
+    # the ends of the ranks the teardown killed), then end; on a loaded node the agent needs
+    # some seconds after its processes are gone.
+    drain_after_teardown: float = 15.0
     head_wind_down: float = 60.0  # every node exited: the head launcher's time to end
     teardown_timeout: float = 20.0  # the whole teardown, every node at once
     stop_grace: float = 3.0  # TERM -> KILL for the head's own fan-out process
@@ -144,7 +147,11 @@ class QuietLooked:
 
 @dataclass(frozen=True)
 class TeardownDone:
+    """The teardown's kill program returned; `unanswered`: the nodes it could not reach,
+    whose agents are not waited for."""
+
     at: float
+    unanswered: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

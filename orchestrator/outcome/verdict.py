@@ -109,6 +109,7 @@ class JobVerdict:
         self.head_code: int | None = None
         self.failure: Failure | None = None
         self.teardown_done_at: float | None = None
+        self.teardown_unanswered: frozenset[str] = frozenset()
         self.all_exited_at: float | None = None
         # How far the head has read what arrived; silence is judged up to there only.
         self.read_up_to: float | None = None
@@ -163,6 +164,7 @@ class JobVerdict:
             self._record_look(event)
         elif isinstance(event, TeardownDone):
             self.teardown_done_at = event.at
+            self.teardown_unanswered = event.unanswered
         elif isinstance(event, Tick):
             self.read_up_to = event.read_up_to
 
@@ -367,7 +369,8 @@ class JobVerdict:
         failure = self.failure
         stopped = failure is not None and failure.kind == FailureKind.SILENT
         silent = failure.node if failure is not None and stopped else None
-        return all(h in self.exits or h == silent for h in self.hosts)
+        gone = {silent, *self.teardown_unanswered}
+        return all(h in self.exits or h in gone for h in self.hosts)
 
     def all_exited(self) -> bool:
         return all(h in self.exits for h in self.hosts)

@@ -272,7 +272,7 @@ class JobRunner:
             events += [self._noted(looked) for looked in self.quiet_look.events()]
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
-                events.append(TeardownDone(now))
+                events.append(TeardownDone(now, frozenset(self._teardown_unreached())))
             events.append(Tick(now, read_up_to=None if chunks.empty() else arrived))
             stop = False
             for event in events:
@@ -300,13 +300,15 @@ class JobRunner:
                 self.view.status(said)
         return looked
 
+    def _teardown_unreached(self) -> set[str]:
+        """The nodes the teardown could not reach or that did not answer it."""
+        gone = (StopProblem.UNREACHABLE, StopProblem.NO_ANSWER)
+        return {r.node for r in (self.teardown or ()) if r.kind in gone}
+
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
         # A node the teardown could not reach just now would only cost another timeout.
-        gone = (StopProblem.UNREACHABLE, StopProblem.NO_ANSWER)
-        unreachable = {
-            r.node for r in (self.teardown or ()) if r.kind in gone
-        } - self._node_logs.nodes
+        unreachable = self._teardown_unreached() - self._node_logs.nodes
         for node in self.plan.hosts:
             if node not in unreachable:
                 self._node_logs.start(node)  # a node already started is not started again

@@ -28,7 +28,7 @@ from orchestrator.stacks.report import StacksResult, analyse
 
 HOSTS = ("n1", "n2", "n3")
 SETTINGS = WatchSettings(
-    heartbeat_timeout=15, start_timeout=120, settle=1, drain_after_teardown=3, head_wind_down=60
+    heartbeat_timeout=15, start_timeout=120, settle=1, drain_after_teardown=30, head_wind_down=60
 )
 
 
@@ -255,8 +255,23 @@ def test_the_teardown_is_asked_for_once_and_reading_stops_after_the_drain():
     )
     assert len(_teardowns(decisions)) == 1
     assert not verdict.feed(TeardownDone(10)).stop_reading
-    assert not verdict.feed(Tick(13)).stop_reading
-    assert verdict.feed(Tick(13.1)).stop_reading
+    assert not verdict.feed(Tick(40)).stop_reading
+    assert verdict.feed(Tick(40.1)).stop_reading
+
+
+def test_after_the_teardown_only_the_nodes_it_reached_are_waited_for():
+    """Their agents' last words (the ends of the ranks the teardown killed) are read; a node
+    the teardown could not reach is not waited for."""
+    verdict = _verdict()
+    assert len(_teardowns(_feed(verdict, *_all_heard(), _exit("n1", 3, 1), Tick(5)))) == 1
+    assert not verdict.feed(TeardownDone(6)).stop_reading  # n2 and n3 answered the teardown
+    assert not verdict.feed(_exit("n2", 8, 137)).stop_reading
+    assert not verdict.feed(Tick(20)).stop_reading  # a loaded node's agent: seconds after
+    assert verdict.feed(_exit("n3", 20.5, 137)).stop_reading
+    verdict = _verdict()
+    _feed(verdict, *_all_heard(), _exit("n1", 3, 1), Tick(5))
+    assert not verdict.feed(TeardownDone(6, frozenset({"n3"}))).stop_reading
+    assert verdict.feed(_exit("n2", 8, 137)).stop_reading  # n3 is not waited for
 
 
 def test_after_every_node_exited_the_head_launcher_gets_its_wind_down_time():
