@@ -38,9 +38,9 @@ except ImportError:
     from orchestrator.remote import checkpoint_transfer as transfer
 
 # The remote modules shipped before this program, in import order (remote/__init__.py).
-CHECKPOINT_PARTS = ("owned", "envpush_relay", "checkpoint_stream", "checkpoint_step",
-                    "checkpoint_places", "checkpoint_scan", "checkpoint_transfer",
-                    "checkpoint_stage")  # fmt: skip
+CHECKPOINT_PARTS = ("owned", "filesystem", "envpush_relay", "checkpoint_stream",
+                    "checkpoint_step", "checkpoint_places", "checkpoint_scan",
+                    "checkpoint_transfer", "checkpoint_stage")  # fmt: skip
 
 
 def _say(doc: steps.Answer) -> None:

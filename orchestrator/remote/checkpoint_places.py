@@ -21,11 +21,12 @@ from typing import Any
 try:  # on a node, loaded beside the program
     import orch_checkpoint_step as steps
     import orch_checkpoint_stream as stream
+    import orch_filesystem as filesystem
     import orch_owned as owned
 except ImportError:
     from orchestrator.remote import checkpoint_step as steps
     from orchestrator.remote import checkpoint_stream as stream
-    from orchestrator.remote import owned
+    from orchestrator.remote import filesystem, owned
 
 COPIES_DIR = "checkpoints"  # in the user's directory for orch: one directory per job
 OWN_PREFIX = ".orch-"  # orch's names in PATH and in the copies: never listed as checkpoints
@@ -63,22 +64,9 @@ def existing_copies_dir(request: steps.Request) -> str | None:
     return path
 
 
-def nearest_existing(path: str) -> str:
-    """`path`, or its nearest ancestor that is there."""
-    while not os.path.lexists(path) and path != os.path.dirname(path):
-        path = os.path.dirname(path)
-    return path
-
-
-def free_bytes(path: str) -> int:
-    """Free space for the user on `path`'s filesystem (or its nearest existing parent's)."""
-    stats = os.statvfs(nearest_existing(path))
-    return stats.f_bavail * stats.f_frsize
-
-
 def check_room(where: str, need: int, margin: int, what: str) -> None:
     """StepError with the numbers when `where` has not `need` bytes free and `margin` left."""
-    free = free_bytes(where)
+    free = filesystem.free_bytes(where)
     if free < need + margin:
         raise steps.StepError(
             f"{where} has {free} bytes free; {what} needs {need} bytes with {margin} left free: "

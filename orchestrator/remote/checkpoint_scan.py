@@ -21,10 +21,12 @@ try:  # on a node, loaded beside the program
     import orch_checkpoint_places as places
     import orch_checkpoint_step as steps
     import orch_checkpoint_stream as stream
+    import orch_filesystem as filesystem
 except ImportError:
     from orchestrator.remote import checkpoint_places as places
     from orchestrator.remote import checkpoint_step as steps
     from orchestrator.remote import checkpoint_stream as stream
+    from orchestrator.remote import filesystem
 
 MAX_FILES = 200_000  # listed by one scan, at most
 POINTER_NAMES = ("latest", "latest_universal")  # DeepSpeed's pointer to its newest tag
@@ -133,7 +135,7 @@ def _markers(request: steps.Request, top: str, is_dir: bool) -> bool | None:
 
 
 def _writable(path: str, is_dir: bool) -> bool:
-    return os.access(path if is_dir else places.nearest_existing(path), os.W_OK | os.X_OK)
+    return os.access(path if is_dir else filesystem.nearest_existing(path), os.W_OK | os.X_OK)
 
 
 @steps.answering
@@ -153,8 +155,8 @@ def scan(request: steps.Request, max_files: int = MAX_FILES) -> steps.Answer:
         "ok": True, "node": steps.node_name(request), "dir": top, "exists": exists,
         "is_dir": exists and os.path.isdir(top) and not os.path.islink(top),
         "writable": _writable(top, is_dir), "problem": problem,
-        "free_bytes": places.free_bytes(top), "copies_dir": copies,
-        "copies_free_bytes": places.free_bytes(copies),
+        "free_bytes": filesystem.free_bytes(top), "copies_dir": copies,
+        "copies_free_bytes": filesystem.free_bytes(copies),
         "marker_seen": _markers(request, top, is_dir), "truncated": False,
         "entries": _entries(top, budget) if is_dir else [],
         "copies": [{"entry": part.entry, "writer": part.writer, "files": list(part.files)}

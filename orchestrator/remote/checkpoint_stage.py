@@ -10,7 +10,6 @@ STANDARD LIBRARY ONLY, shipped beside the program (as orch_checkpoint_stage).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import secrets
@@ -26,15 +25,15 @@ try:  # on a node, loaded beside the program
     import orch_checkpoint_step as steps
     import orch_checkpoint_stream as stream
     import orch_envpush_relay as relay
+    import orch_filesystem as filesystem
 except ImportError:
     from orchestrator.remote import checkpoint_places as places
     from orchestrator.remote import checkpoint_step as steps
     from orchestrator.remote import checkpoint_stream as stream
     from orchestrator.remote import envpush_relay as relay
+    from orchestrator.remote import filesystem
 
 _SHA256_HEX = 64
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
 
 
 @dataclass(frozen=True)
@@ -176,18 +175,6 @@ def _receive_from_all(server: socket.socket, hops: list[relay.Hop],
     return results
 
 
-def _exchange(new: str, old: str) -> None:
-    """`new` and `old` swapped in one step (renameat2 RENAME_EXCHANGE); OSError where the
-    filesystem cannot."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        raise OSError(0, "renameat2 is not available") from None
-    if renameat2(_AT_FDCWD, new.encode(), _AT_FDCWD, old.encode(), _RENAME_EXCHANGE) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), old)
-
-
 def swap_in(top: str, entry: str, staging: str) -> None:
     """<staging>/<entry> put at PATH/<entry>: exchanged with the old one in one step where
     the filesystem can (else the old one renamed aside first), which is then removed."""
@@ -196,7 +183,7 @@ def swap_in(top: str, entry: str, staging: str) -> None:
         os.rename(new, target)
         return
     try:
-        _exchange(new, target)
+        filesystem.exchange(new, target)
         old = new
     except OSError:
         old = os.path.join(top, places.OLD_PREFIX + secrets.token_hex(8))

@@ -79,6 +79,18 @@ def test_a_checkpoint_directory_that_is_a_link_is_refused(tmp_path: Path,
     assert "symbolic link" in answer["problem"] and "--checkpoint-dir" in answer["problem"]
 
 
+def test_a_checkpoint_directory_that_is_a_dangling_link_is_refused_as_a_link(
+    tmp_path: Path, node_root: Path
+) -> None:
+    (tmp_path / "ckpt").symlink_to(tmp_path / "gone")
+
+    answer = scan({"dir": str(tmp_path / "ckpt"), "job_id": JOB, "node": "n1",
+                   "node_root": str(node_root)})  # fmt: skip
+
+    assert answer["ok"] and answer["entries"] == [] and answer["free_bytes"] > 0
+    assert "symbolic link (to " in answer["problem"] and "--checkpoint-dir" in answer["problem"]
+
+
 def test_a_scan_makes_the_directory_and_finds_a_shared_filesystem_by_its_marker(
     tmp_path: Path, node_root: Path
 ) -> None:
