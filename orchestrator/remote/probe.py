@@ -199,10 +199,9 @@ def resolve_all(names: list[str], timeout: float) -> dict[str, list[str] | str]:
 def disk_free(path: str | None) -> dict[str, Any]:
     probe = filesystem.nearest_existing(os.path.abspath(path or "."))
     try:
-        stats = os.statvfs(probe)
+        return {"path": probe, "free_bytes": filesystem.free_bytes(probe)}
     except OSError:
         return {"path": probe, "free_bytes": None}
-    return {"path": probe, "free_bytes": stats.f_bavail * stats.f_frsize}
 
 
 def file_facts(path: str | None) -> dict[str, Any]:
