@@ -45,8 +45,8 @@ from orchestrator.remote.owned import (
 from orchestrator.specs.units import format_bytes
 
 # The node side, with what it imports loaded before it (a part after those it imports).
-PUSH_PARTS = ("environment", "owned", "procs", "digest", "envpush_manifest", "envpush_staging",
-              "envpush_relay", "env_lock")  # fmt: skip
+PUSH_PARTS = ("environment", "owned", "procs", "digest", "filesystem", "envpush_manifest",
+              "envpush_staging", "envpush_relay", "env_lock")  # fmt: skip
 PUSH_SOURCE = boot_code(boot_blob(PUSH_PARTS, "envpush"))
 DISK_MARGIN_BYTES = 256 << 20  # left free on a node after the push
 # A node's look hashes every file no earlier push recorded: 6 GB on a slow disk.

@@ -14,7 +14,7 @@ from orchestrator.remote import boot_blob, boot_code, program_source
 from orchestrator.specs.constants import SHELL_UP_MARKER
 
 # The probe makes the user's directory as a launch would: with the same parts beside it.
-PROBE_PARTS = ("owned", "agent_spec", "ports", "environment", "digest")
+PROBE_PARTS = ("owned", "agent_spec", "ports", "environment", "digest", "filesystem")
 PROBE_SOURCE = boot_code(boot_blob(PROBE_PARTS, "probe"))
 ENVIRONMENT_SOURCE = boot_code(boot_blob((), "environment"))
 COLLECTIVE_SOURCE = program_source("collective")

@@ -58,6 +58,7 @@ try:  # on a node, loaded beside this program
     import orch_envpush_manifest as envpush_manifest
     import orch_envpush_relay as envpush_relay
     import orch_envpush_staging as envpush_staging
+    import orch_filesystem as filesystem
     import orch_procs as procs
 except ImportError:
     from orchestrator.remote import (
@@ -66,16 +67,12 @@ except ImportError:
         envpush_manifest,
         envpush_relay,
         envpush_staging,
+        filesystem,
         procs,
     )
 
 
 # ----- look: what the node has ------------------------------------------------------------
-def _free_bytes(path: str) -> int:
-    stats = os.statvfs(envpush_staging.nearest_existing(path))
-    return stats.f_bavail * stats.f_frsize
-
-
 def _running_from(root: str) -> list[list[Any]]:
     """[pid, orch job id or None] of processes running from the root: their executable is
     there, or the interpreter they were started as (a venv's bin/python is a link to its
@@ -109,7 +106,7 @@ def look(request: dict[str, Any]) -> dict[str, Any]:
         "interpreter": environment.interpreter(),
         "platform": environment.platform_facts(),
         "executable": sys.executable,
-        "free_bytes": _free_bytes(root),
+        "free_bytes": filesystem.free_bytes(root),
         "running": _running_from(root) if exists else [],
         "manifest": None,
     }

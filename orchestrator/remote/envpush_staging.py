@@ -14,7 +14,6 @@ beside remote/envpush.py (as orch_envpush_staging).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import hashlib
 import hmac
@@ -36,14 +35,13 @@ try:  # on a node, loaded beside the program
     import orch_digest as digest
     import orch_environment as environment
     import orch_envpush_manifest as envpush_manifest
+    import orch_filesystem as filesystem
     import orch_owned as owned
 except ImportError:
-    from orchestrator.remote import digest, environment, envpush_manifest, owned
+    from orchestrator.remote import digest, environment, envpush_manifest, filesystem, owned
 
 STAGING_INFIX = ".orch-new-"
 _CHUNK = 1 << 20  # the stream's buffer, and what a received file is written at a time
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
 _PRIVATE_UMASK = 0o077  # everything is made the user's alone, then given the head's mode
 _WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
@@ -124,13 +122,6 @@ class Staging:
         with self._lock:
             if not self.swapped:
                 shutil.rmtree(self.path, ignore_errors=True)
-
-
-def nearest_existing(path: str) -> str:
-    """`path`, or its nearest ancestor that exists."""
-    while not os.path.exists(path) and path != os.path.dirname(path):
-        path = os.path.dirname(path)
-    return path
 
 
 @contextlib.contextmanager
@@ -347,11 +338,7 @@ def exchange(staging: str, root: str) -> str | None:
     if not os.path.lexists(root):
         os.rename(staging, root)
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    done = libc.renameat2(_AT_FDCWD, staging.encode(), _AT_FDCWD, root.encode(), _RENAME_EXCHANGE)
-    if done != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"cannot exchange {staging} and {root}: {os.strerror(err)}")
+    filesystem.exchange(staging, root)
     return staging
 
 
@@ -407,7 +394,8 @@ def take_lock(root: str, node_root: str = "") -> int | None:
     plant it; `node_root`: the user's ORCH_NODE_ROOT); the open file, or None when another
     push of the root holds it."""
     where = owned.user_directories(os.getuid(), ["env-push"], node_root)
-    place = nearest_existing(os.path.dirname(root))  # the directory itself, where /tmp is shared
+    # The directory itself, where /tmp is shared.
+    place = filesystem.nearest_existing(os.path.dirname(root))
     key = f"{root}\0{os.stat(place).st_dev}\0{os.stat(place).st_ino}"
     name = hashlib.sha256(key.encode()).hexdigest()[:16]
     fd = os.open(os.path.join(where, name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)

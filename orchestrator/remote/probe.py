@@ -33,10 +33,11 @@ try:  # on a node, loaded beside this program
     import orch_agent_spec as agent_spec
     import orch_digest as digest
     import orch_environment as environment
+    import orch_filesystem as filesystem
     import orch_owned as owned
     import orch_ports as ports
 except ImportError:
-    from orchestrator.remote import agent_spec, digest, environment, owned, ports
+    from orchestrator.remote import agent_spec, digest, environment, filesystem, owned, ports
 
 PROBE_VERSION = 1
 PACKAGES = ("torch", "deepspeed", "accelerate", "transformers", "colossalai", "tqdm", "numpy")
@@ -196,14 +197,11 @@ def resolve_all(names: list[str], timeout: float) -> dict[str, list[str] | str]:
 
 
 def disk_free(path: str | None) -> dict[str, Any]:
-    probe = os.path.abspath(path or ".")
-    while not os.path.exists(probe) and probe != os.path.dirname(probe):
-        probe = os.path.dirname(probe)
+    probe = filesystem.nearest_existing(os.path.abspath(path or "."))
     try:
-        stats = os.statvfs(probe)
+        return {"path": probe, "free_bytes": filesystem.free_bytes(probe)}
     except OSError:
         return {"path": probe, "free_bytes": None}
-    return {"path": probe, "free_bytes": stats.f_bavail * stats.f_frsize}
 
 
 def file_facts(path: str | None) -> dict[str, Any]:

@@ -5,7 +5,6 @@ link on the way is refused; the bandwidth cap holds over the whole stream."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _checkpoint_node import sha, tree
 
 from orchestrator.remote.checkpoint_stream import (
     Claims,
@@ -24,16 +24,6 @@ from orchestrator.remote.checkpoint_stream import (
     relative_path,
     write_stream,
 )
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _tree(top: Path, files: dict[str, bytes]) -> None:
-    for path, data in files.items():
-        (top / path).parent.mkdir(parents=True, exist_ok=True)
-        (top / path).write_bytes(data)
 
 
 def _stream_of(top: Path, paths: list[str], bandwidth: int = 0) -> tuple[bytes, object]:
@@ -56,7 +46,7 @@ FILES = {"step10/model.pt": os.urandom(3 << 20) + b"tail", "step10/zero/shard_0.
 
 
 def test_the_files_asked_for_arrive_byte_for_byte_with_their_sha256(tmp_path: Path) -> None:
-    _tree(tmp_path / "from", FILES)
+    tree(tmp_path / "from", FILES)
     data, sent = _stream_of(tmp_path / "from", sorted(FILES))
     into = tmp_path / "into"
     into.mkdir()
@@ -64,7 +54,7 @@ def test_the_files_asked_for_arrive_byte_for_byte_with_their_sha256(tmp_path: Pa
 
     got = read_stream(io.BytesIO(data), wanted, str(into))
 
-    assert sent.changed == () and sent.sha256 == {p: _sha(b) for p, b in FILES.items()}
+    assert sent.changed == () and sent.sha256 == {p: sha(b) for p, b in FILES.items()}
     assert got.bytes == sum(len(body) for body in FILES.values())
     assert {path: digest.sha256 for path, digest in got.files.items()} == sent.sha256
     for path, body in FILES.items():
@@ -90,7 +80,7 @@ def test_the_reader_refuses_a_path_outside_its_directory(tmp_path: Path, path: s
 
 
 def test_the_reader_refuses_a_file_it_did_not_ask_for(tmp_path: Path) -> None:
-    _tree(tmp_path / "from", FILES)
+    tree(tmp_path / "from", FILES)
     data, _ = _stream_of(tmp_path / "from", ["step10/zero/shard_0.pt", "step10/empty"])
     into = tmp_path / "into"
     into.mkdir()
@@ -100,7 +90,7 @@ def test_the_reader_refuses_a_file_it_did_not_ask_for(tmp_path: Path) -> None:
 
 
 def test_a_size_other_than_asked_means_the_file_changed(tmp_path: Path) -> None:
-    _tree(tmp_path / "from", FILES)
+    tree(tmp_path / "from", FILES)
     data, _ = _stream_of(tmp_path / "from", ["step10/zero/shard_0.pt"])
     into = tmp_path / "into"
     into.mkdir()
@@ -111,7 +101,7 @@ def test_a_size_other_than_asked_means_the_file_changed(tmp_path: Path) -> None:
 
 
 def test_a_stream_cut_short_or_altered_on_the_way_is_refused(tmp_path: Path) -> None:
-    _tree(tmp_path / "from", FILES)
+    tree(tmp_path / "from", FILES)
     data, _ = _stream_of(tmp_path / "from", ["step10/model.pt"])
     wanted = {"step10/model.pt": Wanted(len(FILES["step10/model.pt"]))}
     flipped = bytearray(data)
@@ -127,18 +117,18 @@ def test_a_stream_cut_short_or_altered_on_the_way_is_refused(tmp_path: Path) -> 
 
 
 def test_a_sha256_other_than_asked_is_refused(tmp_path: Path) -> None:
-    _tree(tmp_path / "from", FILES)
+    tree(tmp_path / "from", FILES)
     data, _ = _stream_of(tmp_path / "from", ["step10/zero/shard_0.pt"])
     into = tmp_path / "into"
     into.mkdir()
 
     with pytest.raises(StreamError, match=r"not the \w+ asked for"):
-        read_stream(io.BytesIO(data), {"step10/zero/shard_0.pt": Wanted(10, _sha(b"y" * 10))},
+        read_stream(io.BytesIO(data), {"step10/zero/shard_0.pt": Wanted(10, sha(b"y" * 10))},
                     str(into))  # fmt: skip
 
 
 def test_a_file_that_changes_while_read_is_named_and_not_taken(tmp_path: Path) -> None:
-    _tree(tmp_path / "from", FILES)
+    tree(tmp_path / "from", FILES)
     target = tmp_path / "from" / "step10" / "model.pt"
     sink = bytearray()
 
@@ -179,7 +169,7 @@ def test_links_are_never_followed_reading_or_writing(tmp_path: Path) -> None:
 
 
 def test_two_streams_into_one_directory_bring_each_file_once(tmp_path: Path) -> None:
-    _tree(tmp_path / "from", FILES)
+    tree(tmp_path / "from", FILES)
     data, _ = _stream_of(tmp_path / "from", ["step10/zero/shard_0.pt"])
     into = tmp_path / "into"
     into.mkdir()
