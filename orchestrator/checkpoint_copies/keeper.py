@@ -29,7 +29,14 @@ from orchestrator.checkpoint_copies.nodes import (
     Senders,
     Staged,
 )
-from orchestrator.checkpoints.complete import Checkpoint, Watched, is_checkpoint_name, observe
+from orchestrator.checkpoints.complete import (
+    AT_THE_END,
+    Checkpoint,
+    Watched,
+    at_the_end,
+    is_checkpoint_name,
+    observe,
+)
 from orchestrator.checkpoints.model import FileCopy, NodeScan, part_size, signature
 from orchestrator.checkpoints.placement import copy_orders, prune_orders
 from orchestrator.checkpoints.staging import KnownCheckpoint, Restore, choose_restore, sources
@@ -309,6 +316,7 @@ class CheckpointKeeper:
         checkpoint stays where the job wrote it)."""
         if self.shared:
             return ""
+        self._last_look(hosts)
         found = for_each_node(
             hosts, lambda node: succeeded(node, self.nodes.prune(node, None, drop=True)))
         self.nodes.close()
@@ -316,6 +324,23 @@ class CheckpointKeeper:
         return (f"checkpoints: the job succeeded; orch's copies were removed from "
                 f"{len(removed)} of {len(hosts)} nodes (every checkpoint stays in "
                 f"{self.nodes.settings.dir} where the job wrote it)")
+
+    def _last_look(self, hosts: Sequence[str]) -> None:
+        """The checkpoints as the job left them: complete, and the sha256 of those no
+        copy was made of (the last, written just before the end), read where they are, so
+        `orch checkpoints --gather` can check them."""
+        scans = _answered(self.nodes.scan(hosts))
+        now = time.time()
+        with self._lock:
+            self.watched = at_the_end(observe(self.watched, scans, now, SETTLE_S), now)
+            ended = [c.name for c in self.watched.checkpoints.values() if c.how == AT_THE_END]
+        if ended:
+            for node, scan in _answered(self.nodes.scan(hosts, hash=ended)).items():
+                for entry in scan.entries:
+                    if entry.name in ended and all(f.sha256 for f in entry.files):
+                        files = tuple(FileCopy(f.path, f.size, f.sha256) for f in entry.files)
+                        self._know(entry.name, node, files)
+        self._save()
 
     # -- the record ---------------------------------------------------------------------
     def _restored(self, done: RestoreRecord) -> None:

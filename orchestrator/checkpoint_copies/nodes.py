@@ -32,6 +32,7 @@ from orchestrator.specs.checkpoints import CheckpointSettings
 from orchestrator.ssh import CommandResult
 
 SCAN_TIMEOUT_S = 60.0  # a scan lists PATH and orch's copies: no hashing
+HASH_TIMEOUT_S = 3600.0  # a scan that reads the job's last checkpoints whole, at its end
 CONNECT_TIMEOUT_S = 15.0
 READY_TIMEOUT_S = 30.0  # a receiving end's port, or a staging node's list of what it lacks
 # A copy's bytes at the bandwidth cap, plus this: a part of 10 GB at 200 MB/s is 50 s.
@@ -126,14 +127,16 @@ class CheckpointNodes:
     # -- scan ---------------------------------------------------------------------------
     def scan(self, nodes: Sequence[str], **fields: Any) -> dict[str, NodeResult[NodeScan]]:
         """Every node's checkpoint directory and copies, at once: {node: its scan, or why
-        there is none}. `fields`: the scan's options (create, write_marker, marker)."""
+        there is none}. `fields`: the scan's options (create, write_marker, marker, hash:
+        the entries whose files' sha256 it gives)."""
         found = for_each_node(nodes, lambda node: self._scan_one(node, fields))
         return {result.node: result for result in found}
 
     def _scan_one(self, node: str, fields: Mapping[str, Any]) -> NodeResult[NodeScan]:
         request = self._request(node, **fields)
+        timeout = HASH_TIMEOUT_S if fields.get("hash") else SCAN_TIMEOUT_S
         result = self._sessions.run(node, checkpoint_command(self.python, "scan"),
-                                    SCAN_TIMEOUT_S, _line(request))  # fmt: skip
+                                    timeout, _line(request))  # fmt: skip
         if result.value is None:
             return failed(node, result.problem or f"{node}: no answer", result.hint, result.kind)
         answer = _last_answer(result.value.stdout, result.value.stderr)

@@ -39,6 +39,7 @@ MARKERS: Mapping[str, str] = {
 NAMED_BY_DEEPSPEED = "DeepSpeed's latest names it"
 AT_NEXT_QUIET_SCAN = "complete once a scan finds every part unchanged"
 MOVED_INTO_PLACE = "renamed into place after its last write"
+AT_THE_END = "as the job left it when it succeeded"
 
 
 def is_temporary(name: str) -> bool:
@@ -130,6 +131,19 @@ def observe(state: Watched, scans: Mapping[str, NodeScan], now: float, settle_s:
         for name, found in followed.items()
     }
     return Watched(checkpoints=judged, pointers=pointers)
+
+
+def at_the_end(state: Watched, now: float) -> Watched:
+    """The job succeeded and nothing of it runs any more: every entry still in PATH is as
+    its writer left it, so complete (the last one, written just before the end, is never
+    found unchanged by a later scan), unless its name says it was left half written."""
+    judged = {
+        name: checkpoint if checkpoint.complete or checkpoint.gone
+        or _unfinished(checkpoint, {}) is not None
+        else replace(checkpoint, complete=True, complete_at=now, how=AT_THE_END)
+        for name, checkpoint in state.checkpoints.items()
+    }
+    return replace(state, checkpoints=judged)
 
 
 # ----- pointers ------------------------------------------------------------------------

@@ -33,6 +33,7 @@ class FileSeen:
     mtime_ns: int
     # Its inode changed after its last write: renamed into place (write-then-rename).
     renamed: bool = False
+    sha256: str = ""  # where the scan was asked for it
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,15 @@ def _read_file_seen(read: _Reader, doc: Mapping[str, Any], entry: str, where: st
         size=read.count(doc, "size", where),
         mtime_ns=read.count(doc, "mtime_ns", where, signed=True),
         renamed=_renamed_after_write(doc),
+        sha256=_read_sha256(read, doc, where) if "sha256" in doc else "",
     )
+
+
+def _read_sha256(read: _Reader, doc: Mapping[str, Any], where: str) -> str:
+    sha256 = read.text(doc, "sha256", where)
+    if not _SHA256.fullmatch(sha256):
+        raise read.fail(f"{where}.sha256 {sha256!r}", "is not 64 lowercase hex digits")
+    return sha256
 
 
 def _renamed_after_write(doc: Mapping[str, Any]) -> bool:
@@ -329,10 +338,8 @@ def _read_copy(read: _Reader, doc: Mapping[str, Any], where: str) -> CopyHeld:
 
 
 def _read_file_copy(read: _Reader, doc: Mapping[str, Any], entry: str, where: str) -> FileCopy:
-    sha256 = read.text(doc, "sha256", where)
-    if not _SHA256.fullmatch(sha256):
-        raise read.fail(f"{where}.sha256 {sha256!r}", "is not 64 lowercase hex digits")
-    return FileCopy(_read_path(read, doc, entry, where), read.count(doc, "size", where), sha256)
+    return FileCopy(_read_path(read, doc, entry, where), read.count(doc, "size", where),
+                    _read_sha256(read, doc, where))  # fmt: skip
 
 
 def _refuse_repeats(read: _Reader, where: str, names: Sequence[str]) -> None:

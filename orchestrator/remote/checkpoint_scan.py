@@ -2,8 +2,9 @@
 checkpoint program (remote/checkpoint_node.py).
 
 - scan: PATH's entries (each file or directory directly under it) with their files' sizes
-  and mtimes, DeepSpeed's small `latest` pointers' text, the whole copies this node keeps,
-  free space on both sides; the shared-filesystem marker written, looked for or removed.
+  and mtimes (and sha256, for the entries asked: the job's last checkpoints, at its end),
+  DeepSpeed's small `latest` pointers' text, the whole copies this node keeps, free space
+  on both sides; the shared-filesystem marker written, looked for or removed.
 - prune: the copies of entries no longer kept removed, or the job's copies altogether.
 
 STANDARD LIBRARY ONLY, shipped beside the program (as orch_checkpoint_scan).
@@ -109,9 +110,23 @@ def _entry_doc(top: str, name: str, budget: _Budget) -> dict[str, Any] | None:
     return {"name": name, "kind": kind, "files": files, "text": text}
 
 
-def _entries(top: str, budget: _Budget) -> list[dict[str, Any]]:
+def _entries(top: str, budget: _Budget, hashed: frozenset[str]) -> list[dict[str, Any]]:
     names = sorted(name for name in os.listdir(top) if not name.startswith(places.OWN_PREFIX))
-    return [doc for name in names if (doc := _entry_doc(top, name, budget)) is not None]
+    found = [doc for name in names if (doc := _entry_doc(top, name, budget)) is not None]
+    for doc in found:
+        if doc["name"] in hashed:
+            _add_hashes(top, doc["files"])
+    return found
+
+
+def _add_hashes(top: str, files: list[dict[str, Any]]) -> None:
+    """Each file's sha256, where it is the size the scan listed (else it changed since, and
+    no hash is given for it)."""
+    for doc in files:
+        with contextlib.suppress(OSError):
+            size, digest = stream.sha256_of_file(top, doc["path"])
+            if size == doc["size"]:
+                doc["sha256"] = digest
 
 
 
@@ -158,7 +173,7 @@ def scan(request: steps.Request, max_files: int = MAX_FILES) -> steps.Answer:
         "free_bytes": filesystem.free_bytes(top), "copies_dir": copies,
         "copies_free_bytes": filesystem.free_bytes(copies),
         "marker_seen": _markers(request, top, is_dir), "truncated": False,
-        "entries": _entries(top, budget) if is_dir else [],
+        "entries": _entries(top, budget, frozenset(request.get("hash") or ())) if is_dir else [],
         "copies": [{"entry": part.entry, "writer": part.writer, "files": list(part.files)}
                    for part in places.whole_parts(copies)],
     }  # fmt: skip

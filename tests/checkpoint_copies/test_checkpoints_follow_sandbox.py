@@ -84,10 +84,11 @@ def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
     env = _nothing_shared(box, names, tmp_path, runs)
     args = ["submit", RECIPE, "--hostfile", state.hostfile, "--no-doctor", "--checkpoint-dir",
             str(checkpoints), "--main-port", str(free_port()), "--hang-timeout", "off", "--",
-            "--steps", "600", "--save-every", "150", "--step-sleep", "0.1"]  # fmt: skip
-    # Rank 0 (on the first node) writes the only checkpoint, every 15 s (three times before
-    # the end: a loaded machine copies slowly); once another node holds a whole copy of it,
-    # the first node dies with its disk.
+            "--steps", "900", "--save-every", "300", "--step-sleep", "0.1"]  # fmt: skip
+    # Rank 0 (on the first node) writes the only checkpoint in place, every 30 s (twice
+    # before the end: a loaded machine copies slowly; saved more often than the 15 s a file
+    # must stay unchanged, it would never be copied); once another node holds a whole copy
+    # of it, the first node dies with its disk.
     code, said, _saved = _run_and_kill(box, args, env, log, runs, names[0])
     assert code == 0, said[-4000:]
     [job_id] = job_ids(runs)

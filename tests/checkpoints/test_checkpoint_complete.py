@@ -13,8 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.checkpoints.complete import (
+    AT_THE_END,
     Checkpoint,
     Watched,
+    at_the_end,
     is_checkpoint_name,
     natural_key,
     newest_first,
@@ -215,6 +217,25 @@ def test_a_model_written_in_place_is_complete_once_quiet_for_the_settle_time():
     assert not moments[20].complete
     assert (moments[31].complete, moments[31].how) == (True, "quiet for 30 s on every node")
     assert moments[31].parts == {"node1": state.checkpoints["model.pt"].parts["node1"]}
+
+
+def test_when_the_job_succeeds_what_it_wrote_just_before_the_end_is_complete():
+    """No later scan finds the last checkpoint unchanged: the job's success says it is as
+    its writer left it. A file with a temporary name still is not whole."""
+    early = scans(scan("node1", file_entry("model.pt", 900, mtime=1, ctime=9),
+                       file_entry("state.pt", 40, mtime=1)))  # fmt: skip
+    late = scans(scan("node1", file_entry("model.pt", 950, mtime=12),
+                      file_entry("state.pt", 40, mtime=1),
+                      dir_entry("step-2", {"shard.pt.tmp": 7}, mtime=12)))  # fmt: skip
+    running = _rounds((0, early), (5, early), (12, late), settle_s=SETTLE)
+    assert not running.checkpoints["model.pt"].complete  # rewritten in place at 12
+
+    ended = at_the_end(running, 13).checkpoints
+    assert (ended["model.pt"].complete, ended["model.pt"].how) == (True, AT_THE_END)
+    assert ended["model.pt"].complete_at == 13
+    assert not ended["step-2"].complete
+    assert ended["state.pt"].how == AT_THE_END  # quiet for less than the settle time
+    assert at_the_end(at_the_end(running, 13), 20).checkpoints == ended  # complete stays so
 
 
 def test_with_no_settle_time_an_entry_still_needs_a_second_scan_that_finds_it_unchanged():

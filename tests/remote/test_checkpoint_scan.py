@@ -51,6 +51,17 @@ def test_a_scan_lists_entries_their_files_and_deepspeeds_pointer(
     assert answer["truncated"] is False
 
 
+def test_a_scan_gives_the_sha256_of_the_entries_asked_only(tmp_path: Path,
+                                                         node_root: Path) -> None:  # fmt: skip
+    top = tmp_path / "ckpt"
+    tree(top, {"final.pt": b"weights", "step-1/shard.pt": b"shard", "step-2/shard.pt": b"x"})
+    answer = scan({"dir": str(top), "job_id": JOB, "node": "n1", "node_root": str(node_root),
+                   "hash": ["final.pt", "step-1"]})  # fmt: skip
+    hashes = {f["path"]: f.get("sha256") for e in answer["entries"] for f in e["files"]}
+    assert hashes == {"final.pt": sha(b"weights"), "step-1/shard.pt": sha(b"shard"),
+                      "step-2/shard.pt": None}  # fmt: skip
+
+
 def test_a_scan_lists_only_the_copies_that_are_whole(tmp_path: Path, node_root: Path) -> None:
     copies = copies_of(node_root)
     tree(copies / "global_step10" / "n1", PART)
