@@ -8,7 +8,8 @@ rank 0 writes that step to `--checkpoint` and every rank exits 0.
 
 `--requeue-itself` behaves as Lightning's `SLURMEnvironment(auto_requeue=True)` does on its
 requeue signal (SIGUSR1): the ranks save, rank 0 runs `scontrol requeue $SLURM_JOB_ID`, and
-every rank goes on training, ignoring SIGTERM, until Slurm ends the allocation.
+every rank goes on training until Slurm ends the allocation, ignoring SIGTERM throughout (as
+Lightning "bypasses" it).
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ def _requeue_itself(rank: int) -> None:
                           check=False)  # fmt: skip
     print(f"rank 0 requeued Slurm job {job}: exit {done.returncode} {done.stderr.strip()}",
           flush=True)  # fmt: skip
-    # Lightning bypasses SIGTERM once it has asked for the requeue: Slurm ends the job.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def main() -> int:
@@ -46,12 +45,16 @@ def main() -> int:
     parser.add_argument("--requeue-itself", action="store_true")
     args = parser.parse_args()
 
-    import torch
-    import torch.distributed as dist
-
+    # Before torch loads: Slurm's warning may come early, while a loaded machine still
+    # imports it, and the stop is kept for the first step.
     stop_signal = signal.Signals[os.environ.get("ORCH_STOP_SIGNAL", "SIGTERM")]
     asked: list[float] = []
     signal.signal(stop_signal, lambda _n, _f: asked.append(time.time()))
+    if args.requeue_itself:  # Lightning lets SIGTERM pass: Slurm's requeue ends the job
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    import torch
+    import torch.distributed as dist
+
     restart = int(os.environ.get("ORCH_RESTART_COUNT", "0"))
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -115,7 +115,7 @@ def test_a_job_stopped_at_its_time_limit_saves_and_goes_on_in_the_next_allocatio
     job_id, slurm_job = _submit(state, runs, recipe)
     _started_again(state, runs, job_id, slurm_job, "TimeLimit=10")
     saved = json.loads((tmp_path / "step.json").read_text())["step"]
-    assert 0 < saved < 100
+    assert 0 <= saved < 100  # 0 only when Slurm's warning came before the first step
     record = _succeeded(runs, job_id)
     text = _output(runs, job_id)
     assert "2 of 2 ranks exited by themselves" in text
@@ -130,8 +130,8 @@ def test_a_job_stopped_at_its_time_limit_saves_and_goes_on_in_the_next_allocatio
     assert "it goes on in allocation 2" in first["cause"]["decision"]
     assert first["logs"] == "attempts/1/logs" and record["allocation"] == 2
     node = record["hosts"][0]
-    assert "rank 0 saved at step" in (runs / job_id / "attempts" / "1" / "logs" /
-                                      f"{node}.log").read_text()  # fmt: skip
+    first_log = (runs / job_id / "attempts" / "1" / "logs" / f"{node}.log").read_text()
+    assert f"rank 0 saved at step {saved}" in first_log and " done: " not in first_log
     # ORCH_RESTART_COUNT counts on: the next allocation's ranks resume from the saved step.
     assert _resumed_at(runs, job_id, node) == f"restart 1 starts at step {saved}"
     assert "rank 0 done: 100 steps, restart 1" in log_text(runs, job_id, node)
