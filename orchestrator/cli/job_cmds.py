@@ -20,6 +20,7 @@ from orchestrator.cli.job_printing import (
     err_console,
     print_attempts,
     print_cause_notes,
+    print_requeue,
     print_root_cause,
     print_summary,
 )
@@ -41,7 +42,9 @@ from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.plan.request import (
     JobRequest,
     LaunchOverrides,
+    RequeueRequest,
     SbatchRequest,
+    check_requeue,
     launch_spec,
     recipe_spec,
 )
@@ -62,6 +65,7 @@ from orchestrator.run.teardown import kill_job
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import load_recipe
+from orchestrator.specs.slurm import DEFAULT_MAX_REQUEUES
 from orchestrator.specs.units import format_bytes
 
 _RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
@@ -154,6 +158,8 @@ def launch(
         "orch submit recipes/cpu-smoke.yaml -H hostfile -N 2 -- --steps 100",
         "# a Slurm batch job: this submit runs inside its new allocation",
         "orch submit recipes/cpu-smoke-slurm.yaml --sbatch -N 2 --time 1:00:00",
+        "# stopped at its time limit, it saves and goes on in the next allocation",
+        "orch submit recipes/cpu-resume.yaml --sbatch --time 4:00:00 --requeue",
     )
 )
 @with_job_options
@@ -181,6 +187,22 @@ def submit(
     partition: str | None = typer.Option(
         None, "--partition", help="--sbatch: the partition.", rich_help_panel=_SBATCH_PANEL
     ),
+    requeue: bool = typer.Option(
+        False,
+        "--requeue",
+        help="--sbatch: stopped for its time limit or a preemption, the job is requeued and "
+        "goes on in a new allocation under the same job id (ORCH_RESTART_COUNT counts on). "
+        "Not when it ends by itself, fails, or the user stops it.",
+        rich_help_panel=_SBATCH_PANEL,
+    ),
+    max_requeues: int | None = typer.Option(
+        None,
+        "--max-requeues",
+        min=0,
+        metavar="N",
+        help=f"--requeue: at most N requeues (default {DEFAULT_MAX_REQUEUES}).",
+        rich_help_panel=_SBATCH_PANEL,
+    ),
     given_job_id: str | None = typer.Option(None, "--job-id", hidden=True),
     script_args: list[str] = _SCRIPT_ARGS,
 ) -> None:
@@ -189,6 +211,8 @@ def submit(
     Launch's options given here win over the recipe's values; ARGS go to the script.
 
     Exit codes: as `orch launch`'s; with --sbatch, 0 once Slurm took the job."""
+    asked_requeue = RequeueRequest(requeue, max_requeues)
+    check_requeue(asked_requeue, sbatch=sbatch, batch_run=given_job_id is not None)
     loaded = load_recipe(recipe)
     extra = tuple(script_args or ())
     launcher = launcher_named(options.launcher) if options.launcher else None
@@ -201,7 +225,8 @@ def submit(
     nodes = options.nodes or loaded.recovery.nodes or loaded.slurm.nodes
     request = job_request(options, spec, nodes=nodes,
                           recipe=loaded, extra_args=extra, sbatch=asked,
-                          job_id=given_job_id, overrides=given)  # fmt: skip
+                          job_id=given_job_id, overrides=given,
+                          requeue=asked_requeue)  # fmt: skip
     if request.sbatch is None:
         _execute(request, dry_run=options.dry_run, as_json=options.as_json, quiet=options.quiet)
         return
@@ -343,6 +368,7 @@ def status(
     print_attempts(out, record.attempts)
     for line in record.stop.lines() if record.stop is not None else ():
         out.print(line, markup=False)
+    print_requeue(out, record.requeue)
     failure = record.first_failure
     if failure is not None and record.stop is None:
         print_root_cause(out, failure)

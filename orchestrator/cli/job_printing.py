@@ -12,6 +12,7 @@ from rich.markup import escape
 from orchestrator.checks.model import DoctorReport
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView
+from orchestrator.outcome.requeue import RequeueDecision
 from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -97,12 +98,21 @@ def print_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> Non
     """Each attempt of a job that had several, and why each ended."""
     if len(attempts) < 2:
         return
-    console.print(f"attempts: {len(attempts)}")
+    allocations = max(attempt.allocation for attempt in attempts)
+    across = f" in {allocations} Slurm allocations" if allocations > 1 else ""
+    console.print(f"attempts: {len(attempts)}{across}")
     for attempt in attempts:
         code = "-" if attempt.exit_code is None else attempt.exit_code
         dropped = f"; dropped {', '.join(attempt.excluded)}" if attempt.excluded else ""
-        console.print(f"  {attempt.number}: {', '.join(attempt.nodes)}: exit {code}: "
+        where = f" (allocation {attempt.allocation})" if allocations > 1 else ""
+        console.print(f"  {attempt.number}{where}: {', '.join(attempt.nodes)}: exit {code}: "
                       f"{cause_text(attempt)}{dropped}", markup=False)  # fmt: skip
+
+
+def print_requeue(console: Console, decision: RequeueDecision | None) -> None:
+    """--requeue: whether the batch job goes on in another allocation, and why."""
+    if decision is not None:
+        console.print(f"requeue: {decision.why}", markup=False)
 
 
 def _print_recovery(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:
@@ -121,6 +131,7 @@ def print_summary(result: LaunchResult, *, restarts: bool = False) -> None:
     )
     if result.state == JobState.SUCCEEDED:
         err.print(f"[green]job {result.job_id} succeeded[/] (nodes: {codes})")
+        print_requeue(err, result.requeue)
     else:
         failure = result.first_failure
         err.print(f"[red]job {result.job_id} {result.state}[/], exit code {result.exit_code}")
@@ -138,6 +149,7 @@ def print_summary(result: LaunchResult, *, restarts: bool = False) -> None:
         err.print(f"node exit codes: {codes}")
         if restarts:
             _print_recovery(err, result.attempts)
+        print_requeue(err, result.requeue)
         print_stacks_kept(result)
         for failed in result.teardown.failed if result.teardown else ():
             err.print(f"[yellow]teardown on {failed.node}[/]: {escape(failed.why)}")

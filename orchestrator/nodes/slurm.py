@@ -1,7 +1,7 @@
 """Slurm's client commands, for jobs that run in an allocation: cancel a step or a job,
-read a job's state, submit a batch script, read each node's state and the nodes Slurm took
-out (with why). Each is bounded by
-a timeout; none raises for an answer Slurm gives (the caller gets it as a value)."""
+read a job's state, requeue a batch job, submit a batch script, read each node's state and
+the nodes Slurm took out (with why). Each is bounded by a timeout; none raises for an answer
+Slurm gives (the caller gets it as a value)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchError
-from orchestrator.specs.slurm import slurm_time_left
+from orchestrator.specs.slurm import SlurmJobView, parse_job_view, slurm_time_left
 
 _TIMEOUT_S = 15.0
 
@@ -64,6 +64,18 @@ def job_state(slurm_job: str) -> str | None:
     if answer.ok and answer.out.strip():
         return answer.out.split()[0]
     return None
+
+
+def job_view(slurm_job: str) -> SlurmJobView | None:
+    """The job's state and restart count as the controller holds them (`scontrol show job`,
+    until MinJobAge after its end); None when Slurm does not answer."""
+    answer = _run(["scontrol", "show", "job", "-o", slurm_job])
+    return parse_job_view(answer.out) if answer.ok else None
+
+
+def requeue(slurm_job: str) -> SlurmAnswer:
+    """`scontrol requeue`: the batch job back in the queue, its allocation ended."""
+    return _run(["scontrol", "requeue", slurm_job])
 
 
 def time_left(slurm_job: str) -> float | None:

@@ -24,7 +24,7 @@ from orchestrator.specs.hang import HANG_AUTO, HangTimeout
 from orchestrator.specs.jobenv import check_name
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import AccelerateOptions, Recipe, RecoveryOptions
-from orchestrator.specs.slurm import chosen_fanout
+from orchestrator.specs.slurm import RequeueSettings, chosen_fanout
 from orchestrator.specs.stop import StopSettings, check_grace, duration_seconds, signal_named
 from orchestrator.specs.words import Fanout
 
@@ -113,6 +113,14 @@ class SbatchRequest:
 
 
 @dataclass(frozen=True)
+class RequeueRequest:
+    """`--requeue` and `--max-requeues` as given (False, None: the recipe's `slurm:`)."""
+
+    requeue: bool = False
+    max_requeues: int | None = None
+
+
+@dataclass(frozen=True)
 class LaunchOverrides:
     """`orch submit`'s options over its recipe's values (those of `orch launch`), as given:
     each given one wins; None or empty: the recipe's."""
@@ -142,6 +150,7 @@ class JobRequest:
     job_id: str | None = None  # given: the batch script's own submit names its job
     overrides: LaunchOverrides = field(default_factory=LaunchOverrides)  # submit: over the recipe
     checkpoints: CheckpointRequest = field(default_factory=CheckpointRequest)  # as given
+    requeue: RequeueRequest = field(default_factory=RequeueRequest)  # as given
 
     @property
     def hang_timeout(self) -> HangTimeout:
@@ -180,6 +189,19 @@ class JobRequest:
         """--min-nodes, else the recipe's; None: every node of the job is needed."""
         given = self.recovery.min_nodes
         return given if given is not None else self._recipe_recovery.min_nodes
+
+    @property
+    def requeue_settings(self) -> RequeueSettings:
+        """--requeue or the recipe's `slurm: {requeue: true}`; --max-requeues, else the
+        recipe's, else the default."""
+        wanted = self.recipe.slurm if self.recipe is not None else None
+        given = self.requeue
+        most = given.max_requeues if given.max_requeues is not None else (
+            wanted.max_requeues if wanted is not None else None)  # fmt: skip
+        return RequeueSettings(
+            requeue=given.requeue or (wanted is not None and wanted.requeue),
+            max_requeues=RequeueSettings.max_requeues if most is None else most,
+        )
 
     @property
     def _recipe_recovery(self) -> RecoveryOptions:
@@ -365,6 +387,20 @@ def check_recovery(recovery: RecoveryRequest) -> None:
             f"--restart-on {recovery.restart_on!r} is not a policy orch knows",
             "--restart-on infra (node lost, hang, signal, transient faults; the default) or "
             "--restart-on any (the script's own errors too)",
+        )
+
+
+def check_requeue(requeue: RequeueRequest, *, sbatch: bool, batch_run: bool) -> None:
+    """--requeue puts a batch job back in Slurm's queue: it needs --sbatch (or is the batch
+    script's own submit, which --sbatch wrote)."""
+    given = [name for name, value in (("--requeue", requeue.requeue),
+                                      ("--max-requeues", requeue.max_requeues is not None))
+             if value]  # fmt: skip
+    if given and not sbatch and not batch_run:
+        raise UsageError(
+            f"{' and '.join(given)}: only a Slurm batch job is requeued, and without --sbatch "
+            "this submit runs none",
+            "add --sbatch (`orch submit RECIPE --sbatch --requeue`), or leave them out",
         )
 
 

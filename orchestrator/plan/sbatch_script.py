@@ -36,6 +36,10 @@ class BatchRequest:
     # Seconds before the allocation's end at which Slurm sends orch (the batch shell, which
     # it execs) SIGUSR1: the ranks' grace and the teardown fit before the end.
     warn_before: int | None = None
+    # --requeue: Slurm may requeue the job (orch does, with `scontrol requeue`, which Slurm
+    # refuses for a job that is not requeueable where the cluster's JobRequeue=0), and the
+    # batch job's output is appended to by every allocation, not started anew.
+    requeue: bool = False
 
 
 def batch_request(
@@ -53,6 +57,7 @@ def batch_request(
     account: str | None = None,
     no_kill: bool = False,
     warn_before: int | None = None,
+    requeue: bool = False,
 ) -> BatchRequest:
     if nodes is None:
         raise UsageError(
@@ -63,7 +68,7 @@ def batch_request(
         job_id=job_id, name=name, nodes=nodes,
         ntasks_per_node=ntasks_per_node or gpus_per_node or 1, workdir=workdir, output=output,
         command=tuple(command), gpus_per_node=gpus_per_node, time=time, partition=partition,
-        account=account, no_kill=no_kill, warn_before=warn_before,
+        account=account, no_kill=no_kill, warn_before=warn_before, requeue=requeue,
     )  # fmt: skip
 
 
@@ -88,6 +93,7 @@ def request_batch(request: JobRequest, *, job_id: str, cwd: str, output: str,
         account=wanted.account,
         no_kill=request.max_restarts > 0,
         warn_before=min(_SIGNAL_MAX_S, int(request.spec.stop.grace + SLURM_STOP_MARGIN_S)),
+        requeue=request.requeue_settings.requeue,
     )
 
 
@@ -106,6 +112,8 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
                 ("--keep-remote-logs", watch.keep_remote_logs),
                 ("--push-env", watch.push_env))  # fmt: skip
     argv += [flag for flag, given in switches if given]
+    if request.requeue.requeue:
+        argv.append("--requeue")
     values = (("--heartbeat-timeout", watch.heartbeat_timeout),
               ("--hang-timeout", watch.hang_timeout), ("--main-port", request.main_port),
               ("--fanout", request.fanout),
@@ -118,7 +126,8 @@ def submit_argv(request: JobRequest, *, python: str, recipe: str, job_id: str,
               ("--time-limit", watch.time_limit),
               ("--checkpoint-dir", request.checkpoints.dir),
               ("--checkpoint-copies", request.checkpoints.copies),
-              ("--checkpoint-bandwidth", request.checkpoints.bandwidth))  # fmt: skip
+              ("--checkpoint-bandwidth", request.checkpoints.bandwidth),
+              ("--max-requeues", request.requeue.max_requeues))  # fmt: skip
     for option, value in values:
         if value is not None:
             argv += [option, f"{value}"]
@@ -179,5 +188,7 @@ def render_batch_script(request: BatchRequest) -> str:
         lines.append("#SBATCH --no-kill")
     if request.warn_before:
         lines.append(f"#SBATCH --signal=B:USR1@{request.warn_before}")
+    if request.requeue:
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     lines.append("exec " + " ".join(shlex.quote(word) for word in request.command))
     return "\n".join(lines) + "\n"

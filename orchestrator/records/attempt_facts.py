@@ -36,7 +36,7 @@ def attempt_record(record: JobRecord, decision: RestartDecision | None,
         started=record.attempt_started or record.started_at,
         ended=record.ended_at, exit_code=record.exit_code, cause=cause,
         excluded=tuple(excluded), stacks=record.teardown_stacks,
-        environment=record.environment,
+        environment=record.environment, allocation=record.allocation,
     )  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """Each attempt's record and files kept apart in the job's directory: the latest attempt's
 logs, raw node logs and stacks where they always are (logs/, nodes/, stacks/), every earlier
-one's under attempts/<number>/; and one attempt's directory and record found again by number
-(`orch logs --attempt`)."""
+one's under attempts/<number>/; a requeued batch job's record carried into its next
+allocation; and one attempt's directory and record found again by number (`orch logs
+--attempt`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.outcome.states import JobState
+from orchestrator.records.attempt_facts import attempt_record
 from orchestrator.records.job import (
     ATTEMPTS_DIR,
     LOGS_DIR,
@@ -45,6 +47,29 @@ def with_attempt(run: RunDir, record: JobRecord, attempt: AttemptRecord, *,
     updated = replace(record, attempts=(*record.attempts, attempt))
     if next_one:
         updated = replace(updated, state=JobState.STARTING, attempt=attempt.number + 1)
+    run.save(updated)
+    return updated
+
+
+# The last attempt of an allocation whose end orch never wrote (the allocation ended first).
+_UNRECORDED = {"class": "stopped", "message": "its Slurm allocation ended before orch wrote "
+               "the attempt's end", "decision": "Slurm requeued the job"}  # fmt: skip
+
+
+def carried_over(run: RunDir, record: JobRecord) -> JobRecord | None:
+    """A batch job's record as its earlier allocations left it, when Slurm runs the job
+    again (requeued by orch, by the script, or by Slurm): every attempt so far kept, the last
+    one's files moved to attempts/<number>/, the allocation counted on. None: the job's
+    first allocation (the record `orch submit --sbatch` wrote, queued, no attempt)."""
+    if record.state == JobState.QUEUED and not record.attempts:
+        return None
+    attempts = record.attempts
+    if record.attempt > len(attempts):  # its end never written: the allocation ended first
+        attempts = (*attempts, replace(attempt_record(record, None), cause=_UNRECORDED))
+    last = attempts[-1]
+    if last.logs == LOGS_DIR:  # its files are where the next attempt writes its own
+        attempts = (*attempts[:-1], keep_apart(run, last))
+    updated = replace(record, attempts=attempts, allocation=record.allocation + 1)
     run.save(updated)
     return updated
 

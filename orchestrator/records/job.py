@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator.outcome.explanation import Explanation
 from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
+from orchestrator.outcome.requeue import RequeueDecision
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.outcome.stop import StopSummary
 from orchestrator.specs.checkpoints import CheckpointSettings
@@ -162,6 +163,7 @@ class AttemptRecord:
     stacks: str | None = None  # the stacks taken at its teardown, in the record
     # its nodes' environments (None: its pre-flight was skipped)
     environment: EnvironmentRecord | None = None
+    allocation: int = 1  # the Slurm allocation it ran in, for a requeued batch job: 1 first
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -225,6 +227,9 @@ class JobRecord:
     hang_watch: Mapping[str, object] | None = None
     # --checkpoint-dir (absolute) and how orch copies it (None: the job was given none)
     checkpoints: CheckpointSettings | None = None
+    allocation: int = 1  # a batch job's Slurm allocation running it, or the last: 1 first
+    # --requeue: whether the job went on in another allocation after this one, and why
+    requeue: RequeueDecision | None = None
 
     @property
     def exit_code_from(self) -> str | None:
@@ -249,6 +254,7 @@ class JobRecord:
         data["attempts"] = [attempt.to_json() for attempt in self.attempts]
         data["environment"] = None if self.environment is None else self.environment.to_json()
         data["checkpoints"] = None if self.checkpoints is None else self.checkpoints.to_dict()
+        data["requeue"] = None if self.requeue is None else self.requeue.to_json()
         return data
 
     @classmethod
@@ -288,6 +294,8 @@ class JobRecord:
             name=data.get("name"),
             hang_watch=data.get("hang_watch"),
             checkpoints=_checkpoints_from_json(data.get("checkpoints")),
+            allocation=int(data.get("allocation", 1)),
+            requeue=RequeueDecision.from_json(data.get("requeue")),
         )
 
 

@@ -23,6 +23,13 @@ from orchestrator.nodes import slurm
 from orchestrator.nodes.transport import plan_transport
 from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.pace import PaceSeed
+from orchestrator.outcome.requeue import (
+    RequeueBy,
+    RequeueDecision,
+    RequeueFacts,
+    decide_requeue,
+    requeue_failed,
+)
 from orchestrator.outcome.restart_policy import (
     NO_PROGRESS,
     AttemptProgress,
@@ -40,15 +47,15 @@ from orchestrator.prepare.job import PipelineOptions, PreparedJob, pipeline_opti
 from orchestrator.prepare.ports import plan_with_main_port
 from orchestrator.prepare.ready import PrepareReporter, ready_nodes
 from orchestrator.records.attempt_facts import attempt_failure, attempt_record
-from orchestrator.records.attempts import keep_apart, with_attempt
-from orchestrator.records.job import AttemptRecord, FirstFailure, JobRecord
+from orchestrator.records.attempts import carried_over, keep_apart, with_attempt
+from orchestrator.records.job import JOB_FILE, AttemptRecord, FirstFailure, JobRecord
 from orchestrator.records.moments import note_attempt, save_preflight
 from orchestrator.records.ownership import check_runs_root
 from orchestrator.records.rundir import RunDir, run_dir
 from orchestrator.run.launch import JobRunner, LaunchResult
 from orchestrator.run.plan_files import prepare_run
 from orchestrator.run.recheck import unreachable_nodes
-from orchestrator.specs.slurm import JOB_ID_VAR, stop_before_the_end
+from orchestrator.specs.slurm import JOB_ID_VAR, restart_count, stop_before_the_end
 from orchestrator.specs.words import Fanout
 
 
@@ -67,9 +74,54 @@ def run_job(job: PreparedJob, *, view: LogView | None, reporter: PipelineReporte
     before = os.umask(0o077)
     try:
         with run_dir(job.root, job.plan.job_id) as run:
-            return _attempts(job, run, view=view, reporter=reporter)
+            earlier = _earlier_allocations(job, run)
+            result = _attempts(job, run, earlier, view=view, reporter=reporter)
+            return _requeued(job, run, result)
     finally:
         os.umask(before)
+
+
+# A requeued allocation's last attempt that ended without a cause of its own (it succeeded,
+# and Slurm requeued the job all the same).
+_ALLOCATION_ENDED = {"class": "stopped", "message": "it ended with its Slurm allocation"}
+
+
+def _earlier_allocations(job: PreparedJob, run: RunDir) -> JobRecord | None:
+    """A batch job that Slurm runs again (requeued): its record so far, whose attempts the
+    ones in this allocation follow. None: a job's first (or only) allocation."""
+    if not job.plan.slurm_batch or not run.exists(JOB_FILE):
+        return None
+    return carried_over(run, run.load())
+
+
+def _requeued(job: PreparedJob, run: RunDir, result: LaunchResult) -> LaunchResult:
+    """--requeue: whether the batch job goes on in another allocation (the pure decision,
+    outcome/requeue.py), carried out here: the record says so first (queued again), then
+    `scontrol requeue`. Done last: Slurm then ends this allocation at once, this process with
+    it once its KillWait is over."""
+    settings, slurm_job = job.request.requeue_settings, job.plan.job.slurm_job
+    if not settings.requeue or not job.plan.slurm_batch or not slurm_job:
+        return result
+    record = run.load()
+    facts = RequeueFacts(
+        state=result.state, stop_cause=result.stop.cause if result.stop is not None else None,
+        allocation=record.allocation, restarts_at_start=restart_count(os.environ),
+        slurm=slurm.job_view(slurm_job),
+    )  # fmt: skip
+    decision = decide_requeue(facts, settings)
+    if decision is None:
+        return result
+    record = replace(record, requeue=decision, attempts=_with_requeue(record.attempts, decision))
+    run.save(replace(record, state=JobState.QUEUED) if decision.goes_on else record)
+    if decision.by == RequeueBy.ORCH:
+        # Slurm TERMs the batch shell, which this process is, as it ends the allocation: the
+        # summary is still to be printed.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        answer = slurm.requeue(slurm_job)
+        if not answer.ok:
+            decision = requeue_failed(decision, answer.problem, slurm_job)
+            run.save(replace(record, requeue=decision))
+    return replace(result, requeue=decision)
 
 
 def _run_attempt(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
@@ -90,18 +142,36 @@ def _run_attempt(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
                         with_port=with_port, earlier=earlier)  # fmt: skip
 
 
-def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
-              reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
+def _with_requeue(attempts: tuple[AttemptRecord, ...],
+                  decision: RequeueDecision) -> tuple[AttemptRecord, ...]:  # fmt: skip
+    """The allocation's last attempt, its decision the requeue's when the job goes on: what
+    `orch status` shows of each allocation's end."""
+    if not attempts or not decision.goes_on:
+        return attempts
+    last = attempts[-1]
+    cause = {**(last.cause or _ALLOCATION_ENDED), "decision": decision.why}
+    return (*attempts[:-1], replace(last, cause=cause))
+
+
+def _attempts(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
+              view: LogView | None, reporter: PipelineReporter) -> LaunchResult:  # fmt: skip
     """plan -> execute -> verdict -> restart or stop. Whether to restart is the restart
-    policy's (a pure function of the attempt's facts); this loop only carries it out."""
+    policy's (a pure function of the attempt's facts); this loop only carries it out.
+    `earlier`: the record of the job's earlier allocations, whose attempts these follow
+    (ORCH_RESTART_COUNT counts on; --max-restarts counts in each allocation afresh)."""
     request = job.request
+    before = len(earlier.attempts) if earlier is not None else 0
     state = _Recovery(RestartPolicy(request.max_restarts, request.restart_on),
                       wanted=len(job.plan.hosts),
-                      minimum=request.min_nodes or len(job.plan.hosts))  # fmt: skip
+                      minimum=request.min_nodes or len(job.plan.hosts),
+                      before=before)  # fmt: skip
     job = _healthy_start(job, state.wanted, state.minimum)
+    if earlier is not None and before:  # ORCH_RESTART_COUNT counts on from the last one
+        job = job.on(job.plan.hosts, before)
+        note_attempt(run, time.time(), before + 1, f"Slurm allocation {earlier.allocation}")
     keeper = _checkpoint_keeper(job, run, reporter)
-    with _following(keeper, job, 1):
-        result = _run_attempt(job, run, None, view=view, reporter=reporter)
+    with _following(keeper, job, before + 1):
+        result = _run_attempt(job, run, earlier, view=view, reporter=reporter)
     first_started = result.started
     while True:
         record = run.load()
@@ -122,7 +192,7 @@ def _attempts(job: PreparedJob, run: RunDir, *, view: LogView | None,
         note_attempt(run, time.time(), attempt.number + 1, decision.why)
         ended = replace(record, attempts=(*record.attempts, attempt))
         earlier = with_attempt(run, record, attempt, next_one=True)
-        pause = pause_before(record.attempt - 1)
+        pause = pause_before(record.attempt - 1 - state.before)
         following = job.on(nodes, record.attempt)
         reporter.restarting(attempt, job.plan, following.plan, pause)
         job = following
@@ -202,6 +272,7 @@ class _Recovery:
     dropped: list[str] = field(default_factory=list)  # excluded after earlier attempts
     previous: Cause | None = None  # the last failed attempt's cause
     previous_progress: AttemptProgress = NO_PROGRESS  # and how far it got
+    before: int = 0  # attempts of the job's earlier Slurm allocations (a requeued batch job)
 
     def after(self, job: PreparedJob, record: JobRecord, first: FirstFailure,
               progress: AttemptProgress) -> tuple[
@@ -209,7 +280,7 @@ class _Recovery:
     ]:  # fmt: skip
         """The decision after a failed attempt (`progress`: how far it got), the nodes it
         drops, the next one's nodes."""
-        restarts_done = record.attempt - 1
+        restarts_done = record.attempt - 1 - self.before
         pool = _pool(job)
         # The re-check costs a few seconds: only when a restart may follow, over ssh.
         recheck = self.policy.max_restarts > restarts_done and job.plan.job.fanout == Fanout.PDSH

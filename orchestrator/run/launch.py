@@ -56,6 +56,7 @@ from orchestrator.outcome.events import (
 from orchestrator.outcome.explanation import Explanation, explain
 from orchestrator.outcome.hang import hang_culprit
 from orchestrator.outcome.pace import PaceSeed
+from orchestrator.outcome.requeue import RequeueDecision
 from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress, attempt_progress
 from orchestrator.outcome.slurm_words import in_slurm_words
 from orchestrator.outcome.states import Failure, FailureKind, JobState, StopCause
@@ -109,6 +110,7 @@ class LaunchResult:
     stop: StopSummary | None = None  # the stop that ended it, and each rank's part in it
     started: float | None = None  # when the watch began (monotonic): the time limit's start
     pace: PaceSeed | None = None  # the pace it learned, for a restart to start from
+    requeue: RequeueDecision | None = None  # --requeue: whether it goes on in an allocation
 
 
 def _not_answering(failure: Failure) -> tuple[str, ...]:

@@ -109,6 +109,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
     record = replace(record, attempt_started=record.started_at)
     if earlier is not None:
         record = replace(record, started_at=earlier.started_at, attempts=earlier.attempts,
-                         attempt=len(earlier.attempts) + 1)  # fmt: skip
+                         attempt=len(earlier.attempts) + 1,
+                         allocation=earlier.allocation)  # fmt: skip
     run.save(record)
     return record

@@ -163,6 +163,10 @@ class SlurmOptions(_Strict):
     time: str | None = None  # Slurm's --time: minutes, or [D-]HH:MM[:SS]
     partition: str | None = None
     account: str | None = None
+    # Requeued when stopped for its time limit or a preemption, to go on in a new allocation
+    # under the same job id (`--requeue`); at most max_requeues times (None: the default).
+    requeue: bool = False
+    max_requeues: int | None = Field(None, ge=0)
 
     _nodes_count = field_validator("nodes", mode="before")(_count_of_nodes)
 

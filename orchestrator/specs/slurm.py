@@ -199,3 +199,43 @@ def stop_before_the_end(left: float | None, grace: float) -> float | None:
     if left is None:
         return None
     return max(0.0, left - grace - SLURM_STOP_MARGIN_S)
+
+
+# --sbatch --requeue: how many times a job may be requeued (allocations after the first) when
+# neither --max-requeues nor the recipe's slurm: {max_requeues: N} says. Enough for a week of
+# training under a one-day limit; a bound, so that a job stopped again and again ends.
+DEFAULT_MAX_REQUEUES = 10
+RESTART_COUNT_VAR = "SLURM_RESTART_COUNT"  # set by Slurm in a batch job it has requeued
+
+
+@dataclass(frozen=True)
+class RequeueSettings:
+    """`--requeue` (recipe `slurm: {requeue: true}`) and the most requeues it may make."""
+
+    requeue: bool = False
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+
+
+@dataclass(frozen=True)
+class SlurmJobView:
+    """What Slurm says of a job now: its state (RUNNING, COMPLETING, PENDING...) and how many
+    times it was requeued (`Restarts`)."""
+
+    state: str
+    restarts: int
+
+
+def parse_job_view(text: str) -> SlurmJobView | None:
+    """`scontrol show job -o ID`'s one line as a view; None when it names no state."""
+    fields = dict(word.partition("=")[::2] for word in text.split() if "=" in word)
+    state = fields.get("JobState", "")
+    if not state:
+        return None
+    restarts = fields.get("Restarts", "0")
+    return SlurmJobView(state, int(restarts) if restarts.isdigit() else 0)
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+    """How many times Slurm had requeued the batch job when this allocation started it."""
+    value = environ.get(RESTART_COUNT_VAR, "")
+    return int(value) if value.isdigit() else 0

@@ -29,14 +29,14 @@ def _tick_until(stop: threading.Event) -> None:
         sys.stderr.flush()
 
 
-def _resume_step(checkpoint: Path) -> int:
+def resume_step(checkpoint: Path) -> int:
     try:
         return int(json.loads(checkpoint.read_text())["step"])
     except (OSError, ValueError, KeyError):
         return 0
 
 
-def _save(checkpoint: Path, step: int) -> None:
+def save_step(checkpoint: Path, step: int) -> None:
     partial = checkpoint.with_suffix(".tmp")
     partial.write_text(json.dumps({"step": step}))
     partial.replace(checkpoint)
@@ -60,7 +60,7 @@ def main() -> None:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
-    start = _resume_step(args.checkpoint) if restart else 0
+    start = resume_step(args.checkpoint) if restart else 0
     started.set()
     sys.stderr.write("\n")
     print(f"rank {rank}/{world} restart {restart} starts at step {start}", flush=True)
@@ -74,7 +74,7 @@ def main() -> None:
         value = torch.ones(1)
         dist.all_reduce(value)
         if rank == 0:
-            _save(args.checkpoint, step + 1)
+            save_step(args.checkpoint, step + 1)
         print(f"rank {rank} step {step} world {int(value.item())}", flush=True)
         time.sleep(args.step_sleep)
     print(f"rank {rank} done: {args.steps} steps, restart {restart}", flush=True)

@@ -1,0 +1,169 @@
+"""`orch submit --sbatch --requeue` on the sandbox's Slurm: a job that needs more than one
+allocation saves at its time limit, orch requeues it from the batch shell, and the next
+allocation resumes it from the saved step under the same job id, in the same record; a
+script that requeues itself as Lightning does (rank 0 runs `scontrol requeue` on SIGUSR1)
+is requeued once, not twice.
+
+Slurm holds a requeued job back for about two minutes (its BeginTime) before it may start
+again; the tests let it start at once (`scontrol update StartTime=now`), as a user may. Slurm's
+warning may come up to a minute before the `--signal` time asked for, so how far the first
+allocation gets varies: the next one is given the time for the rest (`TimeLimit=10`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from launch_support import ORCH, REPO, job_json, log_text, run_orch, slurm_env, wait_for
+
+from orchestrator.specs.slurm import parse_job_view
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+REQUEUEABLE = str(REPO / "tests" / "jobs" / "requeueable.py")
+
+
+@pytest.fixture(scope="module")
+def slurm_box(sandbox_factory):
+    _box, state = sandbox_factory(2, 1, slurm=True)
+    return state
+
+
+def _slurm(state, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), env=slurm_env(state, Path("/nonexistent")),
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+
+
+def _recipe(tmp_path: Path, *args: str, time: str, stop: str = "") -> Path:
+    recipe = tmp_path / "requeueable.yaml"
+    recipe.write_text(
+        "name: requeueable\n"
+        f"script: {REQUEUEABLE}\n"
+        f"args: {json.dumps(['--checkpoint', str(tmp_path / 'step.json'), *args])}\n"
+        "launcher: torchrun\n"
+        "nproc_per_node: 1\n"
+        "env: {OMP_NUM_THREADS: 1}\n"
+        "hang_timeout: 120\n"
+        f"{stop}"
+        f"slurm:\n  nodes: 2\n  time: '{time}'\n"
+    )
+    return recipe
+
+
+def _submit(state, runs: Path, recipe: Path) -> tuple[str, str]:
+    """The job's id and its Slurm job's, submitted with --requeue."""
+    done = subprocess.run([*ORCH, "submit", str(recipe), "--sbatch", "--requeue", "--no-doctor"],
+                          cwd=REPO, env=slurm_env(state, runs), capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    return job_id, job_json(runs, job_id)["slurm_job_id"]
+
+
+def _restarts(state, slurm_job: str) -> int | None:
+    view = parse_job_view(_slurm(state, "scontrol", "show", "job", "-o", slurm_job).stdout)
+    return None if view is None else view.restarts
+
+
+def _started_again(state, runs: Path, job_id: str, slurm_job: str, *more: str) -> None:
+    """Once orch has recorded the requeue and Slurm holds the job pending, let it start (with
+    `more` of scontrol's settings for the next allocation)."""
+    def requeued() -> bool:
+        record = job_json(runs, job_id)
+        return record["state"] == "queued" and (record.get("requeue") or {}).get("by") in (
+            "orch", "slurm")  # fmt: skip
+
+    assert wait_for(requeued, 240), _output(runs, job_id)[-4000:]
+    pending = lambda: _slurm(state, "squeue", "-h", "-j", slurm_job, "-o", "%T").stdout.strip()  # noqa: E731
+    assert wait_for(lambda: pending() == "PENDING", 90), pending()
+    done = _slurm(state, "scontrol", "update", f"JobId={slurm_job}", "StartTime=now", *more)
+    assert done.returncode == 0, done.stderr
+
+
+def _output(runs: Path, job_id: str) -> str:
+    """The batch job's output, every allocation's."""
+    path = runs / job_id / "sbatch.out"
+    return path.read_text(errors="replace") if path.exists() else "(no sbatch.out)"
+
+
+def _succeeded(runs: Path, job_id: str) -> dict:
+    assert wait_for(lambda: job_json(runs, job_id)["state"] in ("succeeded", "failed",
+                                                                   "stopped"), 240)  # fmt: skip
+    record = job_json(runs, job_id)
+    assert record["state"] == "succeeded", _output(runs, job_id)[-4000:]
+    # The summary follows the record's end.
+    assert wait_for(lambda: f"job {job_id} succeeded" in _output(runs, job_id), 30)
+    return record
+
+
+def _resumed_at(runs: Path, job_id: str, node: str) -> str:
+    text = log_text(runs, job_id, node)
+    return text[text.index("restart "):].split("\n")[0]
+
+
+def test_a_job_stopped_at_its_time_limit_saves_and_goes_on_in_the_next_allocation(
+    slurm_box, tmp_path
+):
+    state = slurm_box
+    runs = tmp_path / "runs"
+    # Two minutes of allocation, a 10 s grace: the job is stopped at most 45 s after it
+    # started (the allocation's end less the grace and a minute; Slurm's warning may come
+    # sooner), long before its 100 steps of half a second are done.
+    recipe = _recipe(tmp_path, "--steps", "100", "--step-sleep", "0.5", time="2",
+                     stop="stop_grace: 10\n")  # fmt: skip
+    job_id, slurm_job = _submit(state, runs, recipe)
+    _started_again(state, runs, job_id, slurm_job, "TimeLimit=10")
+    saved = json.loads((tmp_path / "step.json").read_text())["step"]
+    assert 0 <= saved < 100  # 0 only when Slurm's warning came before the first step
+    record = _succeeded(runs, job_id)
+    text = _output(runs, job_id)
+    assert "2 of 2 ranks exited by themselves" in text
+    assert "requeued (`scontrol requeue`), it goes on in allocation 2 (requeue 1 of at most " \
+        "10)" in text  # fmt: skip
+    assert record["attempts"][0]["cause"]["message"] in (
+        "stopped by the Slurm allocation's time limit", "stopped by Slurm (its warning, or a "
+        "preemption)")  # fmt: skip
+    assert f"job {job_id} succeeded" in text  # every allocation's output, in the one file
+    first, second = record["attempts"]
+    assert (first["allocation"], second["allocation"]) == (1, 2)
+    assert "it goes on in allocation 2" in first["cause"]["decision"]
+    assert first["logs"] == "attempts/1/logs" and record["allocation"] == 2
+    node = record["hosts"][0]
+    first_log = (runs / job_id / "attempts" / "1" / "logs" / f"{node}.log").read_text()
+    assert f"rank 0 saved at step {saved}" in first_log and " done: " not in first_log
+    # ORCH_RESTART_COUNT counts on: the next allocation's ranks resume from the saved step.
+    assert _resumed_at(runs, job_id, node) == f"restart 1 starts at step {saved}"
+    assert "rank 0 done: 100 steps, restart 1" in log_text(runs, job_id, node)
+    assert record["requeue"]["by"] == "none"  # it succeeded: nothing more to requeue
+    assert _restarts(state, slurm_job) == 1
+    status = run_orch(["status", job_id], runs).stdout
+    assert "attempts: 2 in 2 Slurm allocations" in status and "2 (allocation 2)" in status
+
+
+def test_a_script_that_requeues_itself_is_not_requeued_twice(slurm_box, tmp_path):
+    state = slurm_box
+    runs = tmp_path / "runs"
+    # Lightning's way: SIGUSR1 is its requeue signal, so orch forwards that as the stop.
+    recipe = _recipe(tmp_path, "--steps", "80", "--step-sleep", "0.25", "--requeue-itself",
+                     time="10", stop="stop_signal: SIGUSR1\nstop_grace: 30\n")  # fmt: skip
+    job_id, slurm_job = _submit(state, runs, recipe)
+    names = [node.name for node in state.nodes]
+    up = lambda: all("starts at step" in log_text(runs, job_id, n) for n in names)  # noqa: E731
+    assert wait_for(up, 180), _output(runs, job_id)[-4000:]
+    # Slurm's warning (what `#SBATCH --signal=B:USR1@...` sends) to orch's batch shell.
+    warned = _slurm(state, "scancel", "--batch", "--signal=USR1", slurm_job)
+    assert warned.returncode == 0, warned.stderr
+    _started_again(state, runs, job_id, slurm_job)
+    record = _succeeded(runs, job_id)
+    text = _output(runs, job_id)
+    assert "rank 0 requeued Slurm job" in text or "rank 0 requeued Slurm job" in (
+        runs / job_id / "attempts" / "1" / "logs" / f"{names[0]}.log").read_text()
+    assert "requeue: Slurm has requeued the job already (the script's own `scontrol requeue`" \
+        in text  # fmt: skip
+    first, second = record["attempts"]
+    assert "not requeued a second time" in first["cause"]["decision"]
+    assert second["allocation"] == 2
+    saved = json.loads((tmp_path / "step.json").read_text())["step"]
+    assert _resumed_at(runs, job_id, names[0]) == f"restart 1 starts at step {saved}"
+    assert _restarts(state, slurm_job) == 1  # once: by the script, not again by orch
