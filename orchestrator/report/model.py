@@ -13,10 +13,7 @@ from orchestrator.outcome.rank_ends import Role
 from orchestrator.records.job import AttemptRecord, EnvironmentRecord, RankRecord
 from orchestrator.records.moments import Moment
 from orchestrator.report.checkpoints import CheckpointsView
-from orchestrator.report.clock import since
 from orchestrator.stacks.fold import rank_ranges
-
-__all__ = ["since"]  # model.since: where the page's modules have always found it
 
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
 # read by nobody.

@@ -1,8 +1,9 @@
 """The report's model from a run directory's files: job.json, the moments and progress
 samples kept as the job ran (moments.jsonl, progress.jsonl), the pre-flight's report
 (preflight.json), the stacks and profiles kept (stacks/), the tail of each node's log and
-the raw logs pulled back (nodes/). Reads only; a part that cannot be read is named in the
-page rather than failing it (only an unreadable job.json does)."""
+the raw logs pulled back (nodes/), the job's checkpoints (checkpoints.json). Reads only; a
+part that cannot be read is named in the page rather than failing it (only an unreadable
+job.json does)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from orchestrator.records.job import RankRecord
 from orchestrator.records.moments import MomentKind
 from orchestrator.report.checkpoints import Mark as CheckpointMark
 from orchestrator.report.checkpoints import lane_marks
-from orchestrator.report.model import OPEN_NODES_UP_TO, NodeRow, ReportModel, how, since
+from orchestrator.report.clock import since
+from orchestrator.report.model import OPEN_NODES_UP_TO, NodeRow, ReportModel, how
 
 LABEL_W = 170  # the names' column
 PLOT_W = 880
