@@ -39,7 +39,7 @@ def entry(name: str, seen: float, complete: float | None, nodes: int = 2, *,
     done = complete if gone is None else None
     return CheckpointEntry(name, "dir", seen, done, how, 64 * MIB * nodes,
                            shards(name, nodes, holders=complete is not None and gone is None),
-                           gone, attempt, completed_at=complete)  # fmt: skip
+                           gone, attempt, completions=(complete,) if complete else ())  # fmt: skip
 
 
 def checkpoints_record(nodes: int = 2) -> CheckpointsRecord:

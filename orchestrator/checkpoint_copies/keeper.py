@@ -75,9 +75,10 @@ class CheckpointKeeper:
         self._warned: set[str] = set()
         self.holding: dict[tuple[str, str], set[str]] = {}  # (entry, writer) -> copy holders
         self.before: set[str] = set()  # entries in PATH before the job: never set aside
-        # When each entry was last found complete: the watch forgets it once the writer
-        # deletes the entry or writes it again, the job's page still places it by it.
-        self.completed: dict[str, float] = {}
+        # Each time each entry was found complete: the watch knows only the latest, and
+        # forgets it once the writer deletes the entry or writes it again; the job's page
+        # marks every save.
+        self.completions: dict[str, list[float]] = {}
 
     # -- before the first attempt -------------------------------------------------------
     def check(self, hosts: Sequence[str]) -> bool:
@@ -331,8 +332,7 @@ class CheckpointKeeper:
         made it (the next round writes it)."""
         with self._lock:
             for checkpoint in self.watched.checkpoints.values():
-                if checkpoint.complete_at is not None:
-                    self.completed[checkpoint.name] = checkpoint.complete_at
+                self._note_completion(checkpoint)
             entries = tuple(self._entry(c) for c in self.watched.checkpoints.values())
             self.record = replace(self.record, checkpoints=entries)
             with contextlib.suppress(FileNotFoundError):
@@ -352,16 +352,19 @@ class CheckpointKeeper:
             complete_at=checkpoint.complete_at, how=checkpoint.how, size=checkpoint.size,
             parts=tuple(parts), gone_at=checkpoint.changed_at if checkpoint.gone else None,
             attempt=self.first_seen_attempt.get(checkpoint.name, 1),
-            completed_at=self._completed_at(checkpoint),
+            completions=self._completions(checkpoint),
         )  # fmt: skip
 
-    def _completed_at(self, checkpoint: Checkpoint) -> float | None:
-        """When the entry last became complete; a time from before it was first seen is an
-        earlier entry's of the same name (deleted, then written anew): not this one's."""
-        if checkpoint.complete_at is not None:
-            return checkpoint.complete_at
-        at = self.completed.get(checkpoint.name)
-        return at if at is not None and at >= checkpoint.first_seen else None
+    def _note_completion(self, checkpoint: Checkpoint) -> None:
+        seen = self.completions.setdefault(checkpoint.name, [])
+        if checkpoint.complete_at is not None and checkpoint.complete_at not in seen[-1:]:
+            seen.append(checkpoint.complete_at)
+
+    def _completions(self, checkpoint: Checkpoint) -> tuple[float, ...]:
+        """When the entry became complete, each time; a time from before it was first seen
+        is an earlier entry's of the same name (deleted, then written anew): not this one's."""
+        return tuple(t for t in self.completions.get(checkpoint.name, ())
+                     if t >= checkpoint.first_seen)  # fmt: skip
 
 
 def _answered(found: Mapping[str, NodeResult[NodeScan]]) -> dict[str, NodeScan]:

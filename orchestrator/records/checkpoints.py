@@ -75,9 +75,10 @@ class CheckpointEntry:
     or "dir"; `complete_at`: when it was found complete (None: not yet), `how`: by what
     (a framework's marker, or quiet for the settle time on every node); `size`: its bytes,
     every part together; `gone_at`: when its writer deleted it (its copies went too);
-    `attempt`: the attempt that wrote it (1: the first); `completed_at`: when it was last
-    found complete, kept once its writer deletes it or writes it again (`complete_at` is
-    then None), so that the job's page can still place it; None: never complete."""
+    `attempt`: the attempt that wrote it (1: the first); `completions`: each time it was
+    found complete, oldest first: a name the job saves again and again (`last.pt`) became
+    complete at each save, and the times stay once the writer deletes it or writes it again
+    (`complete_at` is then None), so that the job's page can place each save."""
 
     name: str
     kind: str
@@ -88,7 +89,7 @@ class CheckpointEntry:
     parts: tuple[PartRecord, ...]
     gone_at: float | None
     attempt: int
-    completed_at: float | None = None
+    completions: tuple[float, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -97,7 +98,9 @@ class CheckpointEntry:
     @property
     def became_complete(self) -> float | None:
         """When it became complete, whatever became of it since; None: never."""
-        return self.complete_at if self.complete_at is not None else self.completed_at
+        if self.complete_at is not None:
+            return self.complete_at
+        return self.completions[-1] if self.completions else None
 
     @property
     def writers(self) -> tuple[str, ...]:
@@ -112,7 +115,7 @@ class CheckpointEntry:
         return {"name": self.name, "kind": self.kind, "first_seen": self.first_seen,
                 "complete_at": self.complete_at, "how": self.how, "size": self.size,
                 "parts": [part.to_dict() for part in self.parts], "gone_at": self.gone_at,
-                "attempt": self.attempt, "completed_at": self.completed_at}  # fmt: skip
+                "attempt": self.attempt, "completions": list(self.completions)}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Any) -> CheckpointEntry:
@@ -125,9 +128,9 @@ class CheckpointEntry:
             complete_at=complete_at, how=_text(data, "how"),
             size=_count(data, "size"), parts=_items(data, "parts", PartRecord.from_dict),
             gone_at=_time_or_none(data, "gone_at"), attempt=_count(data, "attempt"),
-            # A record written before orch kept it: what complete_at says.
-            completed_at=_time_or_none(data, "completed_at")
-            if _has(data, "completed_at") else complete_at,
+            # A record written before orch kept them: what complete_at says.
+            completions=_times(data, "completions") if _has(data, "completions")
+            else (() if complete_at is None else (complete_at,)),
         )  # fmt: skip
 
 
@@ -344,6 +347,14 @@ def _time(data: Any, key: str) -> float:
 def _time_or_none(data: Any, key: str) -> float | None:
     value = _field(data, key, (int, float, type(None)))
     return None if value is None else float(value)
+
+
+def _times(data: Any, key: str) -> tuple[float, ...]:
+    items = _field(data, key, list)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise _Malformed(f"{key!r} holds {item!r}, not a time")
+    return tuple(float(item) for item in items)
 
 
 def _texts(data: Any, key: str) -> tuple[str, ...]:

@@ -19,23 +19,33 @@ from orchestrator.specs.units import format_bytes
 ROWS_SHOWN = 20  # the table's newest checkpoints; `orch checkpoints JOB` lists every one
 CLUSTER_PX = 7  # marks closer than this on the timeline fold into one
 CHAR_PX = 6.2  # a label's width per character at the timeline's 11px font
-NAMES_IN_TITLE = 6  # a folded mark's tooltip names this many of its checkpoints
+NAMES_IN_TITLE = 6  # a folded mark's tooltip names this many of its checkpoints' names
 
 
 @dataclass(frozen=True)
 class CheckpointRow:
-    """One checkpoint as the page shows it. `state`: complete, incomplete or deleted;
-    `at`: where the timeline marks it (when it became complete, else first seen)."""
+    """One checkpoint as the page's table shows it. `state`: complete, incomplete or
+    deleted; `at`: when it last became complete, and how many saves made it so."""
 
     name: str
     size: str
     state: str
     complete: str  # "yes (deepspeed latest)", "no: <why not yet>", "deleted by its writer"
-    at: float
-    became_complete: float | None
+    at: str  # "+12.3s", "+80.0s (3 saves)", "-"
     writers: str
     holders: str
     attempt: int
+
+
+@dataclass(frozen=True)
+class Point:
+    """A moment of one checkpoint that the timeline marks: each save that made it complete
+    (a name saved again and again has several), or when it was first seen if it never was.
+    `kind`: complete, incomplete or deleted."""
+
+    t: float
+    kind: str
+    name: str
     title: str
 
 
@@ -58,6 +68,7 @@ class CheckpointsView:
     summary: str  # how many, the newest complete, the bytes copied
     rows: tuple[CheckpointRow, ...]  # every checkpoint, oldest first
     restores: tuple[RestoreRow, ...]
+    points: tuple[Point, ...] = ()  # every checkpoint's moments on the timeline
     problem: str | None = None  # the record could not be read: why
 
     @property
@@ -69,19 +80,20 @@ class CheckpointsView:
     @property
     def times(self) -> tuple[float, ...]:
         """Every moment the timeline marks: its bounds must hold them."""
-        return (*(row.at for row in self.rows), *(restore.at for restore in self.restores))
+        return (*(point.t for point in self.points), *(r.at for r in self.restores))
 
 
 def unreadable(problem: str) -> CheckpointsView:
     """The page of a job whose record of checkpoints cannot be read says so, and goes on."""
-    return CheckpointsView("", "", "", "", (), (), problem)
+    return CheckpointsView("", "", "", "", (), (), problem=problem)
 
 
 def checkpoints_view(record: CheckpointsRecord, start: float | None) -> CheckpointsView:
-    rows = tuple(_row(entry, record, start) for entry in record.checkpoints)
+    rows = tuple(_row(entry, start) for entry in record.checkpoints)
+    points = tuple(p for entry in record.checkpoints for p in _points(entry, record, start))
     restores = tuple(_restore(restore) for restore in record.restores)
     return CheckpointsView(record.dir, record.settings_words, record.sharing_words,
-                           summary(record), rows, restores)  # fmt: skip
+                           summary(record), rows, restores, points)  # fmt: skip
 
 
 def summary(record: CheckpointsRecord) -> str:
@@ -108,17 +120,17 @@ def newest_complete(entries: Sequence[CheckpointEntry]) -> CheckpointEntry | Non
     return max(complete, key=lambda e: e.complete_at or 0.0) if complete else None
 
 
-def _row(entry: CheckpointEntry, record: CheckpointsRecord, start: float | None) -> CheckpointRow:
+def _row(entry: CheckpointEntry, start: float | None) -> CheckpointRow:
     state, complete = _state(entry, start)
-    writers = _nodes(entry.writers) or "-"
-    name = entry.name + ("/" if entry.kind == "dir" else "")
-    became = entry.became_complete
-    title = (f"{name}: {format_bytes(entry.size)}; {_when(entry, start)}; written by "
-             f"{writers}; {_copies(entry, record)}")  # fmt: skip
-    return CheckpointRow(name, format_bytes(entry.size), state, complete,
-                         became if became is not None else entry.first_seen, became,
-                         writers, _nodes(entry.holders) or "-", entry.attempt,
-                         title)  # fmt: skip
+    saves = len(_saves(entry))
+    at = since(start, entry.became_complete) + (f" ({saves} saves)" if saves > 1 else "")
+    return CheckpointRow(_shown_name(entry), format_bytes(entry.size), state, complete, at,
+                         _nodes(entry.writers) or "-", _nodes(entry.holders) or "-",
+                         entry.attempt)  # fmt: skip
+
+
+def _shown_name(entry: CheckpointEntry) -> str:
+    return entry.name + ("/" if entry.kind == "dir" else "")
 
 
 def _state(entry: CheckpointEntry, start: float | None) -> tuple[str, str]:
@@ -130,16 +142,52 @@ def _state(entry: CheckpointEntry, start: float | None) -> tuple[str, str]:
     return "incomplete", f"no: {entry.how}" if entry.how else "no"
 
 
-def _when(entry: CheckpointEntry, start: float | None) -> str:
-    """The tooltip's words for when it was complete, and what became of it."""
-    became = entry.became_complete
+def _saves(entry: CheckpointEntry) -> tuple[float, ...]:
+    """Each time it became complete (a record may name the last only in complete_at)."""
+    last = entry.complete_at
+    return entry.completions + ((last,) if last is not None and last not in entry.completions
+                                else ())  # fmt: skip
+
+
+def _points(entry: CheckpointEntry, record: CheckpointsRecord,
+            start: float | None) -> list[Point]:  # fmt: skip
+    """Where the timeline marks the checkpoint: at each save that made it complete; at
+    when it was first seen if none did."""
+    head = f"{_shown_name(entry)}: {format_bytes(entry.size)}"
+    writers = f"written by {_nodes(entry.writers) or '-'}"
+    saves = _saves(entry)
+    if not saves:
+        state = "deleted" if entry.gone_at is not None else "incomplete"
+        title = f"{head}; {_never(entry, start)}; {writers}; {_copies(entry, record)}"
+        return [Point(entry.first_seen, state, entry.name, title)]
+    points = []
+    for index, t in enumerate(saves):
+        which = f" (save {index + 1} of {len(saves)})" if len(saves) > 1 else ""
+        done = f"complete {since(start, t)}{which}"
+        if index + 1 < len(saves):  # saved again since: its copies are of the later save
+            points.append(Point(t, "complete", entry.name, f"{head}; {done}; {writers}"))
+            continue
+        kind = "deleted" if entry.gone_at is not None else "complete"
+        title = f"{head}; {done}{_since(entry, start)}; {writers}; {_copies(entry, record)}"
+        points.append(Point(t, kind, entry.name, title))
+    return points
+
+
+def _never(entry: CheckpointEntry, start: float | None) -> str:
+    """The tooltip's words for a checkpoint that was never complete."""
     if entry.gone_at is not None:
-        done = f"complete {since(start, became)}, " if became is not None else ""
-        return f"{done}deleted by its writer {since(start, entry.gone_at)} (its copies too)"
-    if became is not None:
-        return f"complete {since(start, became)}" + (f" ({entry.how})" if entry.how else "")
+        return f"deleted by its writer {since(start, entry.gone_at)}, never complete"
     why = f": {entry.how}" if entry.how else ""
     return f"NOT complete (first seen {since(start, entry.first_seen)}){why}"
+
+
+def _since(entry: CheckpointEntry, start: float | None) -> str:
+    """What became of its last save: deleted, written again, or complete still (how)."""
+    if entry.gone_at is not None:
+        return f", deleted by its writer {since(start, entry.gone_at)} (its copies too)"
+    if entry.complete_at is None:
+        return f"; being written again, NOT complete now: {entry.how or 'changed'}"
+    return f" ({entry.how})" if entry.how else ""
 
 
 def _copies(entry: CheckpointEntry, record: CheckpointsRecord) -> str:
@@ -186,7 +234,7 @@ def lane_marks(view: CheckpointsView, x: Callable[[float], float], start: float 
                left: float, right: float) -> tuple[Mark, ...]:  # fmt: skip
     """Every checkpoint and restore as a mark at its x, close ones folded, labels placed
     left to right where they do not overlap (between `left` and `right`)."""
-    marks = _folded([(x(row.at), row) for row in view.rows], start)
+    marks = _folded([(x(point.t), point) for point in view.points], start)
     marks += [_restored(restore, x(restore.at), start) for restore in view.restores]
     labelled = _labelled(sorted(marks, key=lambda mark: mark.x), left, right)
     # Restores drawn last, over any checkpoint at the same place: what a restart resumed
@@ -194,8 +242,8 @@ def lane_marks(view: CheckpointsView, x: Callable[[float], float], start: float 
     return tuple(sorted(labelled, key=lambda mark: mark.kind == "restore"))
 
 
-def _folded(placed: list[tuple[float, CheckpointRow]], start: float | None) -> list[Mark]:
-    groups: list[list[tuple[float, CheckpointRow]]] = []
+def _folded(placed: list[tuple[float, Point]], start: float | None) -> list[Mark]:
+    groups: list[list[tuple[float, Point]]] = []
     for item in sorted(placed, key=lambda pair: pair[0]):
         if groups and item[0] - groups[-1][0][0] < CLUSTER_PX:
             groups[-1].append(item)
@@ -204,19 +252,20 @@ def _folded(placed: list[tuple[float, CheckpointRow]], start: float | None) -> l
     return [_one(group[0]) if len(group) == 1 else _many(group, start) for group in groups]
 
 
-def _one(placed: tuple[float, CheckpointRow]) -> Mark:
-    x, row = placed
-    return Mark(x, row.state, 1, row.name.rstrip("/"), row.title)
+def _one(placed: tuple[float, Point]) -> Mark:
+    x, point = placed
+    return Mark(x, point.kind, 1, point.name, point.title)
 
 
-def _many(group: list[tuple[float, CheckpointRow]], start: float | None) -> Mark:
-    rows = [row for _x, row in group]
-    names = ", ".join(row.name for row in rows[:NAMES_IN_TITLE])
-    more = f" and {len(rows) - NAMES_IN_TITLE} more" if len(rows) > NAMES_IN_TITLE else ""
-    complete = sum(row.state == "complete" for row in rows)
-    title = (f"{len(rows)} checkpoints {since(start, rows[0].at)} to "
-             f"{since(start, rows[-1].at)}, {complete} complete: {names}{more}")  # fmt: skip
-    return Mark(group[0][0], "folded", len(rows), f"{len(rows)} checkpoints", title)
+def _many(group: list[tuple[float, Point]], start: float | None) -> Mark:
+    points = [point for _x, point in group]
+    names = list(dict.fromkeys(point.name for point in points))  # a name saved twice: once
+    more = len(names) - NAMES_IN_TITLE
+    said = ", ".join(names[:NAMES_IN_TITLE]) + (f" and {more} more" if more > 0 else "")
+    complete = sum(point.kind == "complete" for point in points)
+    title = (f"{len(points)} checkpoints {since(start, points[0].t)} to "
+             f"{since(start, points[-1].t)}, {complete} complete: {said}")  # fmt: skip
+    return Mark(group[0][0], "folded", len(points), f"{len(points)} checkpoints", title)
 
 
 def _restored(restore: RestoreRow, x: float, start: float | None) -> Mark:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _checkpoint_scans import PATH, dir_entry, pointer, scan, scans
+from _checkpoint_scans import PATH, dir_entry, file_entry, pointer, scan, scans
 
 from orchestrator.checkpoint_copies.keeper import SETTLE_S, CheckpointKeeper
 from orchestrator.checkpoint_copies.nodes import CheckpointNodes
@@ -51,8 +51,8 @@ def test_a_checkpoint_deleted_by_its_writer_keeps_when_it_became_complete(tmp_pa
                      (110.0, _written(1, 2)), (115.0, _written(2)))  # fmt: skip
     deleted, kept = entries["global_step1"], entries["global_step2"]
     assert (deleted.complete_at, deleted.gone_at) == (None, 115.0)
-    assert deleted.completed_at == 100.0 and deleted.became_complete == 100.0
-    assert (kept.complete_at, kept.completed_at) == (110.0, 110.0)
+    assert deleted.completions == (100.0,) and deleted.became_complete == 100.0
+    assert (kept.complete_at, kept.completions) == (110.0, (110.0,))
 
 
 def test_a_name_written_again_is_not_placed_by_the_deleted_ones_time(tmp_path: Path):
@@ -61,4 +61,20 @@ def test_a_name_written_again_is_not_placed_by_the_deleted_ones_time(tmp_path: P
                      (120.0, scans(*(scan(node, dir_entry("global_step1", {"x": 1}))
                                      for node in NODES))))  # fmt: skip
     again = entries["global_step1"]
-    assert (again.first_seen, again.complete_at, again.completed_at) == (120.0, None, None)
+    assert (again.first_seen, again.complete_at, again.completions) == (120.0, None, ())
+
+
+def test_a_name_saved_again_and_again_keeps_each_time_it_became_complete(tmp_path: Path):
+    """`last.pt` written in place at each save: complete once quiet, changed, complete
+    again; each save's time stays, the last one's too while it is written again."""
+    keeper = _keeper(tmp_path)
+
+    def saved(size: int) -> dict[str, NodeScan]:
+        return scans(scan("n1", file_entry("last.pt", size, mtime=size)), scan("n2"))
+
+    entries = _after(keeper, (100.0, saved(1)), (105.0, saved(1)), (125.0, saved(1)),
+                     (130.0, saved(2)), (135.0, saved(2)), (155.0, saved(2)),
+                     (160.0, saved(3)))  # fmt: skip
+    last = entries["last.pt"]
+    assert last.complete_at is None and len(last.completions) == 2
+    assert last.completions[0] < 130.0 <= last.completions[1] < 160.0

@@ -67,23 +67,23 @@ def test_a_record_is_read_back_as_it_was_written(tmp_path: Path) -> None:
     assert RECORD.restores[0].received_bytes == 2128
 
 
-def test_a_checkpoint_the_writer_deleted_keeps_when_it_was_complete() -> None:
+def test_a_checkpoint_keeps_each_time_it_became_complete_after_its_writer_deletes_it():
     gone = CheckpointEntry("model.pt", "file", 500.0, None, "deleted", 9, (), 900.0, 1,
-                           completed_at=560.0)  # fmt: skip
-    assert not gone.complete and gone.became_complete == 560.0
+                           completions=(560.0, 700.0))  # fmt: skip
+    assert not gone.complete and gone.became_complete == 700.0
     assert CheckpointEntry.from_dict(gone.to_dict()) == gone
 
 
 def test_a_record_written_before_the_newer_fields_reads_as_it_did(tmp_path: Path) -> None:
-    """completed_at, a restore's failed and set_aside came later: a record without them
-    reads, completed_at taken from complete_at, the others empty."""
+    """completions, a restore's failed and set_aside came later: a record without them
+    reads, completions taken from complete_at, the others empty."""
     data = json.loads(json.dumps(RECORD.to_dict()))
     for entry in data["checkpoints"]:
-        del entry["completed_at"]
+        del entry["completions"]
     for restore in data["restores"]:
         del restore["failed"], restore["set_aside"]
     old = CheckpointsRecord.from_dict(data)
-    assert [e.completed_at for e in old.checkpoints] == [1030.5, None, 560.0]
+    assert [e.completions for e in old.checkpoints] == [(1030.5,), (), (560.0,)]
     assert all(r.failed == {} and r.set_aside == () for r in old.restores)
     assert old.restores[1].sentence == (
         "attempt 3 starts from scratch: no copy of any complete checkpoint survived")
@@ -115,7 +115,9 @@ def test_a_job_without_checkpoints_has_no_record(tmp_path: Path) -> None:
      (lambda d: d["restores"][0].update(nodes=[]), "'nodes' is list"),
      (lambda d: d["restores"][0].update(skipped=[3]), "'skipped' holds 3, not a name"),
      (lambda d: d["restores"][2].update(failed={"n4": 1}), "a staging failure 1, not words"),
-     (lambda d: d["checkpoints"][0].update(completed_at="x"), "'completed_at' is str"),
+     (lambda d: d["checkpoints"][0].update(completions="x"), "'completions' is str"),
+     (lambda d: d["checkpoints"][0].update(completions=[True]),
+      "'completions' holds True, not a time"),
      (lambda d: d.update(checkpoints={}), "'checkpoints' is dict")],
 )  # fmt: skip
 def test_a_malformed_record_is_refused_naming_the_file(tmp_path: Path, change, said) -> None:

@@ -186,4 +186,28 @@ def test_marks_closer_than_a_few_pixels_fold_into_one():
     marks = lane_marks(view, lambda t: round(LABEL_W + (t - T0) * 0.1, 1), T0, LABEL_W, WIDTH)
     [together] = [mark for mark in marks if mark.kind != "restore"]
     assert together.count == 4 and together.label == "4 checkpoints"
-    assert together.title.startswith("4 checkpoints +3.0s to +11.0s, 2 complete: global_step2/")
+    assert together.title == ("4 checkpoints +3.0s to +11.0s, 2 complete: global_step2, "
+                              "global_step5, global_step8, global_step11")
+
+
+def test_a_name_saved_again_and_again_is_marked_at_each_save(tmp_path):
+    """`last.pt` saved in place three times: a mark at each save, the last one being
+    written again when the job ended; the table says how many saves made it complete."""
+    record = checkpoints_record()
+    saves = (T0 + 2.0, T0 + 6.0, T0 + 10.0)
+    last = replace(entry("last.pt", T0 + 1.0, None, how="changed 2 s ago"), kind="file",
+                   completions=saves)  # fmt: skip
+    run = with_checkpoints(failed_job(tmp_path / "runs"),
+                           replace(record, checkpoints=(last,), restores=()))  # fmt: skip
+    model = build_report(run.path)
+    drawn = timeline(model)
+    assert drawn is not None and model.start is not None
+    marks = [mark for mark in drawn.checkpoints if mark.label == "last.pt"]
+    assert [mark.kind for mark in marks] == ["complete"] * 3
+    assert [mark.title.split("; ")[1] for mark in marks] == [
+        f"complete {since(model.start, t)} (save {i} of 3)" for i, t in enumerate(saves, 1)]
+    assert marks[-1].title.endswith("being written again, NOT complete now: changed 2 s ago; "
+                                    "written by n[1-2]; no copy on another node")  # fmt: skip
+    [row] = model.checkpoints.rows  # type: ignore[union-attr]
+    assert row.at == f"{since(model.start, saves[-1])} (3 saves)"
+    assert row.complete == "no: changed 2 s ago"
