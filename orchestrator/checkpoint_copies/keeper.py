@@ -356,9 +356,14 @@ class CheckpointKeeper:
         )  # fmt: skip
 
     def _note_completion(self, checkpoint: Checkpoint) -> None:
+        """A new time the entry became complete, unless it is the copy a restart staged
+        settling on its nodes: that is no save of the job's."""
         seen = self.completions.setdefault(checkpoint.name, [])
-        if checkpoint.complete_at is not None and checkpoint.complete_at not in seen[-1:]:
-            seen.append(checkpoint.complete_at)
+        if checkpoint.complete_at is None or checkpoint.complete_at in seen[-1:]:
+            return
+        if checkpoint.name in self.restored and self._as_restored(checkpoint):
+            return
+        seen.append(checkpoint.complete_at)
 
     def _completions(self, checkpoint: Checkpoint) -> tuple[float, ...]:
         """When the entry became complete, each time; a time from before it was first seen

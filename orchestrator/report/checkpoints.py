@@ -93,10 +93,10 @@ def checkpoints_view(record: CheckpointsRecord, start: float | None) -> Checkpoi
     points = tuple(p for entry in record.checkpoints for p in _points(entry, record, start))
     restores = tuple(_restore(restore) for restore in record.restores)
     return CheckpointsView(record.dir, record.settings_words, record.sharing_words,
-                           summary(record), rows, restores, points)  # fmt: skip
+                           summary(record, start), rows, restores, points)  # fmt: skip
 
 
-def summary(record: CheckpointsRecord) -> str:
+def summary(record: CheckpointsRecord, start: float | None = None) -> str:
     """`3 checkpoints (2 complete, 1 deleted by its writer); the newest complete:
     global_step200 (3.0 GiB); 6.0 GiB copied between nodes`."""
     entries = record.checkpoints
@@ -109,10 +109,21 @@ def summary(record: CheckpointsRecord) -> str:
     plural = "checkpoint" if len(entries) == 1 else "checkpoints"
     newest = newest_complete(entries)
     latest = (f"the newest complete: {newest.name} ({format_bytes(newest.size)})"
-              if newest is not None else "none complete")  # fmt: skip
+              if newest is not None else _none_complete(entries, start))  # fmt: skip
     copied = ("nothing copied (every node sees the directory)" if record.shared
               else f"{format_bytes(record.copied_bytes)} copied between nodes")  # fmt: skip
     return f"{len(entries)} {plural} ({said}); {latest}; {copied}"
+
+
+def _none_complete(entries: Sequence[CheckpointEntry], start: float | None) -> str:
+    """None complete now; the one last complete, when the job is writing it again (a name
+    saved in place: the job may well have ended in the middle of its last save)."""
+    again = [e for e in entries if e.gone_at is None and e.became_complete is not None]
+    if not again:
+        return "none complete"
+    last = max(again, key=lambda e: e.became_complete or 0.0)
+    return (f"none complete now ({last.name} was complete {since(start, last.became_complete)}"
+            ", then written again)")
 
 
 def newest_complete(entries: Sequence[CheckpointEntry]) -> CheckpointEntry | None:

@@ -78,3 +78,21 @@ def test_a_name_saved_again_and_again_keeps_each_time_it_became_complete(tmp_pat
     last = entries["last.pt"]
     assert last.complete_at is None and len(last.completions) == 2
     assert last.completions[0] < 130.0 <= last.completions[1] < 160.0
+
+
+def test_the_copy_a_restart_staged_settling_is_no_save(tmp_path: Path):
+    """After a restart staged last.pt on every node, the watch finds it complete again once
+    quiet there: that is the staged copy, not a save of the job's; the job's next save is."""
+    keeper = _keeper(tmp_path)
+
+    def on(nodes: tuple[str, ...], size: int) -> dict[str, NodeScan]:
+        return scans(*(scan(node, file_entry("last.pt", size, mtime=size)) for node in nodes))
+
+    _after(keeper, (100.0, on(("n1",), 1)), (105.0, on(("n1",), 1)), (125.0, on(("n1",), 1)))
+    keeper.restored["last.pt"] = None  # as restore() leaves it once staged on every node
+    staged = _after(keeper, (200.0, on(NODES, 1)), (205.0, on(NODES, 1)),
+                    (225.0, on(NODES, 1)))["last.pt"]  # fmt: skip
+    assert staged.complete_at is not None and len(staged.completions) == 1
+    saved = _after(keeper, (300.0, on(NODES, 2)), (305.0, on(NODES, 2)),
+                   (325.0, on(NODES, 2)))["last.pt"]  # fmt: skip
+    assert len(saved.completions) == 2 and saved.completions[1] >= 300.0

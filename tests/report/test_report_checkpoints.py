@@ -211,3 +211,6 @@ def test_a_name_saved_again_and_again_is_marked_at_each_save(tmp_path):
     [row] = model.checkpoints.rows  # type: ignore[union-attr]
     assert row.at == f"{since(model.start, saves[-1])} (3 saves)"
     assert row.complete == "no: changed 2 s ago"
+    assert model.checkpoints.summary.startswith(  # type: ignore[union-attr]
+        f"1 checkpoint (1 not complete); none complete now (last.pt was complete "
+        f"{since(model.start, saves[-1])}, then written again)")  # fmt: skip
