@@ -247,10 +247,9 @@ def lane_marks(view: CheckpointsView, x: Callable[[float], float], start: float 
     left to right where they do not overlap (between `left` and `right`)."""
     marks = _folded([(x(point.t), point) for point in view.points], start)
     marks += [_restored(restore, x(restore.at), start) for restore in view.restores]
-    labelled = _labelled(sorted(marks, key=lambda mark: mark.x), left, right)
-    # Restores drawn last, over any checkpoint at the same place: what a restart resumed
-    # from is what the lane is read for.
-    return tuple(sorted(labelled, key=lambda mark: mark.kind == "restore"))
+    # Restores drawn last, over any checkpoint at the same place.
+    return tuple(sorted(_labelled(marks, left, right),
+                        key=lambda mark: (mark.kind == "restore", mark.x)))
 
 
 def _folded(placed: list[tuple[float, Point]], start: float | None) -> list[Mark]:
@@ -286,15 +285,15 @@ def _restored(restore: RestoreRow, x: float, start: float | None) -> Mark:
 
 def _labelled(marks: list[Mark], left: float, right: float) -> tuple[Mark, ...]:
     """Each label centred on its mark, moved inside [left, right], dropped where it would
-    overlap the one before: the tooltip still names it."""
+    overlap one placed already: the tooltip still names it. Restores are placed first:
+    what a restart resumed from is what the lane is read for."""
+    taken: list[tuple[float, float]] = []
     placed: list[Mark] = []
-    end = left - 1.0
-    for mark in marks:
+    for mark in sorted(marks, key=lambda m: (m.kind != "restore", m.x)):
         width = CHAR_PX * len(mark.label)
         at = min(max(mark.x - width / 2, left), right - width)
-        if at > end + 4:
-            placed.append(replace(mark, label_x=round(at, 1)))
-            end = at + width
-        else:
-            placed.append(mark)
+        if all(at > end + 4 or at + width + 4 < begin for begin, end in taken):
+            taken.append((at, at + width))
+            mark = replace(mark, label_x=round(at, 1))
+        placed.append(mark)
     return tuple(placed)

@@ -214,3 +214,14 @@ def test_a_name_saved_again_and_again_is_marked_at_each_save(tmp_path):
     assert model.checkpoints.summary.startswith(  # type: ignore[union-attr]
         f"1 checkpoint (1 not complete); none complete now (last.pt was complete "
         f"{since(model.start, saves[-1])}, then written again)")  # fmt: skip
+
+
+def test_a_restarts_label_wins_over_a_checkpoint_it_would_overlap():
+    record = checkpoints_record()
+    near = replace(record, checkpoints=record.checkpoints[2:3],
+                   restores=(replace(record.restores[0], at=T0 + 9.0),))  # fmt: skip
+    view = checkpoints_view(near, T0)
+    marks = lane_marks(view, lambda t: round(LABEL_W + (t - T0) * 10, 1), T0, LABEL_W, WIDTH)
+    assert [(mark.kind, mark.label_x is not None) for mark in marks] == [
+        ("complete", False), ("restore", True)]  # fmt: skip
+    assert marks[0].title.startswith(f"{NEWEST}/")  # still named, in its tooltip
