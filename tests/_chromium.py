@@ -115,3 +115,62 @@ def png_pixels(path: Path) -> tuple[int, int, bytes]:
             idat += data[offset + 8 : offset + 8 + length]
         offset += 12 + length
     return width, height, zlib.decompress(idat)
+
+
+def png_rows(path: Path, upto: int | None = None) -> tuple[int, int, list[bytes]]:
+    """A PNG's width, height and its first `upto` rows of pixels (all by default),
+    unfiltered, as RGB triples (8 bits a channel, RGB or RGBA, not interlaced: what
+    Chromium's screenshots are), so that a test can find where a colour is drawn."""
+    width, height, raw = png_pixels(path)
+    data = path.read_bytes()
+    depth, colour = data[24], data[25]
+    assert depth == 8 and colour in (2, 6), f"a PNG of depth {depth}, colour type {colour}"
+    step = 3 if colour == 2 else 4
+    stride = width * step
+    rows: list[bytes] = []
+    previous = bytes(stride)
+    for y in range(min(height, upto or height)):
+        start = y * (stride + 1)
+        line = _unfiltered(raw[start], raw[start + 1 : start + 1 + stride], previous, step)
+        rows.append(line if step == 3
+                    else b"".join(line[i : i + 3] for i in range(0, stride, 4)))  # fmt: skip
+        previous = line
+    return width, height, rows
+
+
+def _unfiltered(kind: int, line: bytes, up: bytes, step: int) -> bytes:
+    """One scanline with its PNG filter undone (RFC 2083, 6.6)."""
+    if kind == 0:
+        return line
+    if kind == 2:
+        return bytes([(a + b) & 0xFF for a, b in zip(line, up, strict=True)])
+    out = bytearray(line)
+    for i in range(len(out)):
+        left = out[i - step] if i >= step else 0
+        corner = up[i - step] if i >= step else 0
+        out[i] = (out[i] + _predict(kind, left, up[i], corner)) & 0xFF
+    return bytes(out)
+
+
+def _predict(kind: int, left: int, up: int, corner: int) -> int:
+    """The filter's prediction of a byte from its neighbours: Sub, Average or Paeth."""
+    if kind == 1:
+        return left
+    if kind == 3:
+        return (left + up) // 2
+    guess = left + up - corner
+    near = min((abs(guess - left), 0), (abs(guess - up), 1), (abs(guess - corner), 2))[1]
+    return (left, up, corner)[near]
+
+
+def colour_at(rows: list[bytes], colour: str) -> list[tuple[int, int]]:
+    """Every (x, y) where the pixel is exactly `colour` ("#2b8a3e")."""
+    want = bytes.fromhex(colour.removeprefix("#"))
+    found = []
+    for y, row in enumerate(rows):
+        at = row.find(want)
+        while at != -1:
+            if at % 3 == 0:
+                found.append((at // 3, y))
+            at = row.find(want, at + 1)
+    return found

@@ -39,6 +39,7 @@ from orchestrator.checkpoints.complete import (
 )
 from orchestrator.checkpoints.model import FileCopy, NodeScan, part_size, signature
 from orchestrator.checkpoints.placement import copy_orders, prune_orders
+from orchestrator.checkpoints.resumed import NO_COPY_YET
 from orchestrator.checkpoints.staging import KnownCheckpoint, Restore, choose_restore, sources
 from orchestrator.errors import PreflightFailed
 from orchestrator.pernode import NodeResult, for_each_node, succeeded
@@ -81,6 +82,10 @@ class CheckpointKeeper:
         self._warned: set[str] = set()
         self.holding: dict[tuple[str, str], set[str]] = {}  # (entry, writer) -> copy holders
         self.before: set[str] = set()  # entries in PATH before the job: never set aside
+        # Each time each entry was found complete: the watch knows only the latest, and
+        # forgets it once the writer deletes the entry or writes it again; the job's page
+        # marks every save.
+        self.completions: dict[str, list[float]] = {}
 
     # -- before the first attempt -------------------------------------------------------
     def check(self, hosts: Sequence[str]) -> bool:
@@ -236,33 +241,27 @@ class CheckpointKeeper:
         restore = replace(restore, skipped=(*self._never_copied(restore.chosen),
                                             *restore.skipped))  # fmt: skip
         if restore.chosen is None:
-            why = "; ".join(restore.skipped) or "no complete checkpoint was copied yet"
-            self._restored(RestoreRecord(attempt, None, time.time(), f"from scratch: {why}",
-                                         restore.skipped, {}))  # fmt: skip
-            return f"checkpoints: attempt {attempt} starts from scratch ({why})"
+            why = "; ".join(restore.skipped) or NO_COPY_YET
+            done = RestoreRecord(attempt, None, time.time(), f"from scratch: {why}",
+                                 restore.skipped)  # fmt: skip
+            self._restored(done)
+            return f"checkpoints: {done.sentence}"
         staged = self._stage(restore, following, scans, self._newer(restore.chosen, scans))
-        failed = [s for s in staged if s.problem is not None]
-        aside = sorted({name for s in staged for name in s.set_aside})
+        failed = {s.node: s.problem for s in staged if s.problem is not None}
+        aside = tuple(sorted({name for s in staged for name in s.set_aside}))
         why = ("the newest complete checkpoint held by the nodes alive"
                + (f"; skipped {'; '.join(restore.skipped)}" if restore.skipped else ""))
-        if failed:
-            why += "; staging failed on " + "; ".join(f"{s.node}: {s.problem}" for s in failed)
         nodes = {s.node: NodeRestore(s.received_bytes, s.received_files, s.reused_files)
                  for s in staged if s.problem is None}  # fmt: skip
-        self._restored(RestoreRecord(attempt, restore.chosen, time.time(), why,
-                                     restore.skipped, nodes))  # fmt: skip
+        done = RestoreRecord(attempt, restore.chosen, time.time(), why, restore.skipped, nodes,
+                             failed, aside)  # fmt: skip
+        self._restored(done)
         if not failed:
             self.restored[restore.chosen] = None
         with self._lock:
             known = self.known[restore.chosen]
             self.known[restore.chosen] = replace(known, staged_on=tuple(nodes))
-        sent = sum(s.received_bytes for s in staged)
-        return (f"checkpoints: attempt {attempt} resumes from {restore.chosen}, staged on "
-                f"{len(nodes)} of {len(following)} nodes ({sent} bytes sent)"
-                + (f"; NOT on {', '.join(s.node for s in failed)}" if failed else "")
-                + (f"; newer, not whole, moved to {self.nodes.settings.dir}/.orch-set-aside/: "
-                   f"{', '.join(aside)}" if aside else "")
-                + (f" ({'; '.join(restore.skipped)})" if restore.skipped else ""))
+        return f"checkpoints: {done.sentence}"
 
     def _stage(self, restore: Restore, following: Sequence[str],
                scans: Mapping[str, NodeScan], aside: Sequence[str]) -> list[Staged]:  # fmt: skip
@@ -357,6 +356,8 @@ class CheckpointKeeper:
         """The record into the job's directory; not yet there before the first attempt has
         made it (the next round writes it)."""
         with self._lock:
+            for checkpoint in self.watched.checkpoints.values():
+                self._note_completion(checkpoint)
             entries = tuple(self._entry(c) for c in self.watched.checkpoints.values())
             self.record = replace(self.record, checkpoints=entries)
             with contextlib.suppress(FileNotFoundError):
@@ -376,7 +377,24 @@ class CheckpointKeeper:
             complete_at=checkpoint.complete_at, how=checkpoint.how, size=checkpoint.size,
             parts=tuple(parts), gone_at=checkpoint.changed_at if checkpoint.gone else None,
             attempt=self.first_seen_attempt.get(checkpoint.name, 1),
+            completions=self._completions(checkpoint),
         )  # fmt: skip
+
+    def _note_completion(self, checkpoint: Checkpoint) -> None:
+        """A new time the entry became complete, unless it is the copy a restart staged
+        settling on its nodes: that is no save of the job's."""
+        seen = self.completions.setdefault(checkpoint.name, [])
+        if checkpoint.complete_at is None or checkpoint.complete_at in seen[-1:]:
+            return
+        if checkpoint.name in self.restored and self._as_restored(checkpoint):
+            return
+        seen.append(checkpoint.complete_at)
+
+    def _completions(self, checkpoint: Checkpoint) -> tuple[float, ...]:
+        """When the entry became complete, each time; a time from before it was first seen
+        is an earlier entry's of the same name (deleted, then written anew): not this one's."""
+        return tuple(t for t in self.completions.get(checkpoint.name, ())
+                     if t >= checkpoint.first_seen)  # fmt: skip
 
 
 def _answered(found: Mapping[str, NodeResult[NodeScan]]) -> dict[str, NodeScan]:

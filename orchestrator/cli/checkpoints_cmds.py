@@ -26,13 +26,14 @@ from orchestrator.records.checkpoints import (
     CheckpointEntry,
     CheckpointsRecord,
     RestoreRecord,
+    files_words,
     load_checkpoints,
 )
 from orchestrator.records.job import JobRecord, runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import find_job
 from orchestrator.remote import owned
-from orchestrator.specs.checkpoints import CheckpointSettings, bandwidth_words, copies_words
+from orchestrator.specs.checkpoints import CheckpointSettings
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.units import format_bytes
 
@@ -40,21 +41,6 @@ COLUMNS = ("checkpoint", "size", "complete", "written by", "copies on", "attempt
 _RUNS_DIR = in_panel(RUNS_DIR, OUTPUT_PANEL)
 _JSON = typer.Option(False, "--json", help="Print the record of checkpoints as one JSON "
                      "document.", rich_help_panel=OUTPUT_PANEL)  # fmt: skip
-
-
-def settings_line(record: CheckpointsRecord) -> str:
-    """`checkpoints in /data/ckpt: 1 copy on another node, at most 200 MB/s`."""
-    return (f"checkpoints in {record.dir}: {copies_words(record.copies)}, "
-            f"{bandwidth_words(record.bandwidth)}")  # fmt: skip
-
-
-def sharing_line(record: CheckpointsRecord) -> str:
-    """Whether orch copies: not where every node sees the same directory."""
-    if record.shared is None:
-        return f"not found out yet whether every node sees {record.dir}"
-    if record.shared:
-        return f"every node sees {record.dir}: nothing was copied"
-    return f"each node has its own {record.dir}: complete checkpoints are copied to other nodes"
 
 
 def checkpoint_row(entry: CheckpointEntry) -> tuple[str, ...]:
@@ -72,28 +58,14 @@ def checkpoint_row(entry: CheckpointEntry) -> tuple[str, ...]:
 
 
 def restore_lines(restore: RestoreRecord) -> list[str]:
-    """What one restart resumed from, and what its nodes were sent."""
-    if restore.entry is None:
-        lines = [f"attempt {restore.attempt}: no checkpoint to resume from ({restore.why})"]
-    else:
-        lines = [f"attempt {restore.attempt}: resumed from {restore.entry} ({restore.why})"]
-    for node, got in restore.nodes.items():
-        lines.append(f"  {node}: sent {format_bytes(got.received_bytes)} "
-                     f"({_files(got.received_files)}); {_files(got.reused_files)} already "
-                     "there")  # fmt: skip
-    if restore.skipped:
-        lines.append(f"  newer, not complete among the surviving copies: "
-                     f"{', '.join(restore.skipped)}")  # fmt: skip
-    return lines
-
-
-def _files(count: int) -> str:
-    return f"{count} file" + ("" if count == 1 else "s")
+    """What one restart resumed from (the sentence the head printed before it and the job's
+    page shows), and what each of its nodes was sent."""
+    return [restore.sentence, *(f"  {got.words(node)}" for node, got in restore.nodes.items())]
 
 
 def record_lines(record: CheckpointsRecord) -> list[str]:
     """The lines above the table: the settings, and whether orch copies."""
-    lines = [settings_line(record), sharing_line(record)]
+    lines = [record.settings_words, record.sharing_words]
     if not record.checkpoints:
         lines.append("no checkpoint seen yet")
     return lines
@@ -135,8 +107,8 @@ def _gather(job: JobRecord, record: CheckpointsRecord, dest: Path, name: str | N
     finally:
         nodes.close()
     Console(stderr=True, highlight=False).print(
-        f"gathered {done.entry} ({_files(done.files)}, {format_bytes(done.bytes)}, each checked "
-        f"by its sha256) into {done.path} from {nodes_text(done.from_nodes)}", markup=False)
+        f"gathered {done.entry} ({files_words(done.files)}, {format_bytes(done.bytes)}, each "
+        f"checked by its sha256) into {done.path} from {nodes_text(done.from_nodes)}", markup=False)
 
 
 _GATHER = typer.Option(None, "--gather", metavar="DEST", help="Collect one checkpoint onto "

@@ -12,6 +12,7 @@ from typing import Any
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.records.job import AttemptRecord, EnvironmentRecord, RankRecord
 from orchestrator.records.moments import Moment
+from orchestrator.report.checkpoints import CheckpointsView
 from orchestrator.stacks.fold import rank_ranges
 
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
@@ -179,6 +180,7 @@ class ReportModel:
     attempts: tuple[AttemptRecord, ...] = ()  # every attempt; the page is the last one's
     environment: EnvironmentRecord | None = None  # the environment each node ran, by fingerprint
     hang_watch: Mapping[str, Any] | None = None  # the hang threshold in force, as recorded
+    checkpoints: CheckpointsView | None = None  # None: launched without --checkpoint-dir
 
     @property
     def hang_watch_words(self) -> str:
@@ -225,10 +227,3 @@ class ReportModel:
         for rank in self.consequences:
             groups.setdefault((rank.node, how(rank)), []).append(rank.rank)
         return tuple((node, rank_ranges(ranks), ended) for (node, ended), ranks in groups.items())
-
-
-def since(start: float | None, t: float | None) -> str:
-    """A moment as seconds after the job's start: "+12.3s"; "-" when unknown."""
-    if start is None or t is None:
-        return "-"
-    return f"+{t - start:.1f}s"

@@ -1,8 +1,9 @@
 """The report's model from a run directory's files: job.json, the moments and progress
 samples kept as the job ran (moments.jsonl, progress.jsonl), the pre-flight's report
 (preflight.json), the stacks and profiles kept (stacks/), the tail of each node's log and
-the raw logs pulled back (nodes/). Reads only; a part that cannot be read is named in the
-page rather than failing it (only an unreadable job.json does)."""
+the raw logs pulled back (nodes/), the job's checkpoints (checkpoints.json). Reads only; a
+part that cannot be read is named in the page rather than failing it (only an unreadable
+job.json does)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.checks.model import CHECK_GROUPS
+from orchestrator.errors import RecordError
 from orchestrator.logs.progress import read_samples
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.outcome.states import JobState
+from orchestrator.records.checkpoints import load_checkpoints
 from orchestrator.records.job import (
     LOGS_DIR,
     PREFLIGHT_FILE,
@@ -27,6 +30,7 @@ from orchestrator.records.job import (
 )
 from orchestrator.records.moments import MomentKind, read_moments
 from orchestrator.records.rundir import RunDir
+from orchestrator.report.checkpoints import CheckpointsView, checkpoints_view, unreadable
 from orchestrator.report.model import (
     TAIL_LINES,
     Cause,
@@ -56,20 +60,33 @@ def build_report(run_dir: Path) -> ReportModel:
     series = rank_series(read_samples(run.path))
     preflight = [m.t for m in moments if m.kind == MomentKind.PREFLIGHT_START]
     kept = [_file_named(run, name) for name in _stack_files(run)]
+    first = _first([start, *preflight, *(r.start for r in ranks)], min)
+    checkpoints = read_checkpoints(run, first)
     return ReportModel(
         job_id=record.id, state=str(record.state), verdict=verdict(record, ranks),
         command=" ".join(record.command), launcher=record.launcher, fanout=record.fanout,
         shape=shape(len(nodes), ranks), started_at=record.started_at,
         ended_at=record.ended_at, duration=duration(start, end), exit_code=record.exit_code,
-        start=_first([start, *preflight, *(r.start for r in ranks)], min),
-        end=_first([end, *(r.end for r in ranks), *(m.t for m in moments)], max),
+        start=first,
+        end=_first([end, *(r.end for r in ranks), *(m.t for m in moments),
+                    *(checkpoints.times if checkpoints else ())], max),
         nodes=nodes, cause=cause,
         stacks=read_stacks(run, record.teardown_stacks or _latest(kept, "dump")),
         moments=moments, series=series, slowest=slowest_rank(series),
         profile=read_profile(run, _latest(kept, "profile")),
         parity=read_parity(run.preflight_file), attempts=record.attempts,
-        environment=record.environment, hang_watch=record.hang_watch,
+        environment=record.environment, hang_watch=record.hang_watch, checkpoints=checkpoints,
     )  # fmt: skip
+
+
+def read_checkpoints(run: RunDir, start: float | None) -> CheckpointsView | None:
+    """The job's checkpoints (None: launched without --checkpoint-dir); a record that cannot
+    be read is said on the page, which goes on without it."""
+    try:
+        record = load_checkpoints(run)
+    except RecordError as err:
+        return unreadable(err.message)
+    return checkpoints_view(record, start) if record is not None else None
 
 
 def _first(values: Sequence[float | None], pick: Any) -> float | None:

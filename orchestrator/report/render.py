@@ -12,7 +12,8 @@ import jinja2
 from orchestrator.errors import OrchError
 from orchestrator.records.job import REPORT_FILE
 from orchestrator.report.charts import progress_chart
-from orchestrator.report.model import ReportModel, how, since
+from orchestrator.report.clock import since
+from orchestrator.report.model import ReportModel, how
 from orchestrator.report.read import build_report
 from orchestrator.report.timeline import timeline
 from orchestrator.specs.units import format_bytes

@@ -2,7 +2,8 @@
 output, last heartbeat) and under it one row per rank (or, past FOLD_RANKS_ABOVE ranks, one
 strip of small cells per node), on one time axis from the pre-flight to the end; lines
 across every lane where the first failure, the hang detection, the teardown, an interrupt
-and each restart's attempt happened. Computed here, on values, so that the template only
+and each restart's attempt happened; with --checkpoint-dir, a lane of the job's checkpoints
+above the nodes' (report/checkpoints.py). Computed here, on values, so that the template only
 places what it is given (each lane is an SVG of its own, inside a <details> that opens it
 to its ranks: no script)."""
 
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 from orchestrator.outcome.rank_ends import Role
 from orchestrator.records.job import RankRecord
 from orchestrator.records.moments import MomentKind
-from orchestrator.report.model import OPEN_NODES_UP_TO, NodeRow, ReportModel, how, since
+from orchestrator.report.checkpoints import Mark as CheckpointMark
+from orchestrator.report.checkpoints import lane_marks
+from orchestrator.report.clock import since
+from orchestrator.report.model import OPEN_NODES_UP_TO, NodeRow, ReportModel, how
 
 LABEL_W = 170  # the names' column
 PLOT_W = 880
@@ -109,6 +113,8 @@ class Timeline:
     lanes: tuple[Lane, ...]
     lines: tuple[Line, ...]
     preflight: tuple[float, float] | None  # x and width of the pre-flight, when it ran
+    # The checkpoints' lane (--checkpoint-dir): each where it became complete, restores.
+    checkpoints: tuple[CheckpointMark, ...] = ()
     plot_x: float = LABEL_W
     plot_w: float = PLOT_W
     axis_h: float = AXIS_H
@@ -162,8 +168,10 @@ def timeline(model: ReportModel) -> Timeline | None:
     scale = Scale(model.start, model.end)
     lanes = tuple(_lane(model, node, scale) for node in model.nodes)
     started, ended = model.first(MomentKind.PREFLIGHT_START), model.first(MomentKind.PREFLIGHT_END)
+    marks = (lane_marks(model.checkpoints, scale.x, model.start, LABEL_W, WIDTH)
+             if model.checkpoints is not None else ())  # fmt: skip
     return Timeline(WIDTH, scale.ticks(), lanes, _lines(model, scale),
-                    scale.bar(started, ended))  # fmt: skip
+                    scale.bar(started, ended), marks)  # fmt: skip
 
 
 def _lines(model: ReportModel, scale: Scale) -> tuple[Line, ...]:

@@ -82,11 +82,13 @@ def test_every_checkpoint_and_every_restart_is_shown(tmp_path: Path, orch_here) 
     restarts = lines[lines.index("restarts:"):]
     assert restarts == [
         "restarts:",
-        "attempt 2: resumed from global_step100 (the newest complete checkpoint)",
+        "attempt 2 resumes from global_step100, staged on 2 of 2 nodes (n[3-4], 2.0 GiB sent); "
+        "skipped global_step200",
         "  n3: sent 2.0 GiB (1 file); 1 file already there",
         "  n4: sent 0 B (0 files); 2 files already there",
-        "  newer, not complete among the surviving copies: global_step200",
     ]
+    # The same sentence the head printed before the attempt and the job's page shows.
+    assert restarts[1] == RECORD.restores[0].sentence
 
 
 def test_a_restart_with_nothing_to_resume_from_says_so(tmp_path: Path, orch_here) -> None:
@@ -96,7 +98,7 @@ def test_a_restart_with_nothing_to_resume_from_says_so(tmp_path: Path, orch_here
                      replace(RECORD, restores=(nothing,)))  # fmt: skip
     out = orch_here(["checkpoints", "job-1"], runs).stdout
     assert out.splitlines()[-1] == (
-        "attempt 3: no checkpoint to resume from (no copy of a complete checkpoint survived)"
+        "attempt 3 starts from scratch: no copy of a complete checkpoint survived"
     )
 
 

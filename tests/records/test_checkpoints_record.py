@@ -49,6 +49,9 @@ RECORD = CheckpointsRecord(
                       skipped=("global_step200",),
                       nodes={"n3": NodeRestore(1414, 3, 0), "n2": NodeRestore(714, 2, 1)}),
         RestoreRecord(3, None, 3100.0, "no copy of any complete checkpoint survived"),
+        RestoreRecord(4, "global_step100", 4100.0, "the newest complete checkpoint",
+                      nodes={"n2": NodeRestore(0, 0, 3)}, failed={"n4": "n4: disk full"},
+                      set_aside=("global_step200",)),
     ),
 )  # fmt: skip
 
@@ -62,6 +65,37 @@ def test_a_record_is_read_back_as_it_was_written(tmp_path: Path) -> None:
     entry = RECORD.checkpoints[0]
     assert (entry.complete, entry.writers, entry.holders) == (True, ("n1", "n2"), ("n2", "n3"))
     assert RECORD.restores[0].received_bytes == 2128
+
+
+def test_a_checkpoint_keeps_each_time_it_became_complete_after_its_writer_deletes_it():
+    gone = CheckpointEntry("model.pt", "file", 500.0, None, "deleted", 9, (), 900.0, 1,
+                           completions=(560.0, 700.0))  # fmt: skip
+    assert not gone.complete and gone.became_complete == 700.0
+    assert CheckpointEntry.from_dict(gone.to_dict()) == gone
+
+
+def test_a_record_written_before_the_newer_fields_reads_as_it_did(tmp_path: Path) -> None:
+    """completions, a restore's failed and set_aside came later: a record without them
+    reads, completions taken from complete_at, the others empty."""
+    data = json.loads(json.dumps(RECORD.to_dict()))
+    for entry in data["checkpoints"]:
+        del entry["completions"]
+    for restore in data["restores"]:
+        del restore["failed"], restore["set_aside"]
+    old = CheckpointsRecord.from_dict(data)
+    assert [e.completions for e in old.checkpoints] == [(1030.5,), (), (560.0,)]
+    assert all(r.failed == {} and r.set_aside == () for r in old.restores)
+    assert old.restores[1].sentence == (
+        "attempt 3 starts from scratch: no copy of any complete checkpoint survived")
+
+
+def test_the_restores_sentence_is_the_one_the_head_printed() -> None:
+    assert RECORD.restores[2].sentence == (
+        "attempt 4 resumes from global_step100, staged on 1 of 2 nodes (n2, 0 B sent); NOT on "
+        "n4: n4: disk full; newer, not whole, moved to .orch-set-aside/ in the checkpoint "
+        "directory: global_step200")
+    assert RECORD.restores[0].nodes["n2"].words("n2") == (
+        "n2: sent 714 B (2 files); 1 file already there")
 
 
 def test_a_job_without_checkpoints_has_no_record(tmp_path: Path) -> None:
@@ -80,6 +114,10 @@ def test_a_job_without_checkpoints_has_no_record(tmp_path: Path) -> None:
       "'sha256' is missing"),
      (lambda d: d["restores"][0].update(nodes=[]), "'nodes' is list"),
      (lambda d: d["restores"][0].update(skipped=[3]), "'skipped' holds 3, not a name"),
+     (lambda d: d["restores"][2].update(failed={"n4": 1}), "a staging failure 1, not words"),
+     (lambda d: d["checkpoints"][0].update(completions="x"), "'completions' is str"),
+     (lambda d: d["checkpoints"][0].update(completions=[True]),
+      "'completions' holds True, not a time"),
      (lambda d: d.update(checkpoints={}), "'checkpoints' is dict")],
 )  # fmt: skip
 def test_a_malformed_record_is_refused_naming_the_file(tmp_path: Path, change, said) -> None:

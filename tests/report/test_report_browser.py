@@ -1,20 +1,25 @@
 """The job's page in a real browser: Debian's headless Chromium renders the file, and the
 rendered page holds every node and rank and the failure's cause, asks the network for
-nothing, and makes a screenshot that is not blank."""
+nothing, and makes a screenshot that is not blank; the job's checkpoints are drawn where
+they became complete."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
+from html import unescape
 from pathlib import Path
 
 import pytest
-from _chromium import CHROMIUM, chromium, png_pixels, recording_requests
+from _chromium import CHROMIUM, chromium, colour_at, png_pixels, png_rows, recording_requests
+from _report_checkpoints import NEWEST, checkpoints_record, with_checkpoints
 from _report_job import EXCEPTION, STRAGGLER, failed_job
 
-from orchestrator.report import write_report
+from orchestrator.report import build_report, write_report
+from orchestrator.report.timeline import timeline
 
 WIDTH, HEIGHT = 1280, 2000
+COMPLETE_GREEN, BEING_WRITTEN_ORANGE = "#2b8a3e", "#e69500"  # the page's style sheet
 
 pytestmark = [
     pytest.mark.process,
@@ -88,3 +93,50 @@ def test_1000_ranks_render_every_rank(tmp_path):
     dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
     assert {int(rank) for rank in re.findall(r'data-rank="(\d+)"', dom)} == set(range(1000))
     assert {n for n in re.findall(r'data-node="([^"]+)"', dom)} == {f"n{i}" for i in range(1, 126)}
+
+
+def _clusters(xs: list[int]) -> list[float]:
+    """The centres of runs of neighbouring x positions: one per shape drawn on a row."""
+    runs: list[list[int]] = []
+    for x in sorted(set(xs)):
+        if runs and x - runs[-1][-1] <= 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return [(run[0] + run[-1]) / 2 for run in runs]
+
+
+def test_chromium_shows_each_checkpoint_where_it_became_complete(tmp_path):
+    """The checkpoints' lane as Chromium draws it: every mark in the DOM with its tooltip,
+    the restart's sentence in the section, and on the screenshot the two complete
+    checkpoints' green diamonds side by side on one row, as far apart as their times."""
+    run = with_checkpoints(failed_job(tmp_path / "runs"), checkpoints_record())
+    page = write_report(run.path).as_uri()
+    dom = chromium(tmp_path / "profile", "--dump-dom", page).stdout
+    lane = re.search(r'<svg class="checkpoints".*?</svg>', dom, re.S)
+    assert lane is not None
+    assert re.findall(r'data-kind="(\w+)"', lane.group(0)) == [
+        "deleted", "complete", "complete", "incomplete", "restore"]  # fmt: skip
+    titles = [unescape(t) for t in re.findall(r"<title>([^<]*)</title>", lane.group(0))]
+    assert any(t.startswith(f"{NEWEST}/: 128.0 MiB; complete +") and "copies on n[1-2]" in t
+               for t in titles)  # fmt: skip
+    section = re.search(r'<section id="checkpoints">(.*?)</section>', dom, re.S)
+    assert section is not None
+    assert checkpoints_record().restores[0].sentence in unescape(section.group(1))
+
+    shot = tmp_path / "shot.png"
+    chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,900", page)
+    _width, _height, rows = png_rows(shot, upto=900)
+    green = colour_at(rows, COMPLETE_GREEN)
+    assert green, "no complete checkpoint drawn"
+    top = min(y for _x, y in green)  # the lane's diamonds come before the legend's swatch
+    middle = top + 4  # a diamond of half-height 5: its widest row
+    centres = _clusters([x for x, y in green if y == middle])
+    assert len(centres) == 2, centres
+    drawn = timeline(build_report(run.path))
+    assert drawn is not None
+    xs = {mark.label: mark.x for mark in drawn.checkpoints}
+    assert abs((centres[1] - centres[0]) - (xs[NEWEST] - xs["global_step5"])) <= 2
+    # The checkpoint still being written: a hollow orange diamond on the same row, after.
+    orange = [x for x, y in colour_at(rows[top - 2 : top + 12], BEING_WRITTEN_ORANGE)]
+    assert orange and min(orange) > centres[1]
