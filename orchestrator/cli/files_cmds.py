@@ -57,7 +57,10 @@ def hostfile_command(
         "Node set, e.g. 'gpu[01-16]' or 'a,b,c' (first = main node)."
     ),
     slots: str | None = typer.Option(
-        None, "--slots", help="Slots per node: a number, or 'auto' (GPUs of each node, over SSH)."
+        None,
+        "--slots",
+        metavar="N|auto",
+        help="Slots per node: a number, or 'auto' (GPUs of each node, over SSH).",
     ),
     source: Annotated[
         Path | None,

@@ -65,7 +65,9 @@ from orchestrator.specs.recipe import load_recipe
 from orchestrator.specs.units import format_bytes
 
 _RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
-_SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
+_SCRIPT_ARGS = typer.Argument(
+    None, metavar="ARGS", help="More arguments for the script (after --)."
+)
 # Options end at the script: everything after it is the script's, and an option orch does
 # not know, before it, is a usage error (not taken for the script).
 _CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
