@@ -221,6 +221,7 @@ class JobRecord:
     environment: EnvironmentRecord | None = None
     stop: StopSummary | None = None  # a stop's cause, time and every rank's part in it
     name: str | None = None  # what the user calls the job (None: a record that names none)
+    script: str | None = None  # the training script as the plan runs it (None: not recorded)
     # the hang threshold in force at the end and where it came from (None: hangs not looked for)
     hang_watch: Mapping[str, object] | None = None
     # --checkpoint-dir (absolute) and how orch copies it (None: the job was given none)
@@ -286,6 +287,7 @@ class JobRecord:
             environment=EnvironmentRecord.from_json(data.get("environment")),
             stop=StopSummary.from_json(data.get("stop")),
             name=data.get("name"),
+            script=data.get("script"),
             hang_watch=data.get("hang_watch"),
             checkpoints=_checkpoints_from_json(data.get("checkpoints")),
         )
