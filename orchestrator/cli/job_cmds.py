@@ -32,7 +32,7 @@ from orchestrator.cli.status_list import (
     selected,
     unreadable_lines,
 )
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.view import make_view
 from orchestrator.outcome.states import JobState
 from orchestrator.plan.describe import command_files, dry_run_document, plan_text
@@ -94,19 +94,35 @@ def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
         raise typer.Exit(code)
 
 
+def _print_final_record(runs: Path, job_id: str) -> None:
+    """`launch --json`: the job's record as `orch status JOB --json` prints it, on stdout.
+    A record that cannot be read then is said on stderr: the job's exit code stands."""
+    try:
+        run = find_job(runs, job_id)
+        check_job(run)
+        document = record_document(run.load())
+    except OrchError as err:
+        err_console().print(f"error: the job's record: {err.message}", markup=False)
+        return
+    typer.echo(json.dumps(document, indent=2))
+
+
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
     job = prepare_job(request, os.environ, private_dir=head_private_dir, dry_run=dry_run,
                       say=lambda text: err_console().print(text, markup=False))  # fmt: skip
     if dry_run:
         _print_dry_run(job.plan, as_json=as_json)
         return
-    view = None if quiet else make_view(job.plan.hosts)
+    # With --json, stdout holds the record alone: the job's output shows on stderr.
+    view = None if quiet else make_view(job.plan.hosts, to_stderr=as_json)
     try:
         result = run_job(job, view=view, reporter=PipelinePrinter(view))
     finally:
         if view is not None:
             view.close()
     print_summary(result, restarts=request.max_restarts > 0)
+    if as_json:
+        _print_final_record(result.run_dir.parent, result.job_id)
     raise typer.Exit(result.exit_code)
 
 
@@ -215,10 +231,15 @@ def submit(
         f"job {batch.job_id}: submitted as Slurm job {batch.slurm_job} ({batch.nodes} nodes); "
         f"`orch status {batch.job_id}`; its output: {batch.output}"
     )
+    if options.as_json:  # the job's record as it stands: queued
+        _print_final_record(Path(batch.output).parent.parent, batch.job_id)
+        return
     typer.echo(batch.job_id)
 
 
-def _record_doc(record: JobRecord) -> dict:
+def record_document(record: JobRecord) -> dict:
+    """The job's record as `--json` prints it (`orch status JOB --json`, `orch launch
+    --json`): job.json, with the state as `orch status` shows it."""
     doc = record.to_json()
     doc["recorded_state"] = record.state
     doc["state"] = shown_state(record)
@@ -272,7 +293,7 @@ def _print_job_list(root: Path, wanted: JobFilter, as_json: bool) -> None:
     """Every job under root the filters keep, oldest first; unreadable records too, with why."""
     entries = selected(list_job_entries(root), wanted, shown_state)
     if as_json:
-        docs = [_record_doc(e.record) for e in entries if e.record is not None]
+        docs = [record_document(e.record) for e in entries if e.record is not None]
         unreadable = [{"id": e.job_id, "problem": e.problem} for e in entries if e.record is None]
         typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs, "unreadable": unreadable},
                               indent=2))  # fmt: skip
@@ -308,7 +329,7 @@ def status(
     runs_dir: Path = _STATUS_RUNS_DIR,
     as_json: bool = _STATUS_JSON,
 ) -> None:
-    """List jobs (id, name, state, hosts, duration, start), or show one.
+    """List jobs (id, name, script, state, hosts, duration, start in local time), or show one.
 
     One job: its state, nodes, exit codes, attempts and first failure."""
     root = runs_root(runs_dir)
@@ -324,7 +345,7 @@ def status(
     check_job(run)
     record = run.load()
     if as_json:
-        typer.echo(json.dumps(_record_doc(record), indent=2))
+        typer.echo(json.dumps(record_document(record), indent=2))
         return
     out = Console(highlight=False, soft_wrap=True)
     state = shown_state(record)

@@ -32,7 +32,6 @@ from orchestrator.cli.options import (
     nodes_option,
     one_of,
 )
-from orchestrator.errors import UsageError
 from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.states import HANG_EXIT_CODE
 from orchestrator.plan.request import (
@@ -159,7 +158,9 @@ _DRY_RUN = typer.Option(
 _AS_JSON = typer.Option(
     False,
     "--json",
-    help="With --dry-run (needs it): the plan as one JSON document.",
+    help="Print one JSON document on stdout: with --dry-run the plan; else, once the job "
+    "has ended, its record (as `orch status JOB --json`), the job's output and summary "
+    "going to stderr; with --sbatch, the queued job's. The exit code stays the job's.",
     rich_help_panel=OUTPUT_PANEL,
 )
 _NO_DOCTOR = typer.Option(
@@ -379,11 +380,6 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     """The request the options and a spec make: `nodes` as wanted (--nodes, or a recipe's),
     `more` the request's other fields. Warns (stderr) of script arguments that look like
     secrets: launch and submit both come through here."""
-    if options.as_json and not options.dry_run:
-        raise UsageError(
-            "--json goes with --dry-run: it prints the plan as one JSON document",
-            "add --dry-run; a job's record as JSON: orch status JOB --json",
-        )
     for line in secret_args_warnings(spec.args):
         typer.echo(line, err=True)
     heartbeat = options.heartbeat_timeout
