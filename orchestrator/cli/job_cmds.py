@@ -32,6 +32,7 @@ from orchestrator.cli.status_list import (
     selected,
     unreadable_lines,
 )
+from orchestrator.cli.user_defaults import read_defaults, with_defaults
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.view import make_view
 from orchestrator.outcome.states import JobState
@@ -62,6 +63,7 @@ from orchestrator.run.teardown import kill_job
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import load_recipe
+from orchestrator.specs.recipe_model import Recipe
 from orchestrator.specs.units import format_bytes
 
 _RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
@@ -126,6 +128,15 @@ def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) 
     raise typer.Exit(result.exit_code)
 
 
+def _defaulted(options: JobOptions, recipe: Recipe | None = None) -> JobOptions:
+    """The options with the defaults (ORCH_HOSTFILE, orch.toml, ~/.config/orch/config.toml)
+    where neither they nor the recipe say; each default used is said, with its source."""
+    options, said = with_defaults(options, read_defaults(), recipe)
+    for line in said:
+        err_console().print(line, markup=False)
+    return options
+
+
 def _script_args(extra: list[str]) -> list[str]:
     """What follows the script. A `--` right after it only separates (`train.py -- --lr 1`),
     as it always has; any later `--` is the script's own."""
@@ -157,6 +168,7 @@ def launch(
     Exit codes: the job's own (0 when every rank succeeded); 124 a hang or a time limit;
     130 Ctrl-C; 143 `orch stop`, Slurm or `orch kill`; nothing started: 69 the nodes, 73
     the record, 78 the pre-flight; 2 a usage error."""
+    options = _defaulted(options)
     spec = launch_spec(script, _script_args(ctx.args), launcher=options.launcher or "pdsh",
                        env=options.env, environ=os.environ,
                        nproc_per_node=options.nproc_per_node, python=options.python,
@@ -208,6 +220,7 @@ def submit(
 
     Exit codes: as `orch launch`'s; with --sbatch, 0 once Slurm took the job."""
     loaded = load_recipe(recipe)
+    options = _defaulted(options, loaded)
     extra = tuple(script_args or ())
     launcher = launcher_named(options.launcher) if options.launcher else None
     given = LaunchOverrides(launcher=launcher, nproc_per_node=options.nproc_per_node,

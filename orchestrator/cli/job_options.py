@@ -65,7 +65,12 @@ def _declared(option: OptionInfo) -> dict[str, OptionInfo]:
 
 RUNS_DIR = typer.Option(None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs).")
 _HOSTFILE = typer.Option(
-    None, "--hostfile", "-H", help="DeepSpeed hostfile.", rich_help_panel=NODES_PANEL
+    None,
+    "--hostfile",
+    "-H",
+    help="DeepSpeed hostfile. Default: ORCH_HOSTFILE, else a defaults file's (./orch.toml, "
+    "~/.config/orch/config.toml).",
+    rich_help_panel=NODES_PANEL,
 )
 _FANOUT = typer.Option(
     None,
@@ -247,7 +252,7 @@ _LAUNCHER = typer.Option(
     None,
     "--launcher",
     "-l",
-    help=f"{LAUNCHER_HELP}. Default: pdsh (submit: the recipe's).",
+    help=f"{LAUNCHER_HELP}. Default: a defaults file's, else pdsh (submit: the recipe's).",
     **one_of(LAUNCHERS),
     rich_help_panel=LAUNCHER_PANEL,
 )
@@ -260,7 +265,8 @@ _NPROC_PER_NODE = typer.Option(
 _PYTHON = typer.Option(
     None,
     "--python",
-    help="Interpreter on the nodes (default: the head's; submit: the recipe's).",
+    help="Interpreter on the nodes (default: the recipe's, else a defaults file's, else the "
+    "head's).",
     rich_help_panel=SCRIPT_PANEL,
 )
 _WORKDIR = typer.Option(

@@ -5,6 +5,7 @@ own)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,8 @@ HEADER = """# Command-line reference
 
 Generated from the CLI itself (`python scripts/cli_reference.py`): a test fails when this page
 and `orch --help` disagree. What each exit code means: [Exit codes](exit-codes.md). The same
-pages for `man`: `docs/man/` (`man -l docs/man/orch-launch.1`; to install them, see the README).
+pages for `man`: `docs/man/` (`man -l docs/man/orch-launch.1`; to install them, see
+[Install](../index.md#install)).
 """
 
 
@@ -77,11 +79,23 @@ def param_panels(command: Any, name: str) -> list[tuple[str, list[tuple[str, str
     return sorted(panels.items(), key=lambda panel: panel[0] != "")
 
 
+# An option named in prose (`--hostfile`), outside code already: shown as code, which a
+# browser does not break at its hyphens.
+_OPTION_IN_TEXT = re.compile(r"(?<![\w`-])(--?[a-z][a-z0-9_-]*)(?![\w`])")
+
+
+def _as_code(text: str) -> str:
+    parts = text.split("`")
+    parts[::2] = [_OPTION_IN_TEXT.sub(r"`\1`", part) for part in parts[::2]]
+    return "`".join(parts)
+
+
 def _param_lines(command: Any, name: str) -> Iterator[str]:
     for number, (panel, params) in enumerate(param_panels(command, name)):
         if panel:
             yield f"{'' if number == 0 else chr(10)}**{panel}**\n"
-        yield from (f"- `{declared}`" + (f": {text}" if text else "") for declared, text in params)
+        yield from (f"- `{declared}`" + (f": {_as_code(text)}" if text else "")
+                    for declared, text in params)  # fmt: skip
 
 
 def usage(command: Any, name: str) -> str:
@@ -120,7 +134,7 @@ def reference_markdown() -> str:
         level = "#" * (1 + name.count(" "))
         parts.append(f"\n#{level} {name}\n\n")
         if command.help:
-            parts.append(one_line(command.help) + "\n\n")
+            parts.append(_as_code(one_line(command.help)) + "\n\n")
         parts.append(f"```\n{usage(command, name)}\n```\n\n")
         parts.extend(line + "\n" for line in _param_lines(command, name))
         parts.append(_examples(command))
