@@ -20,6 +20,7 @@ from orchestrator.checkpoint_copies.nodes import CheckpointNodes
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import UsageError
 from orchestrator.nodes.transport import reaching
 from orchestrator.records.checkpoints import (
@@ -167,7 +168,7 @@ def checkpoints(
     --gather, one of them collected from the nodes onto this machine, whole."""
     if name is not None and gather_to is None:
         raise UsageError("--checkpoint goes with --gather", "add --gather DEST")
-    root = runs_root(runs_dir)
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)
     check_job(run)

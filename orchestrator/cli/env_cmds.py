@@ -17,13 +17,24 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT, examples
+from orchestrator.cli.user_defaults import (
+    default_hostfile,
+    default_python,
+    read_defaults,
+    say_defaults,
+)
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.slurm import job_inventory
 from orchestrator.specs.units import format_bytes
 
 env_app = typer.Typer(help="The job's Python environment on every node.")
 app.add_typer(env_app, name="env")
-_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
+_HOSTFILE = typer.Option(
+    None,
+    "--hostfile",
+    "-H",
+    help="DeepSpeed hostfile (`host slots=N`; default: ORCH_HOSTFILE, else a defaults file's).",
+)
 
 
 @env_app.command(
@@ -36,8 +47,11 @@ _HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`ho
 def push(
     hostfile: Path | None = _HOSTFILE,
     slurm: bool = SLURM,
-    python: str = typer.Option(
-        sys.executable, "--python", help="Interpreter of the environment to push (venv or conda)."
+    python: str | None = typer.Option(
+        None,
+        "--python",
+        help="Interpreter of the environment to push (venv or conda). Default: a defaults "
+        "file's, else the head's.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say per node what would be sent."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -58,6 +72,11 @@ def push(
     from orchestrator.nodes.transport import choose_transport
     from orchestrator.prepare.preflight import head_environment
 
+    said: list[str] = []
+    defaults = read_defaults()
+    hostfile = default_hostfile(defaults, hostfile, slurm=slurm, said=said)
+    python = default_python(defaults, python, said=said) or sys.executable
+    say_defaults(said)
     source = environment_source(python)
     head_env = head_environment(source.python)
     if head_env is None:

@@ -32,7 +32,12 @@ from orchestrator.cli.status_list import (
     selected,
     unreadable_lines,
 )
-from orchestrator.cli.user_defaults import read_defaults, with_defaults
+from orchestrator.cli.user_defaults import (
+    read_defaults,
+    runs_dir_option,
+    say_defaults,
+    with_defaults,
+)
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.view import make_view
 from orchestrator.outcome.states import JobState
@@ -132,8 +137,7 @@ def _defaulted(options: JobOptions, recipe: Recipe | None = None) -> JobOptions:
     """The options with the defaults (ORCH_HOSTFILE, orch.toml, ~/.config/orch/config.toml)
     where neither they nor the recipe say; each default used is said, with its source."""
     options, said = with_defaults(options, read_defaults(), recipe)
-    for line in said:
-        err_console().print(line, markup=False)
+    say_defaults(said)
     return options
 
 
@@ -345,7 +349,7 @@ def status(
     """List jobs (id, name, script, state, hosts, duration, start in local time), or show one.
 
     One job: its state, nodes, exit codes, attempts and first failure."""
-    root = runs_root(runs_dir)
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     if job is None:
         _check_state(state)
@@ -396,7 +400,7 @@ def kill(
     grace: float = typer.Option(5.0, "--grace", help="Seconds between TERM and KILL."),
 ) -> None:
     """Stop a job on every node (from any terminal), by its job id."""
-    run = find_job(runs_root(runs_dir), job)
+    run = find_job(runs_root(runs_dir_option(runs_dir)), job)
     err = err_console()
     outcome = kill_job(run, grace=grace, say=lambda text: err.print(text, markup=False))
     err.print(f"job {outcome.record.id}: {shown_state(outcome.record)}")

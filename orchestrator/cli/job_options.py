@@ -63,7 +63,11 @@ def _declared(option: OptionInfo) -> dict[str, OptionInfo]:
     return {_DECLARED: option}
 
 
-RUNS_DIR = typer.Option(None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs).")
+RUNS_DIR = typer.Option(
+    None,
+    "--runs-dir",
+    help="Job records (default: $ORCH_RUNS_DIR, else a defaults file's runs_dir, else ./runs).",
+)
 _HOSTFILE = typer.Option(
     None,
     "--hostfile",

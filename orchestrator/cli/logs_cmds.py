@@ -15,7 +15,9 @@ from typing import BinaryIO
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples, node_set
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines
 from orchestrator.records.attempts import attempt_run_dir
@@ -40,9 +42,7 @@ _NODELIST = typer.Option(
                              "tail -n {count}"),
     help="Only these nodes: a node set ('n[1-2]', 'a,b'; repeat).",
 )  # fmt: skip
-_RUNS_DIR = typer.Option(
-    None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
-)
+_RUNS_DIR = RUNS_DIR
 _RAW_FILES = ("stdout.raw", "stderr.raw")
 
 
@@ -210,7 +210,7 @@ def logs(
             "--raw and --follow cannot be combined",
             "raw logs are pulled back when the job ends; follow the head-side logs instead",
         )
-    root = runs_root(runs_dir)
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)
     check_job(run)

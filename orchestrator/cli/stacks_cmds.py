@@ -11,7 +11,9 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError
 from orchestrator.nodes.transport import reaching
 from orchestrator.records.job import FINAL_STATES, JobRecord, now_iso, runs_root
@@ -26,9 +28,7 @@ from orchestrator.stacks.model import RankStacks
 from orchestrator.stacks.profile import STRAGGLER_MARGIN
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
-_RUNS_DIR = typer.Option(
-    None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
-)
+_RUNS_DIR = RUNS_DIR
 _RULE = "-" * 60
 
 
@@ -160,7 +160,7 @@ def stacks(
     All threads of every rank on every node, taken while the job runs (py-spy, or the
     rank's own faulthandler where ptrace is refused); identical stacks are folded. Kept in
     runs/<job>/stacks/. Exit 1 when a node or a rank could not be read."""
-    root = runs_root(runs_dir)
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # the record names the interpreter run on every host it lists
     run = find_job(root, job)
     check_job(run)

@@ -11,6 +11,7 @@ from rich.console import Console
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.records.job import runs_root
 from orchestrator.records.rundir import find_job
 from orchestrator.run.status import shown_state
@@ -31,7 +32,7 @@ def stop(
     Every rank gets the stop signal (--stop-signal) and the grace (--stop-grace) to exit by
     itself; then the job is torn down. Waits for the job to end (its exit code is then
     143). `orch kill` stops at once."""
-    run = find_job(runs_root(runs_dir), job)
+    run = find_job(runs_root(runs_dir_option(runs_dir)), job)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     asked = request_stop(run, say=lambda text: err.print(text, markup=False))
     record = asked.record

@@ -10,8 +10,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from rich.console import Console
+
 from orchestrator.cli.job_options import JobOptions
 from orchestrator.errors import UsageError
+from orchestrator.records.job import RUNS_DIR_VAR
 from orchestrator.specs.defaults import (
     PROJECT_FILE,
     Defaults,
@@ -45,31 +48,67 @@ def read_defaults(environ: Mapping[str, str] = os.environ, cwd: Path | None = No
                    _read(user_file(environ, home))])  # fmt: skip
 
 
+def say_defaults(said: list[str]) -> None:
+    """Each default used, on stderr (stdout may hold a JSON document)."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in said:
+        err.print(line, markup=False)
+
+
 def _said(option: str, setting: Setting) -> str:
     return f"default: {option} {setting.value} (from {setting.source})"
 
 
-def _hosts_given(options: JobOptions, recipe: Recipe | None) -> bool:
-    """Whether the job's nodes are named already: on the command line, by the recipe, or by
-    the Slurm allocation this runs in."""
-    named = options.hostfile is not None or options.nodelist is not None or options.slurm
+def default_hostfile(defaults: Defaults, given: Path | None, *, nodelist: str | None = None,
+                     slurm: bool = False, recipe: Recipe | None = None,
+                     said: list[str]) -> Path | None:  # fmt: skip
+    """--hostfile as given, else the default one, unless the nodes are named already: by -w
+    or --slurm, by the recipe, or by the Slurm allocation this runs in."""
+    named = given is not None or nodelist is not None or slurm
     by_recipe = recipe is not None and (recipe.hostfile or recipe.nodelist) is not None
-    return named or by_recipe or allocation_from_env(os.environ) is not None
+    if named or by_recipe or defaults.hostfile is None or allocation_from_env(os.environ):
+        return given
+    said.append(_said("--hostfile", defaults.hostfile))
+    return Path(defaults.hostfile.value)
+
+
+def default_python(defaults: Defaults, given: str | None, *, recipe: Recipe | None = None,
+                   said: list[str]) -> str | None:  # fmt: skip
+    """--python as given, else the recipe's (None here: the plan takes it), else the default."""
+    if given is not None or defaults.python is None or (recipe and recipe.python is not None):
+        return given
+    said.append(_said("--python", defaults.python))
+    return defaults.python.value
+
+
+def default_runs_dir(defaults: Defaults, given: Path | None, *, said: list[str],
+                     environ: Mapping[str, str] = os.environ) -> Path | None:  # fmt: skip
+    """--runs-dir as given, else (no ORCH_RUNS_DIR, which goes first) the default one."""
+    if given is not None or defaults.runs_dir is None or environ.get(RUNS_DIR_VAR):
+        return given
+    said.append(_said("--runs-dir", defaults.runs_dir))
+    return Path(defaults.runs_dir.value)
+
+
+def runs_dir_option(given: Path | None) -> Path | None:
+    """What a command that reads the records takes for --runs-dir: as given, else the
+    default one (not said: what these commands print names the directory)."""
+    return default_runs_dir(read_defaults(), given, said=[])
 
 
 def with_defaults(options: JobOptions, defaults: Defaults,
                   recipe: Recipe | None = None) -> tuple[JobOptions, list[str]]:  # fmt: skip
     """`options` with the defaults where neither they nor the recipe say, and a line for
     each default used. A recipe names its own launcher: only `orch launch` takes one."""
-    said = []
-    if defaults.hostfile is not None and not _hosts_given(options, recipe):
-        options = replace(options, hostfile=Path(defaults.hostfile.value))
-        said.append(_said("--hostfile", defaults.hostfile))
-    if defaults.launcher is not None and recipe is None and options.launcher is None:
-        options = replace(options, launcher=defaults.launcher.value)
+    said: list[str] = []
+    hostfile = default_hostfile(defaults, options.hostfile, nodelist=options.nodelist,
+                                slurm=options.slurm, recipe=recipe, said=said)  # fmt: skip
+    launcher = options.launcher
+    if defaults.launcher is not None and recipe is None and launcher is None:
         said.append(_said("--launcher", defaults.launcher))
-    recipe_python = recipe.python if recipe is not None else None
-    if defaults.python is not None and options.python is None and recipe_python is None:
-        options = replace(options, python=defaults.python.value)
-        said.append(_said("--python", defaults.python))
+        launcher = defaults.launcher.value
+    python = default_python(defaults, options.python, recipe=recipe, said=said)
+    runs_dir = default_runs_dir(defaults, options.runs_dir, said=said)
+    options = replace(options, hostfile=hostfile, launcher=launcher, python=python,
+                      runs_dir=runs_dir)  # fmt: skip
     return options, said

@@ -1,4 +1,5 @@
-"""Defaults for what a user types every time: the hostfile, the launcher, the interpreter.
+"""Defaults for what a user types every time: the hostfile, the launcher, the interpreter,
+the runs directory.
 
 They come from, first to last: ORCH_HOSTFILE, a project's `orch.toml` (in the working
 directory), the user's `$XDG_CONFIG_HOME/orch/config.toml` (`~/.config/orch/config.toml`),
@@ -8,6 +9,7 @@ keys only:
     hostfile = "hostfile"          # relative to the file's own directory
     launcher = "torchrun"          # pdsh, standard, torchrun (or deepspeed, accelerate)
     python = "/opt/venv/bin/python"
+    runs_dir = "runs"              # the job records (ORCH_RUNS_DIR goes before it)
 
 Pure: the CLI reads the files and the environment and hands their text here; each value
 keeps where it came from (`Setting.source`), which a dry run shows."""
@@ -28,7 +30,7 @@ from orchestrator.specs.options import launcher_named
 HOSTFILE_VAR = "ORCH_HOSTFILE"
 PROJECT_FILE = "orch.toml"
 USER_FILE = Path("orch") / "config.toml"  # under $XDG_CONFIG_HOME, else ~/.config
-KEYS = ("hostfile", "launcher", "python")
+KEYS = ("hostfile", "launcher", "python", "runs_dir")
 _TOML_LINE = re.compile(r"at line (\d+)")
 
 
@@ -47,6 +49,7 @@ class Defaults:
     hostfile: Setting | None = None
     launcher: Setting | None = None
     python: Setting | None = None
+    runs_dir: Setting | None = None
 
 
 def user_file(environ: Mapping[str, str], home: Path) -> Path:
@@ -71,7 +74,7 @@ def _value(key: str, raw: object, path: Path) -> str:
         raise UsageError(f"'{key}' is {raw!r}, not a string", f'write it as {key} = "..."')
     if key == "launcher":
         return launcher_named(raw)
-    if key == "hostfile":
+    if key in ("hostfile", "runs_dir"):
         return str(path.parent / Path(raw).expanduser())  # as written, from the file's place
     return str(Path(raw).expanduser()) if raw.startswith("~") else raw
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from launch_support import REPO
 
-from orchestrator.cli.user_defaults import read_defaults
-from orchestrator.specs.defaults import Setting
+from orchestrator.cli.user_defaults import default_runs_dir, read_defaults
+from orchestrator.specs.defaults import Defaults, Setting
 
 
 def _hostfile(tmp_path: Path, name: str, *hosts: str) -> Path:
@@ -96,3 +97,23 @@ def test_a_projects_file_beats_the_users(tmp_path):
     assert got.launcher == Setting("standard", f"{tmp_path}/orch.toml:1")
     assert got.python == Setting("/u/py", f"{user}:2")
     assert read_defaults({}, cwd=tmp_path / "cfg", home=tmp_path / "none").launcher is None
+
+
+@pytest.mark.process  # doctor runs the head's interpreter to read its environment
+def test_doctor_takes_the_default_hostfile_and_says_so(tmp_path, orch_here, monkeypatch):
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("nohost.invalid slots=1\n")  # a name that never resolves: no wait
+    monkeypatch.setenv("ORCH_HOSTFILE", str(hostfile))
+    result = orch_here(["doctor", "--timeout", "2", "--json"], tmp_path / "runs")
+    assert result.returncode == 1
+    assert f"default: --hostfile {hostfile} (from ORCH_HOSTFILE)" in result.stderr
+    assert [node["node"] for node in json.loads(result.stdout)["nodes"]] == ["nohost.invalid"]
+
+
+def test_the_runs_dir_default_comes_after_orch_runs_dir():
+    defaults = Defaults(runs_dir=Setting("/p/runs", "/p/orch.toml:4"))
+    said: list[str] = []
+    assert default_runs_dir(defaults, None, said=said, environ={}) == Path("/p/runs")
+    assert said == ["default: --runs-dir /p/runs (from /p/orch.toml:4)"]
+    assert default_runs_dir(defaults, None, said=[], environ={"ORCH_RUNS_DIR": "/e"}) is None
+    assert default_runs_dir(defaults, Path("/given"), said=[], environ={}) == Path("/given")
