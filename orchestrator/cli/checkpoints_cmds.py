@@ -165,7 +165,9 @@ def checkpoints(
 
     Each checkpoint: its size, whether it is complete and how orch decided it, the nodes
     that wrote its parts, those that hold copies, and whether its writer deleted it. With
-    --gather, one of them collected from the nodes onto this machine, whole."""
+    --gather, one of them collected from the nodes onto this machine, whole.
+
+    Exit codes: 0 shown (or gathered whole); 1 orch's own failure; 2 a usage error."""
     if name is not None and gather_to is None:
         raise UsageError("--checkpoint goes with --gather", "add --gather DEST")
     root = runs_root(runs_dir_option(runs_dir))

@@ -283,7 +283,10 @@ def doctor(
         False, "--json", help="Print one JSON document.", rich_help_panel=OUTPUT_PANEL
     ),
 ) -> None:
-    """Check every node: SSH, environment parity, files, network, GPUs, disk."""
+    """Check every node: SSH, environment parity, files, network, GPUs, disk.
+
+    Exit codes: 0 every check passed (warnings alone pass); 1 a check failed; 2 a usage
+    error."""
     from orchestrator.errors import UsageError
     from orchestrator.nodes.transport import SSH, choose_transport
     from orchestrator.prepare.ports import free_port_on

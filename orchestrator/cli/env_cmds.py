@@ -66,7 +66,10 @@ def push(
     """Make every node's environment at the --python's path the head's.
 
     Only what differs is sent, once, passed from node to node; each node switches to it in
-    one rename. Nodes as doctor takes them (--hostfile, or inside a Slurm allocation)."""
+    one rename. Nodes as doctor takes them (--hostfile, or inside a Slurm allocation).
+
+    Exit codes: 0 every node has the head's environment (or, --dry-run, could); 1 a node
+    failed; 2 a usage error; 130/143 interrupted (no node is left half-switched)."""
     from orchestrator.envpush.push import environment_source, push_environment
     from orchestrator.errors import OrchError
     from orchestrator.nodes.transport import choose_transport

@@ -74,7 +74,9 @@ def hostfile_command(
     ] = None,
     timeout: float = typer.Option(10.0, "--timeout", help="Seconds per node for --slots auto."),
 ) -> None:
-    """Write a DeepSpeed hostfile ('host slots=N' lines) from a node set."""
+    """Write a DeepSpeed hostfile ('host slots=N' lines) from a node set.
+
+    Exit codes: 0 written; 1 a node did not say its GPUs (--slots auto); 2 a usage error."""
     hosts = _hostfile_from_options(nodes, slots, source, timeout)
     hosts = filter_hosts(hosts, include=include, exclude=exclude)
     text = render_hostfile(hosts)
@@ -231,7 +233,9 @@ def config_command(
         Path, typer.Option("--output", "-o", help="Directory to write the config(s) into.")
     ] = Path("."),
 ) -> None:
-    """Write the accelerate config for the pdsh launcher, or one per machine rank (standard)."""
+    """Write the accelerate config for the pdsh launcher, or one per machine rank (standard).
+
+    Exit codes: 0 written; 2 a usage error (a bad hostfile, recipe or value)."""
     given = {
         "distributed_type": distributed_type,
         "zero_stage": zero_stage,

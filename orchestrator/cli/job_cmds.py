@@ -348,7 +348,10 @@ def status(
 ) -> None:
     """List jobs (id, name, script, state, hosts, duration, start in local time), or show one.
 
-    One job: its state, nodes, exit codes, attempts and first failure."""
+    One job: its state, nodes, exit codes, attempts and first failure.
+
+    Exit codes: 0 shown (a list shows an unreadable record with why); 1 this job's record
+    cannot be read; 2 a usage error."""
     root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     if job is None:
@@ -399,7 +402,10 @@ def kill(
     runs_dir: Path = RUNS_DIR,
     grace: float = typer.Option(5.0, "--grace", help="Seconds between TERM and KILL."),
 ) -> None:
-    """Stop a job on every node (from any terminal), by its job id."""
+    """Stop a job on every node (from any terminal), by its job id.
+
+    Exit codes: 0 every node stopped the job; 1 a node could not be reached or still runs
+    some of it; 2 a usage error."""
     run = find_job(runs_root(runs_dir_option(runs_dir)), job)
     err = err_console()
     outcome = kill_job(run, grace=grace, say=lambda text: err.print(text, markup=False))

@@ -204,7 +204,10 @@ def logs(
 
     Each line: timestamp, \\[r<rank>/<local rank>,] stream, text; prefixed by its node when
     there are several. Lines with no rank are the node's launcher's (out, err), ssh's (sys)
-    or orch's (orch)."""
+    or orch's (orch).
+
+    Exit codes: 0 printed (--follow: the job ended); 1 the record cannot be read; 2 a usage
+    error (a node, rank or attempt the job never had); 130 --follow interrupted."""
     if raw and follow:
         raise UsageError(
             "--raw and --follow cannot be combined",

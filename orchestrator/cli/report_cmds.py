@@ -29,7 +29,9 @@ def report(
 ) -> None:
     """Write the job's report and print its path.
 
-    runs/<job>/report.html: one self-contained page, readable offline."""
+    runs/<job>/report.html: one self-contained page, readable offline.
+
+    Exit codes: 0 written; 1 the record cannot be read; 2 a usage error."""
     root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)

@@ -80,7 +80,9 @@ def up(
     private: list[Path] = _PRIVATE_OPTION,
     directory: Path | None = _DIR_OPTION,
 ) -> None:
-    """Start the nodes (or keep them if already up) and print the hostfile path."""
+    """Start the nodes (or keep them if already up) and print the hostfile path.
+
+    Exit codes: 0 up; 1 the nodes could not be brought up; 2 a usage error."""
     if no_ssh:
         if not slurm or sshd not in ("default", "no-ssh"):
             raise UsageError(
@@ -119,7 +121,9 @@ def up(
     ),
 )
 def down(directory: Path | None = _DIR_OPTION) -> None:
-    """Stop every process of every node and remove what `up` added."""
+    """Stop every process of every node and remove what `up` added.
+
+    Exit codes: 0 down (or none was up); 1 orch's own failure."""
     state = Sandbox(directory).down()
     msg = "sandbox down" if state else "no sandbox was up"
     Console(stderr=True, highlight=False).print(msg)
@@ -135,7 +139,9 @@ def status(
     directory: Path | None = _DIR_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Show each node: address, process, port."""
+    """Show each node: address, process, port.
+
+    Exit codes: 0 shown (or none is up, which it says)."""
     box = Sandbox(directory)
     state = box.load()
     rows = box.status(state)

@@ -159,7 +159,10 @@ def stacks(
 
     All threads of every rank on every node, taken while the job runs (py-spy, or the
     rank's own faulthandler where ptrace is refused); identical stacks are folded. Kept in
-    runs/<job>/stacks/. Exit 1 when a node or a rank could not be read."""
+    runs/<job>/stacks/.
+
+    Exit codes: 0 every node answered; 1 a node or a rank could not be read (the others
+    still show); 2 a usage error."""
     root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # the record names the interpreter run on every host it lists
     run = find_job(root, job)

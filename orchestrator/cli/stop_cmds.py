@@ -31,7 +31,10 @@ def stop(
 
     Every rank gets the stop signal (--stop-signal) and the grace (--stop-grace) to exit by
     itself; then the job is torn down. Waits for the job to end (its exit code is then
-    143). `orch kill` stops at once."""
+    143). `orch kill` stops at once.
+
+    Exit codes: 0 the job ended; 1 it had ended already, has no head running it, or did not
+    end while this waited (its grace and a minute); 2 a usage error."""
     run = find_job(runs_root(runs_dir_option(runs_dir)), job)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     asked = request_stop(run, say=lambda text: err.print(text, markup=False))

@@ -18,7 +18,9 @@ def version(
     """Print the versions a bug report needs.
 
     orch's, and those of Python, the platform, torch, DeepSpeed, accelerate, paramiko,
-    ClusterShell, pdsh and Slurm (programs get 5 s to answer; "not found" when absent)."""
+    ClusterShell, pdsh and Slurm (programs get 5 s to answer; "not found" when absent).
+
+    Exit codes: 0 (a version that cannot be read shows as such)."""
     versions = collect_versions()
     typer.echo(json.dumps(versions.to_json(), indent=2) if as_json else versions_text(versions))
 

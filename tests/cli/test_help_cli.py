@@ -135,3 +135,10 @@ def test_arguments_show_in_capitals_and_the_script_takes_the_rest_of_the_line(or
     assert "PATH" in python.split()
     missing = orch_here(["logs"], tmp_path)
     assert missing.returncode == 2 and "Missing argument 'JOB'" in missing.stderr
+
+
+def test_every_command_says_its_exit_codes(orch_here, tmp_path):
+    leaves = [name for name, command in commands(root_command())
+              if not hasattr(command, "list_commands")]  # fmt: skip
+    for name in leaves:
+        assert "Exit codes:" in _help(orch_here, tmp_path, *name.split()[1:]), name
