@@ -102,11 +102,15 @@ _RANK_NOTE = re.compile(rb" orch rank .*\brank=(\d+)")
 
 
 def _check_rank_seen(run: RunDir, record: JobRecord, nodes: list[str], rank: int) -> None:
-    """An error naming the ranks the job had when `rank` was never among them."""
-    seen: set[int] = set()
+    """An error naming the ranks the job had when `rank` was never among them: not in the
+    record's ranks on these nodes, no line of its own and no start of it in their logs."""
+    seen = {end.rank for end in record.ranks if end.node in nodes}
+    has_lines = rank_filter(rank)
     for node in nodes:
         path = run.logs / log_file_name(node)
         if path.is_file():
+            if next(has_lines(read_log_lines(path)), None) is not None:
+                return  # its lines were just printed
             for line in read_log_lines(path):
                 match = _RANK_NOTE.search(line)
                 if match:
