@@ -5,7 +5,6 @@ rows are made from the record, so they are tested on values; the command prints 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from rich.table import Table
 from orchestrator.checkpoint_copies.gather import gather
 from orchestrator.checkpoint_copies.nodes import CheckpointNodes
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel
 from orchestrator.cli.user_defaults import runs_dir_option
@@ -180,7 +180,7 @@ def checkpoints(
         _gather(loaded, record, gather_to, name)
         return
     if as_json:
-        typer.echo(json.dumps(record.to_dict(), indent=2))
+        print_document("checkpoints", record.to_dict())
         return
     # Piped output keeps whole names rather than a terminal's 80 columns.
     out = Console(highlight=False, soft_wrap=True,

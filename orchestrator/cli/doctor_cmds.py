@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import replace
@@ -18,6 +17,7 @@ from orchestrator.checks.node import check_accelerate_config
 from orchestrator.checks.request import PreflightRequest
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import (
     EXCLUDE,
     INCLUDE,
@@ -337,7 +337,7 @@ def doctor(
         findings = ssh_inside_allocation(report.findings, allocation.job_id)
         report = replace(report, findings=findings)
     if as_json:
-        typer.echo(json.dumps({**report.to_dict(), "transport": transport.kind}, indent=2))
+        print_document("doctor", {**report.to_dict(), "transport": transport.kind})
     else:
         # Piped output keeps whole rows rather than rich's 80-column default.
         width = None if sys.stdout.isatty() else 160

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT, examples
 from orchestrator.cli.user_defaults import (
     default_hostfile,
@@ -110,7 +110,7 @@ def push(
         os._exit(128 + stopped.signum)  # the push's threads wait for nodes; channels close
     doc = report.to_dict()
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        print_document("env-push", doc)
     else:
         _print(doc, dry_run)
     raise typer.Exit(0 if doc["ok"] else 1)

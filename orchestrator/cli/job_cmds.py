@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import datetime, timezone
@@ -14,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
 from orchestrator.cli.job_printing import (
     PipelinePrinter,
@@ -87,7 +87,7 @@ def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
     real launch would stop with before starting anything (0: it would start)."""
     findings = dry_run_findings(plan, head_facts(plan))
     if as_json:
-        typer.echo(json.dumps(dry_run_document(plan, findings), indent=2))
+        print_document("plan", dry_run_document(plan, findings))
     else:
         directory = commands_dir(plan.job_id)
         write_command_files(directory, command_files(plan))
@@ -111,7 +111,7 @@ def _print_final_record(runs: Path, job_id: str) -> None:
     except OrchError as err:
         err_console().print(f"error: the job's record: {err.message}", markup=False)
         return
-    typer.echo(json.dumps(document, indent=2))
+    print_document("job", document)
 
 
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
@@ -312,8 +312,7 @@ def _print_job_list(root: Path, wanted: JobFilter, as_json: bool) -> None:
     if as_json:
         docs = [record_document(e.record) for e in entries if e.record is not None]
         unreadable = [{"id": e.job_id, "problem": e.problem} for e in entries if e.record is None]
-        typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs, "unreadable": unreadable},
-                              indent=2))  # fmt: skip
+        print_document("jobs", {"runs_dir": str(root), "jobs": docs, "unreadable": unreadable})
         return
     table = Table(title=f"jobs in {root}")
     for column in COLUMNS:
@@ -365,7 +364,7 @@ def status(
     check_job(run)
     record = run.load()
     if as_json:
-        typer.echo(json.dumps(record_document(record), indent=2))
+        print_document("job", record_document(record))
         return
     out = Console(highlight=False, soft_wrap=True)
     state = shown_state(record)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -10,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import examples, nodes_option, one_of
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.cluster import Sandbox
@@ -158,7 +158,7 @@ def status(
             if state and state.slurm_conf
             else None,
         }
-        typer.echo(json.dumps(doc, indent=2))
+        print_document("sandbox", doc)
         return
     console = Console(highlight=False)
     if state is None:

@@ -3,7 +3,6 @@ ranks, or a sampling profile that names the straggler."""
 
 from __future__ import annotations
 
-import json
 import os
 from enum import Enum
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
 from orchestrator.cli.user_defaults import runs_dir_option
@@ -179,7 +179,7 @@ def stacks(
     document = result_json(result)
     saved = _save(run, document)
     if as_json:
-        typer.echo(json.dumps({**document, "saved_as": saved}, indent=2))
+        print_document("stacks", {**document, "saved_as": saved})
     else:
         (_print_profile if profile else _print_dump)(result)
         for line in _failed_lines(result):

@@ -24,10 +24,12 @@ from orchestrator.outcome.rank_ends import RankEnd, RankOrder, Role, signal_name
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.outcome.stop import StopSummary
 from orchestrator.specs.checkpoints import CheckpointSettings
+from orchestrator.specs.constants import SCHEMA_VERSION
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
 from orchestrator.specs.words import Fanout
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
+JOB_SCHEMA = "orch.job"  # job.json's schema name, beside SCHEMA_VERSION
 
 # Every name orch gives in a run directory, here alone: RunDir's paths are made of them, and
 # whatever writes or reads one of these files or folders takes its name from here.
@@ -239,7 +241,7 @@ class JobRecord:
         return "launcher" if failure.kind == FailureKind.HEAD else "orch"
 
     def to_json(self) -> dict:
-        data = asdict(self)
+        data = {"schema": JOB_SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
         data["exit_code_from"] = self.exit_code_from
         data["stop"] = None if self.stop is None else self.stop.to_json()
         data["command"] = list(self.command)
