@@ -133,8 +133,9 @@ def reference_markdown() -> str:
     for name, command in commands(root):
         level = "#" * (1 + name.count(" "))
         parts.append(f"\n#{level} {name}\n\n")
-        if command.help:
-            parts.append(_as_code(one_line(command.help)) + "\n\n")
+        for paragraph in (command.help or "").split("\n\n"):  # as `--help` shows them
+            if paragraph.strip():
+                parts.append(_as_code(one_line(paragraph)) + "\n\n")
         parts.append(f"```\n{usage(command, name)}\n```\n\n")
         parts.extend(line + "\n" for line in _param_lines(command, name))
         parts.append(_examples(command))
