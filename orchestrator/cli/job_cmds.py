@@ -133,10 +133,11 @@ def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) 
     raise typer.Exit(result.exit_code)
 
 
-def _defaulted(options: JobOptions, recipe: Recipe | None = None) -> JobOptions:
+def _defaulted(options: JobOptions, recipe: Recipe | None = None, *,
+               sbatch: bool = False) -> JobOptions:  # fmt: skip
     """The options with the defaults (ORCH_HOSTFILE, orch.toml, ~/.config/orch/config.toml)
     where neither they nor the recipe say; each default used is said, with its source."""
-    options, said = with_defaults(options, read_defaults(), recipe)
+    options, said = with_defaults(options, read_defaults(), recipe, sbatch=sbatch)
     say_defaults(said)
     return options
 
@@ -224,7 +225,7 @@ def submit(
 
     Exit codes: as `orch launch`'s; with --sbatch, 0 once Slurm took the job."""
     loaded = load_recipe(recipe)
-    options = _defaulted(options, loaded)
+    options = _defaulted(options, loaded, sbatch=sbatch)
     extra = tuple(script_args or ())
     launcher = launcher_named(options.launcher) if options.launcher else None
     given = LaunchOverrides(launcher=launcher, nproc_per_node=options.nproc_per_node,

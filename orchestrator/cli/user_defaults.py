@@ -63,7 +63,8 @@ def default_hostfile(defaults: Defaults, given: Path | None, *, nodelist: str | 
                      slurm: bool = False, recipe: Recipe | None = None,
                      said: list[str]) -> Path | None:  # fmt: skip
     """--hostfile as given, else the default one, unless the nodes are named already: by -w
-    or --slurm, by the recipe, or by the Slurm allocation this runs in."""
+    or --slurm (--sbatch: Slurm allocates them), by the recipe, or by the Slurm allocation
+    this runs in."""
     named = given is not None or nodelist is not None or slurm
     by_recipe = recipe is not None and (recipe.hostfile or recipe.nodelist) is not None
     if named or by_recipe or defaults.hostfile is None or allocation_from_env(os.environ):
@@ -96,13 +97,14 @@ def runs_dir_option(given: Path | None) -> Path | None:
     return default_runs_dir(read_defaults(), given, said=[])
 
 
-def with_defaults(options: JobOptions, defaults: Defaults,
-                  recipe: Recipe | None = None) -> tuple[JobOptions, list[str]]:  # fmt: skip
+def with_defaults(options: JobOptions, defaults: Defaults, recipe: Recipe | None = None,
+                  *, sbatch: bool = False) -> tuple[JobOptions, list[str]]:  # fmt: skip
     """`options` with the defaults where neither they nor the recipe say, and a line for
     each default used. A recipe names its own launcher: only `orch launch` takes one."""
     said: list[str] = []
     hostfile = default_hostfile(defaults, options.hostfile, nodelist=options.nodelist,
-                                slurm=options.slurm, recipe=recipe, said=said)  # fmt: skip
+                                slurm=options.slurm or sbatch, recipe=recipe,
+                                said=said)  # fmt: skip
     launcher = options.launcher
     if defaults.launcher is not None and recipe is None and launcher is None:
         said.append(_said("--launcher", defaults.launcher))

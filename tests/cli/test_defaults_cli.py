@@ -117,3 +117,12 @@ def test_the_runs_dir_default_comes_after_orch_runs_dir():
     assert said == ["default: --runs-dir /p/runs (from /p/orch.toml:4)"]
     assert default_runs_dir(defaults, None, said=[], environ={"ORCH_RUNS_DIR": "/e"}) is None
     assert default_runs_dir(defaults, Path("/given"), said=[], environ={}) == Path("/given")
+
+
+def test_a_batch_job_takes_its_nodes_from_slurm_not_the_default_hostfile(tmp_path, orch_here,
+                                                                        monkeypatch):  # fmt: skip
+    monkeypatch.setenv("ORCH_HOSTFILE", str(_hostfile(tmp_path, "env", "e1")))
+    recipe = str(REPO / "recipes" / "cpu-smoke-slurm.yaml")
+    result = orch_here(["submit", recipe, "--sbatch", "-N", "2", "--dry-run"], tmp_path / "runs")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH" in result.stdout and "--hostfile" not in result.stderr
