@@ -201,7 +201,9 @@ def config_command(
     distributed_type: str | None = typer.Option(
         None, "--distributed-type", help="Default: DEEPSPEED.", **_choices("distributed_type")
     ),
-    zero_stage: int | None = typer.Option(None, "--zero-stage", help="DeepSpeed ZeRO stage 0-3."),
+    zero_stage: int | None = typer.Option(
+        None, "--zero-stage", help="DeepSpeed ZeRO stage.", min=0, max=3, **one_of(range(4))
+    ),
     offload_optimizer: str | None = typer.Option(
         None,
         "--offload-optimizer",
