@@ -11,6 +11,12 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE, examples, nodelist_option, one_of
+from orchestrator.cli.user_defaults import (
+    default_hostfile,
+    default_launcher,
+    read_defaults,
+    say_defaults,
+)
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.plan.accel_config import (
     nproc_from_total,
@@ -172,7 +178,12 @@ def _choices(field: str) -> dict[str, Any]:
 def config_command(
     hostfile: Annotated[
         Path | None,
-        typer.Option("--hostfile", "-H", help="DeepSpeed hostfile (or -w with --slots)."),
+        typer.Option(
+            "--hostfile",
+            "-H",
+            help="DeepSpeed hostfile (or -w with --slots). Default: ORCH_HOSTFILE, else a "
+            "defaults file's.",
+        ),
     ] = None,
     nodes: str | None = nodelist_option("Node set instead of a hostfile."),
     slots: int | None = typer.Option(None, "--slots", help="Slots per node with -w."),
@@ -184,8 +195,8 @@ def config_command(
         None,
         "--launcher",
         "-l",
-        help="pdsh (one config, the default; also spelled deepspeed) or standard (one per "
-        "machine rank; also spelled accelerate).",
+        help="pdsh (one config; also spelled deepspeed) or standard (one per machine rank; "
+        "also spelled accelerate). Default: the recipe's, else a defaults file's, else pdsh.",
         **one_of(CONFIG_LAUNCHERS),
     ),
     nproc_per_node: int | None = typer.Option(
@@ -257,6 +268,12 @@ def config_command(
             hint=f"edit {recipe_path} instead",
         )
     options = recipe.accelerate if recipe is not None else accelerate_options(**given)
+    said: list[str] = []
+    defaults = read_defaults()
+    hostfile = default_hostfile(defaults, hostfile, nodelist=nodes, recipe=recipe, said=said)
+    launcher = default_launcher(defaults, launcher, recipe=recipe, allowed=CONFIG_LAUNCHERS,
+                                said=said)  # fmt: skip
+    say_defaults(said)
     chosen_launcher = _config_launcher(launcher, recipe)
     hosts, hostfile_path = _config_hosts(hostfile, nodes, slots, recipe, out_dir, chosen_launcher)
     nproc = _config_nproc(hosts, nproc_per_node, num_processes, recipe)

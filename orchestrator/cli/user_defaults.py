@@ -73,6 +73,20 @@ def default_hostfile(defaults: Defaults, given: Path | None, *, nodelist: str | 
     return Path(defaults.hostfile.value)
 
 
+def default_launcher(defaults: Defaults, given: str | None, *, recipe: Recipe | None = None,
+                     allowed: tuple[str, ...] | None = None,
+                     said: list[str]) -> str | None:  # fmt: skip
+    """--launcher as given, else the default one, unless a recipe names its own (or the
+    command takes none of that kind: `allowed`)."""
+    setting = defaults.launcher
+    if given is not None or setting is None or recipe is not None:
+        return given
+    if allowed is not None and setting.value not in allowed:
+        return given
+    said.append(_said("--launcher", setting))
+    return setting.value
+
+
 def default_python(defaults: Defaults, given: str | None, *, recipe: Recipe | None = None,
                    said: list[str]) -> str | None:  # fmt: skip
     """--python as given, else the recipe's (None here: the plan takes it), else the default."""
@@ -105,10 +119,7 @@ def with_defaults(options: JobOptions, defaults: Defaults, recipe: Recipe | None
     hostfile = default_hostfile(defaults, options.hostfile, nodelist=options.nodelist,
                                 slurm=options.slurm or sbatch, recipe=recipe,
                                 said=said)  # fmt: skip
-    launcher = options.launcher
-    if defaults.launcher is not None and recipe is None and launcher is None:
-        said.append(_said("--launcher", defaults.launcher))
-        launcher = defaults.launcher.value
+    launcher = default_launcher(defaults, options.launcher, recipe=recipe, said=said)
     python = default_python(defaults, options.python, recipe=recipe, said=said)
     runs_dir = default_runs_dir(defaults, options.runs_dir, said=said)
     options = replace(options, hostfile=hostfile, launcher=launcher, python=python,

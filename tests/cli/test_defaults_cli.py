@@ -126,3 +126,19 @@ def test_a_batch_job_takes_its_nodes_from_slurm_not_the_default_hostfile(tmp_pat
     result = orch_here(["submit", recipe, "--sbatch", "-N", "2", "--dry-run"], tmp_path / "runs")
     assert result.returncode == 0, result.stderr
     assert "#SBATCH" in result.stdout and "--hostfile" not in result.stderr
+
+
+def test_config_takes_the_default_hostfile_and_a_launcher_it_can_write_for(tmp_path, orch_here):
+    runs = tmp_path / "runs"
+    hostfile = _hostfile(tmp_path, "cluster", "a1", "a2")
+    config = _user_file(runs, f'hostfile = "{hostfile}"\nlauncher = "standard"\n')
+    out = tmp_path / "configs"
+    result = orch_here(["config", "-o", str(out)], runs)
+    assert result.returncode == 0, result.stderr
+    assert f"default: --launcher standard (from {config}:2)" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["accelerate-rank0.yaml",
+                                                     "accelerate-rank1.yaml"]  # fmt: skip
+    _user_file(runs, f'hostfile = "{hostfile}"\nlauncher = "torchrun"\n')  # none to write
+    pdsh = orch_here(["config", "-o", str(tmp_path / "pdsh")], runs)
+    assert pdsh.returncode == 0, pdsh.stderr
+    assert "--launcher" not in pdsh.stderr and (tmp_path / "pdsh" / "accelerate-pdsh.yaml").exists()
