@@ -1,13 +1,24 @@
-"""Write docs/reference/cli.md from the CLI itself (orchestrator/cli/reference.py)."""
+"""Write docs/reference/cli.md and the man pages in docs/man/ from the CLI itself
+(orchestrator/cli/reference.py, orchestrator/cli/manpages.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.cli.manpages import man_pages
 from orchestrator.cli.reference import reference_markdown
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGE = DOCS / "reference" / "cli.md"
+MAN_DIR = DOCS / "man"
 
 if __name__ == "__main__":
     PAGE.write_text(reference_markdown(), encoding="utf-8")
     print(PAGE)
+    MAN_DIR.mkdir(exist_ok=True)
+    pages = man_pages()
+    for stale in set(p.name for p in MAN_DIR.glob("*.1")) - set(pages):
+        (MAN_DIR / stale).unlink()  # a command that is gone
+    for name, text in pages.items():
+        (MAN_DIR / name).write_text(text, encoding="utf-8")
+    print(f"{MAN_DIR}/ ({len(pages)} pages)")

@@ -12,6 +12,12 @@ DEEPSPEED_SPEC=${ORCH_DEEPSPEED_SPEC:-deepspeed==0.19.8}
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
+# orch reads its defaults files with tomllib (3.11): say so before installing anything.
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    log "orch needs Python 3.11 or newer; $PYTHON is $("$PYTHON" --version 2>&1): PYTHON=python3.11 bash $0"
+    exit 1
+fi
+
 need_pkgs=()
 command -v ssh >/dev/null || need_pkgs+=(openssh-client)
 { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || need_pkgs+=(openssh-server)

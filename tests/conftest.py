@@ -206,6 +206,8 @@ def orch_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatc
     code and what it printed, with runs recorded under RUNS, from the repository."""
     from orchestrator.cli.main import main
 
+    monkeypatch.delenv("ORCH_HOSTFILE", raising=False)
+
     def run(args: list[str], runs: Path) -> CliResult:
         monkeypatch.setenv("ORCH_RUNS_DIR", str(runs))
         # What orch keeps in the temporary directory (a dry run's long commands) stays in
@@ -214,6 +216,9 @@ def orch_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatc
         temporary.mkdir(exist_ok=True)
         monkeypatch.setattr(tempfile, "tempdir", str(temporary))
         monkeypatch.delenv("ORCH_JOB_ID", raising=False)
+        # The defaults of the user running the tests are not the test's (a test's own
+        # ORCH_HOSTFILE, set after this fixture, stays).
+        monkeypatch.setenv("XDG_CONFIG_HOME", f"{runs}.config")
         monkeypatch.chdir(REPO)
         capsys.readouterr()
         try:

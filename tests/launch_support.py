@@ -23,6 +23,9 @@ def orch_env(runs: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["ORCH_RUNS_DIR"] = str(runs)
     env.pop("ORCH_JOB_ID", None)
+    # The defaults of the user running the tests are not the test's.
+    env.pop("ORCH_HOSTFILE", None)
+    env["XDG_CONFIG_HOME"] = f"{runs}.config"
     return env
 
 

@@ -1,6 +1,7 @@
 """The typer app every command group registers on, and how every command parses: besides
 its own options, their hidden aliases, and the spellings orch refuses naming the right one
-(specs/spellings.py). Imports no command module, so the command modules and the entry
+(specs/spellings.py); and how their options and arguments show in `--help`. Imports no
+command module, so the command modules and the entry
 point (cli/main.py) can both import it without a cycle."""
 
 from __future__ import annotations
@@ -11,10 +12,96 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from orchestrator import __version__
 from orchestrator.specs.spellings import Refusal, aliases_of, own_spellings, refusals_for
+
+# What `--help`, the reference and the man pages show after an option or for an argument:
+# nothing after a flag, the words of a fixed set (`<pdsh|srun>`, given by options.one_of),
+# else a word in capitals for what the value is (`PATH`, `SECONDS`, `NODESET`), as the
+# field's tools (argparse, click, pdsh) spell them; an argument by its name in capitals, in
+# the usage line too (`orch launch [OPTIONS] SCRIPT`). typer's own (`<bool>`, `<str>`,
+# `{script}`) name Python's types, which a user does not type.
+
+# A value's word when its option gives none, by the option's name: one word for one option
+# in every command.
+_BY_NAME = {
+    "--include": "NODES",
+    "--exclude": "NODES",
+    "--python": "PATH",
+    "--script": "PATH",
+    "--workdir": "DIR",
+    "--name": "NAME",
+    "--partition": "NAME",
+    "--prefix": "PREFIX",
+    "--main-port": "PORT",
+    "--main-address": "ADDRESS",
+    "--nproc-per-node": "N",
+    "--slots": "N",
+    "--gpus-per-node": "N",
+    "--max-restarts": "N",
+    "--min-nodes": "M",
+    "--rank": "R",
+    "--attempt": "K",
+    "--timeout": "SECONDS",
+    "--probe-timeout": "SECONDS",
+    "--heartbeat-timeout": "SECONDS",
+    "--stop-grace": "SECONDS",
+    "--grace": "SECONDS",
+    "--stop-signal": "SIGNAL",
+    "--time": "TIME",
+}
+# Else by the type typer reads it as.
+_BY_TYPE = {
+    "<str>": "TEXT",
+    "<int>": "INTEGER",
+    "<int range>": "INTEGER",
+    "<float>": "NUMBER",
+    "<float range>": "NUMBER",
+    "<path>": "PATH",
+}
+
+
+class OrchOption(TyperOption):
+    """A typer option that shows no type after a flag, and a value's word for the others."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        if self.metavar is not None:
+            return self.metavar
+        named = next((_BY_NAME[o] for o in self.opts if o in _BY_NAME), None)
+        if named is not None:
+            return named
+        shown = self.display_type(ctx)
+        return _BY_TYPE.get(shown, shown) + ("..." if self.nargs != 1 else "")
+
+
+class OrchArgument(TyperArgument):
+    """A typer argument shown by its name in capitals (its metavar, when it has one), as
+    `SCRIPT`, `[JOB]` and `[ARGS]...` in the usage line."""
+
+    @property
+    def display_name_raw(self) -> str:
+        return self.metavar if self.metavar is not None else (self.name or "").upper()
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def _adopt_params(params: list[Any]) -> list[Any]:
+    """`params`, each typer option and argument now shown as above (the same objects)."""
+    for param in params:
+        if type(param) is TyperOption:
+            param.__class__ = OrchOption
+        elif type(param) is TyperArgument:
+            param.__class__ = OrchArgument
+    return params
 
 
 @dataclass(frozen=True)
@@ -31,6 +118,14 @@ class _Refused:
 class OrchCommand(TyperCommand):
     """A typer command whose parser also takes the hidden aliases of its options and refuses
     the spellings orch gave another meaning, naming the one that has it."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _adopt_params(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        # A command whose script takes the rest of the line (`orch launch SCRIPT [ARGS]...`).
+        return [*pieces, "[ARGS]..."] if self.context_settings.get("allow_extra_args") else pieces
 
     def make_parser(self, ctx: Any) -> Any:
         parser = super().make_parser(ctx)
@@ -77,6 +172,9 @@ class OrchGroup(TyperGroup):
         for command in self.commands.values():
             _adopt(command)
 
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _adopt_params(super().get_params(ctx))
+
 
 def reflowed(text: str | None) -> str | None:
     """Help text with each paragraph on one line, for the terminal to wrap: a docstring's
@@ -90,6 +188,8 @@ def reflowed(text: str | None) -> str | None:
 def _adopt(command: Any) -> None:
     command.help = reflowed(command.help)
     if isinstance(command, TyperGroup):
+        if type(command) is TyperGroup:
+            command.__class__ = OrchGroup  # its own options shown as orch shows them
         for sub in command.commands.values():
             _adopt(sub)
     elif type(command) is TyperCommand:

@@ -5,7 +5,6 @@ rows are made from the record, so they are tested on values; the command prints 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -18,8 +17,10 @@ from rich.table import Table
 from orchestrator.checkpoint_copies.gather import gather
 from orchestrator.checkpoint_copies.nodes import CheckpointNodes
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import UsageError
 from orchestrator.nodes.transport import reaching
 from orchestrator.records.checkpoints import (
@@ -136,10 +137,12 @@ def checkpoints(
 
     Each checkpoint: its size, whether it is complete and how orch decided it, the nodes
     that wrote its parts, those that hold copies, and whether its writer deleted it. With
-    --gather, one of them collected from the nodes onto this machine, whole."""
+    --gather, one of them collected from the nodes onto this machine, whole.
+
+    Exit codes: 0 shown (or gathered whole); 1 orch's own failure; 2 a usage error."""
     if name is not None and gather_to is None:
         raise UsageError("--checkpoint goes with --gather", "add --gather DEST")
-    root = runs_root(runs_dir)
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)
     check_job(run)
@@ -149,7 +152,7 @@ def checkpoints(
         _gather(loaded, record, gather_to, name)
         return
     if as_json:
-        typer.echo(json.dumps(record.to_dict(), indent=2))
+        print_document("checkpoints", record.to_dict())
         return
     # Piped output keeps whole names rather than a terminal's 80 columns.
     out = Console(highlight=False, soft_wrap=True,

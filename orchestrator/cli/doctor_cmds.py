@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import replace
@@ -18,6 +17,7 @@ from orchestrator.checks.node import check_accelerate_config
 from orchestrator.checks.request import PreflightRequest
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import (
     EXCLUDE,
     INCLUDE,
@@ -29,6 +29,12 @@ from orchestrator.cli.options import (
     in_panel,
 )
 from orchestrator.cli.progress import node_progress
+from orchestrator.cli.user_defaults import (
+    default_hostfile,
+    default_python,
+    read_defaults,
+    say_defaults,
+)
 from orchestrator.errors import InputFileError
 from orchestrator.specs.constants import DEFAULT_MAIN_PORT
 from orchestrator.specs.inventory import filter_hosts, nodes_text, read_hostfile
@@ -186,8 +192,13 @@ def print_report(report: DoctorReport, console: Console, reached_by: str = "ssh"
 
 _CHECKS_PANEL = "What to check"
 _CONNECT_PANEL = "Reaching the nodes"
-_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).",
-                         rich_help_panel=NODES_PANEL)  # fmt: skip
+_HOSTFILE = typer.Option(
+    None,
+    "--hostfile",
+    "-H",
+    help="DeepSpeed hostfile (`host slots=N`; default: ORCH_HOSTFILE, else a defaults file's).",
+    rich_help_panel=NODES_PANEL,
+)
 _ACCELERATE_CONFIG = typer.Option(
     None, "--accelerate-config", help="Also check this accelerate config file.",
     rich_help_panel=_CHECKS_PANEL,
@@ -217,10 +228,11 @@ def doctor(
     script: str = typer.Option(
         None, "--script", help="Training script to look for.", rich_help_panel=_CHECKS_PANEL
     ),
-    python: str = typer.Option(
-        sys.executable,
+    python: str | None = typer.Option(
+        None,
         "--python",
-        help="Interpreter the job runs with on every node.",
+        help="Interpreter the job runs with on every node (default: a defaults file's, else "
+        "the head's).",
         rich_help_panel=_CHECKS_PANEL,
     ),
     workdir: str = typer.Option(
@@ -271,7 +283,10 @@ def doctor(
         False, "--json", help="Print one JSON document.", rich_help_panel=OUTPUT_PANEL
     ),
 ) -> None:
-    """Check every node: SSH, environment parity, files, network, GPUs, disk."""
+    """Check every node: SSH, environment parity, files, network, GPUs, disk.
+
+    Exit codes: 0 every check passed (warnings alone pass); 1 a check failed; 2 a usage
+    error."""
     from orchestrator.errors import UsageError
     from orchestrator.nodes.transport import SSH, choose_transport
     from orchestrator.prepare.ports import free_port_on
@@ -280,6 +295,11 @@ def doctor(
 
     if timeout <= 0:
         raise UsageError("--timeout must be positive", "for example --timeout 10")
+    said: list[str] = []
+    defaults = read_defaults()
+    hostfile = default_hostfile(defaults, hostfile, slurm=slurm, said=said)
+    python = default_python(defaults, python, said=said) or sys.executable
+    say_defaults(said)
     if main_port is not None:
         check_port(main_port, "--main-port")
     given = read_hostfile(hostfile) if hostfile is not None else None
@@ -317,7 +337,7 @@ def doctor(
         findings = ssh_inside_allocation(report.findings, allocation.job_id)
         report = replace(report, findings=findings)
     if as_json:
-        typer.echo(json.dumps({**report.to_dict(), "transport": transport.kind}, indent=2))
+        print_document("doctor", {**report.to_dict(), "transport": transport.kind})
     else:
         # Piped output keeps whole rows rather than rich's 80-column default.
         width = None if sys.stdout.isatty() else 160

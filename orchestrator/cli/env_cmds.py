@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -16,14 +15,26 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import EXCLUDE, INCLUDE, SLURM, TRANSPORT, examples
+from orchestrator.cli.user_defaults import (
+    default_hostfile,
+    default_python,
+    read_defaults,
+    say_defaults,
+)
 from orchestrator.specs.inventory import filter_hosts, read_hostfile
 from orchestrator.specs.slurm import job_inventory
 from orchestrator.specs.units import format_bytes
 
 env_app = typer.Typer(help="The job's Python environment on every node.")
 app.add_typer(env_app, name="env")
-_HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`host slots=N`).")
+_HOSTFILE = typer.Option(
+    None,
+    "--hostfile",
+    "-H",
+    help="DeepSpeed hostfile (`host slots=N`; default: ORCH_HOSTFILE, else a defaults file's).",
+)
 
 
 @env_app.command(
@@ -36,8 +47,11 @@ _HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile (`ho
 def push(
     hostfile: Path | None = _HOSTFILE,
     slurm: bool = SLURM,
-    python: str = typer.Option(
-        sys.executable, "--python", help="Interpreter of the environment to push (venv or conda)."
+    python: str | None = typer.Option(
+        None,
+        "--python",
+        help="Interpreter of the environment to push (venv or conda). Default: a defaults "
+        "file's, else the head's.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say per node what would be sent."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -52,12 +66,20 @@ def push(
     """Make every node's environment at the --python's path the head's.
 
     Only what differs is sent, once, passed from node to node; each node switches to it in
-    one rename. Nodes as doctor takes them (--hostfile, or inside a Slurm allocation)."""
+    one rename. Nodes as doctor takes them (--hostfile, or inside a Slurm allocation).
+
+    Exit codes: 0 every node has the head's environment (or, --dry-run, could); 1 a node
+    failed; 2 a usage error; 130/143 interrupted (no node is left half-switched)."""
     from orchestrator.envpush.push import environment_source, push_environment
     from orchestrator.errors import OrchError
     from orchestrator.nodes.transport import choose_transport
     from orchestrator.prepare.preflight import head_environment
 
+    said: list[str] = []
+    defaults = read_defaults()
+    hostfile = default_hostfile(defaults, hostfile, slurm=slurm, said=said)
+    python = default_python(defaults, python, said=said) or sys.executable
+    say_defaults(said)
     source = environment_source(python)
     head_env = head_environment(source.python)
     if head_env is None:
@@ -88,7 +110,7 @@ def push(
         os._exit(128 + stopped.signum)  # the push's threads wait for nodes; channels close
     doc = report.to_dict()
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        print_document("env-push", doc)
     else:
         _print(doc, dry_run)
     raise typer.Exit(0 if doc["ok"] else 1)

@@ -11,6 +11,12 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.cli.options import EXCLUDE, INCLUDE, examples, nodelist_option, one_of
+from orchestrator.cli.user_defaults import (
+    default_hostfile,
+    default_launcher,
+    read_defaults,
+    say_defaults,
+)
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.plan.accel_config import (
     nproc_from_total,
@@ -57,7 +63,10 @@ def hostfile_command(
         "Node set, e.g. 'gpu[01-16]' or 'a,b,c' (first = main node)."
     ),
     slots: str | None = typer.Option(
-        None, "--slots", help="Slots per node: a number, or 'auto' (GPUs of each node, over SSH)."
+        None,
+        "--slots",
+        metavar="N|auto",
+        help="Slots per node: a number, or 'auto' (GPUs of each node, over SSH).",
     ),
     source: Annotated[
         Path | None,
@@ -71,7 +80,9 @@ def hostfile_command(
     ] = None,
     timeout: float = typer.Option(10.0, "--timeout", help="Seconds per node for --slots auto."),
 ) -> None:
-    """Write a DeepSpeed hostfile ('host slots=N' lines) from a node set."""
+    """Write a DeepSpeed hostfile ('host slots=N' lines) from a node set.
+
+    Exit codes: 0 written; 1 a node did not say its GPUs (--slots auto); 2 a usage error."""
     hosts = _hostfile_from_options(nodes, slots, source, timeout)
     hosts = filter_hosts(hosts, include=include, exclude=exclude)
     text = render_hostfile(hosts)
@@ -167,7 +178,12 @@ def _choices(field: str) -> dict[str, Any]:
 def config_command(
     hostfile: Annotated[
         Path | None,
-        typer.Option("--hostfile", "-H", help="DeepSpeed hostfile (or -w with --slots)."),
+        typer.Option(
+            "--hostfile",
+            "-H",
+            help="DeepSpeed hostfile (or -w with --slots). Default: ORCH_HOSTFILE, else a "
+            "defaults file's.",
+        ),
     ] = None,
     nodes: str | None = nodelist_option("Node set instead of a hostfile."),
     slots: int | None = typer.Option(None, "--slots", help="Slots per node with -w."),
@@ -179,8 +195,8 @@ def config_command(
         None,
         "--launcher",
         "-l",
-        help="pdsh (one config, the default; also spelled deepspeed) or standard (one per "
-        "machine rank; also spelled accelerate).",
+        help="pdsh (one config; also spelled deepspeed) or standard (one per machine rank; "
+        "also spelled accelerate). Default: the recipe's, else a defaults file's, else pdsh.",
         **one_of(CONFIG_LAUNCHERS),
     ),
     nproc_per_node: int | None = typer.Option(
@@ -196,7 +212,9 @@ def config_command(
     distributed_type: str | None = typer.Option(
         None, "--distributed-type", help="Default: DEEPSPEED.", **_choices("distributed_type")
     ),
-    zero_stage: int | None = typer.Option(None, "--zero-stage", help="DeepSpeed ZeRO stage 0-3."),
+    zero_stage: int | None = typer.Option(
+        None, "--zero-stage", help="DeepSpeed ZeRO stage.", min=0, max=3, **one_of(range(4))
+    ),
     offload_optimizer: str | None = typer.Option(
         None,
         "--offload-optimizer",
@@ -228,7 +246,9 @@ def config_command(
         Path, typer.Option("--output", "-o", help="Directory to write the config(s) into.")
     ] = Path("."),
 ) -> None:
-    """Write the accelerate config for the pdsh launcher, or one per machine rank (standard)."""
+    """Write the accelerate config for the pdsh launcher, or one per machine rank (standard).
+
+    Exit codes: 0 written; 2 a usage error (a bad hostfile, recipe or value)."""
     given = {
         "distributed_type": distributed_type,
         "zero_stage": zero_stage,
@@ -248,6 +268,12 @@ def config_command(
             hint=f"edit {recipe_path} instead",
         )
     options = recipe.accelerate if recipe is not None else accelerate_options(**given)
+    said: list[str] = []
+    defaults = read_defaults()
+    hostfile = default_hostfile(defaults, hostfile, nodelist=nodes, recipe=recipe, said=said)
+    launcher = default_launcher(defaults, launcher, recipe=recipe, allowed=CONFIG_LAUNCHERS,
+                                said=said)  # fmt: skip
+    say_defaults(said)
     chosen_launcher = _config_launcher(launcher, recipe)
     hosts, hostfile_path = _config_hosts(hostfile, nodes, slots, recipe, out_dir, chosen_launcher)
     nproc = _config_nproc(hosts, nproc_per_node, num_processes, recipe)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import datetime, timezone
@@ -14,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
 from orchestrator.cli.job_printing import (
     PipelinePrinter,
@@ -33,7 +33,13 @@ from orchestrator.cli.status_list import (
     selected,
     unreadable_lines,
 )
-from orchestrator.errors import UsageError
+from orchestrator.cli.user_defaults import (
+    read_defaults,
+    runs_dir_option,
+    say_defaults,
+    with_defaults,
+)
+from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.view import make_view
 from orchestrator.outcome.states import JobState
 from orchestrator.plan.describe import command_files, dry_run_document, plan_text
@@ -65,11 +71,14 @@ from orchestrator.run.teardown import kill_job
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.options import launcher_named
 from orchestrator.specs.recipe import load_recipe
+from orchestrator.specs.recipe_model import Recipe
 from orchestrator.specs.slurm import DEFAULT_MAX_REQUEUES
 from orchestrator.specs.units import format_bytes
 
 _RECIPE = typer.Argument(..., help="Recipe YAML (script, args, launcher, options).")
-_SCRIPT_ARGS = typer.Argument(None, help="More arguments for the script (after --).")
+_SCRIPT_ARGS = typer.Argument(
+    None, metavar="ARGS", help="More arguments for the script (after --)."
+)
 # Options end at the script: everything after it is the script's, and an option orch does
 # not know, before it, is a usage error (not taken for the script).
 _CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
@@ -82,7 +91,7 @@ def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
     real launch would stop with before starting anything (0: it would start)."""
     findings = dry_run_findings(plan, head_facts(plan))
     if as_json:
-        typer.echo(json.dumps(dry_run_document(plan, findings), indent=2))
+        print_document("plan", dry_run_document(plan, findings))
     else:
         directory = commands_dir(plan.job_id)
         write_command_files(directory, command_files(plan))
@@ -96,20 +105,45 @@ def _print_dry_run(plan: LaunchPlan, *, as_json: bool) -> None:
         raise typer.Exit(code)
 
 
+def _print_final_record(runs: Path, job_id: str) -> None:
+    """`launch --json`: the job's record as `orch status JOB --json` prints it, on stdout.
+    A record that cannot be read then is said on stderr: the job's exit code stands."""
+    try:
+        run = find_job(runs, job_id)
+        check_job(run)
+        document = record_document(run.load())
+    except OrchError as err:
+        err_console().print(f"error: the job's record: {err.message}", markup=False)
+        return
+    print_document("job", document)
+
+
 def _execute(request: JobRequest, *, dry_run: bool, as_json: bool, quiet: bool) -> None:
     job = prepare_job(request, os.environ, private_dir=head_private_dir, dry_run=dry_run,
                       say=lambda text: err_console().print(text, markup=False))  # fmt: skip
     if dry_run:
         _print_dry_run(job.plan, as_json=as_json)
         return
-    view = None if quiet else make_view(job.plan.hosts)
+    # With --json, stdout holds the record alone: the job's output shows on stderr.
+    view = None if quiet else make_view(job.plan.hosts, to_stderr=as_json)
     try:
         result = run_job(job, view=view, reporter=PipelinePrinter(view))
     finally:
         if view is not None:
             view.close()
     print_summary(result, restarts=request.max_restarts > 0)
+    if as_json:
+        _print_final_record(result.run_dir.parent, result.job_id)
     raise typer.Exit(result.exit_code)
+
+
+def _defaulted(options: JobOptions, recipe: Recipe | None = None, *,
+               sbatch: bool = False) -> JobOptions:  # fmt: skip
+    """The options with the defaults (ORCH_HOSTFILE, orch.toml, ~/.config/orch/config.toml)
+    where neither they nor the recipe say; each default used is said, with its source."""
+    options, said = with_defaults(options, read_defaults(), recipe, sbatch=sbatch)
+    say_defaults(said)
+    return options
 
 
 def _script_args(extra: list[str]) -> list[str]:
@@ -143,6 +177,7 @@ def launch(
     Exit codes: the job's own (0 when every rank succeeded); 124 a hang or a time limit;
     130 Ctrl-C; 143 `orch stop`, Slurm or `orch kill`; nothing started: 69 the nodes, 73
     the record, 78 the pre-flight; 2 a usage error."""
+    options = _defaulted(options)
     spec = launch_spec(script, _script_args(ctx.args), launcher=options.launcher or "pdsh",
                        env=options.env, environ=os.environ,
                        nproc_per_node=options.nproc_per_node, python=options.python,
@@ -214,6 +249,7 @@ def submit(
     asked_requeue = RequeueRequest(requeue, max_requeues)
     check_requeue(asked_requeue, sbatch=sbatch, batch_run=given_job_id is not None)
     loaded = load_recipe(recipe)
+    options = _defaulted(options, loaded, sbatch=sbatch)
     extra = tuple(script_args or ())
     launcher = launcher_named(options.launcher) if options.launcher else None
     given = LaunchOverrides(launcher=launcher, nproc_per_node=options.nproc_per_node,
@@ -238,10 +274,15 @@ def submit(
         f"job {batch.job_id}: submitted as Slurm job {batch.slurm_job} ({batch.nodes} nodes); "
         f"`orch status {batch.job_id}`; its output: {batch.output}"
     )
+    if options.as_json:  # the job's record as it stands: queued
+        _print_final_record(Path(batch.output).parent.parent, batch.job_id)
+        return
     typer.echo(batch.job_id)
 
 
-def _record_doc(record: JobRecord) -> dict:
+def record_document(record: JobRecord) -> dict:
+    """The job's record as `--json` prints it (`orch status JOB --json`, `orch launch
+    --json`): job.json, with the state as `orch status` shows it."""
     doc = record.to_json()
     doc["recorded_state"] = record.state
     doc["state"] = shown_state(record)
@@ -295,10 +336,9 @@ def _print_job_list(root: Path, wanted: JobFilter, as_json: bool) -> None:
     """Every job under root the filters keep, oldest first; unreadable records too, with why."""
     entries = selected(list_job_entries(root), wanted, shown_state)
     if as_json:
-        docs = [_record_doc(e.record) for e in entries if e.record is not None]
+        docs = [record_document(e.record) for e in entries if e.record is not None]
         unreadable = [{"id": e.job_id, "problem": e.problem} for e in entries if e.record is None]
-        typer.echo(json.dumps({"runs_dir": str(root), "jobs": docs, "unreadable": unreadable},
-                              indent=2))  # fmt: skip
+        print_document("jobs", {"runs_dir": str(root), "jobs": docs, "unreadable": unreadable})
         return
     table = Table(title=f"jobs in {root}")
     for column in COLUMNS:
@@ -331,10 +371,13 @@ def status(
     runs_dir: Path = _STATUS_RUNS_DIR,
     as_json: bool = _STATUS_JSON,
 ) -> None:
-    """List jobs (id, name, state, hosts, duration, start), or show one.
+    """List jobs (id, name, script, state, hosts, duration, start in local time), or show one.
 
-    One job: its state, nodes, exit codes, attempts and first failure."""
-    root = runs_root(runs_dir)
+    One job: its state, nodes, exit codes, attempts and first failure.
+
+    Exit codes: 0 shown (a list shows an unreadable record with why); 1 this job's record
+    cannot be read; 2 a usage error."""
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     if job is None:
         _check_state(state)
@@ -347,7 +390,7 @@ def status(
     check_job(run)
     record = run.load()
     if as_json:
-        typer.echo(json.dumps(_record_doc(record), indent=2))
+        print_document("job", record_document(record))
         return
     out = Console(highlight=False, soft_wrap=True)
     state = shown_state(record)
@@ -385,8 +428,11 @@ def kill(
     runs_dir: Path = RUNS_DIR,
     grace: float = typer.Option(5.0, "--grace", help="Seconds between TERM and KILL."),
 ) -> None:
-    """Stop a job on every node (from any terminal), by its job id."""
-    run = find_job(runs_root(runs_dir), job)
+    """Stop a job on every node (from any terminal), by its job id.
+
+    Exit codes: 0 every node stopped the job; 1 a node could not be reached or still runs
+    some of it; 2 a usage error."""
+    run = find_job(runs_root(runs_dir_option(runs_dir)), job)
     err = err_console()
     outcome = kill_job(run, grace=grace, say=lambda text: err.print(text, markup=False))
     err.print(f"job {outcome.record.id}: {shown_state(outcome.record)}")

@@ -32,7 +32,6 @@ from orchestrator.cli.options import (
     nodes_option,
     one_of,
 )
-from orchestrator.errors import UsageError
 from orchestrator.outcome.events import WatchSettings
 from orchestrator.outcome.states import HANG_EXIT_CODE
 from orchestrator.plan.request import (
@@ -64,9 +63,18 @@ def _declared(option: OptionInfo) -> dict[str, OptionInfo]:
     return {_DECLARED: option}
 
 
-RUNS_DIR = typer.Option(None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs).")
+RUNS_DIR = typer.Option(
+    None,
+    "--runs-dir",
+    help="Job records (default: $ORCH_RUNS_DIR, else a defaults file's runs_dir, else ./runs).",
+)
 _HOSTFILE = typer.Option(
-    None, "--hostfile", "-H", help="DeepSpeed hostfile.", rich_help_panel=NODES_PANEL
+    None,
+    "--hostfile",
+    "-H",
+    help="DeepSpeed hostfile. Default: ORCH_HOSTFILE, else a defaults file's (./orch.toml, "
+    "~/.config/orch/config.toml).",
+    rich_help_panel=NODES_PANEL,
 )
 _FANOUT = typer.Option(
     None,
@@ -159,7 +167,9 @@ _DRY_RUN = typer.Option(
 _AS_JSON = typer.Option(
     False,
     "--json",
-    help="With --dry-run (needs it): the plan as one JSON document.",
+    help="Print one JSON document on stdout: with --dry-run the plan; else, once the job "
+    "has ended, its record (as `orch status JOB --json`), the job's output and summary "
+    "going to stderr; with --sbatch, the queued job's. The exit code stays the job's.",
     rich_help_panel=OUTPUT_PANEL,
 )
 _NO_DOCTOR = typer.Option(
@@ -246,7 +256,7 @@ _LAUNCHER = typer.Option(
     None,
     "--launcher",
     "-l",
-    help=f"{LAUNCHER_HELP}. Default: pdsh (submit: the recipe's).",
+    help=f"{LAUNCHER_HELP}. Default: a defaults file's, else pdsh (submit: the recipe's).",
     **one_of(LAUNCHERS),
     rich_help_panel=LAUNCHER_PANEL,
 )
@@ -259,7 +269,8 @@ _NPROC_PER_NODE = typer.Option(
 _PYTHON = typer.Option(
     None,
     "--python",
-    help="Interpreter on the nodes (default: the head's; submit: the recipe's).",
+    help="Interpreter on the nodes (default: the recipe's, else a defaults file's, else the "
+    "head's).",
     rich_help_panel=SCRIPT_PANEL,
 )
 _WORKDIR = typer.Option(
@@ -379,11 +390,6 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     """The request the options and a spec make: `nodes` as wanted (--nodes, or a recipe's),
     `more` the request's other fields. Warns (stderr) of script arguments that look like
     secrets: launch and submit both come through here."""
-    if options.as_json and not options.dry_run:
-        raise UsageError(
-            "--json goes with --dry-run: it prints the plan as one JSON document",
-            "add --dry-run; a job's record as JSON: orch status JOB --json",
-        )
     for line in secret_args_warnings(spec.args):
         typer.echo(line, err=True)
     heartbeat = options.heartbeat_timeout

@@ -15,7 +15,9 @@ from typing import BinaryIO
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples, node_set
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines
 from orchestrator.records.attempts import attempt_run_dir
@@ -40,9 +42,7 @@ _NODELIST = typer.Option(
                              "tail -n {count}"),
     help="Only these nodes: a node set ('n[1-2]', 'a,b'; repeat).",
 )  # fmt: skip
-_RUNS_DIR = typer.Option(
-    None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
-)
+_RUNS_DIR = RUNS_DIR
 _RAW_FILES = ("stdout.raw", "stderr.raw")
 
 
@@ -102,11 +102,15 @@ _RANK_NOTE = re.compile(rb" orch rank .*\brank=(\d+)")
 
 
 def _check_rank_seen(run: RunDir, record: JobRecord, nodes: list[str], rank: int) -> None:
-    """An error naming the ranks the job had when `rank` was never among them."""
-    seen: set[int] = set()
+    """An error naming the ranks the job had when `rank` was never among them: not in the
+    record's ranks on these nodes, no line of its own and no start of it in their logs."""
+    seen = {end.rank for end in record.ranks if end.node in nodes}
+    has_lines = rank_filter(rank)
     for node in nodes:
         path = run.logs / log_file_name(node)
         if path.is_file():
+            if next(has_lines(read_log_lines(path)), None) is not None:
+                return  # its lines were just printed
             for line in read_log_lines(path):
                 match = _RANK_NOTE.search(line)
                 if match:
@@ -204,13 +208,16 @@ def logs(
 
     Each line: timestamp, \\[r<rank>/<local rank>,] stream, text; prefixed by its node when
     there are several. Lines with no rank are the node's launcher's (out, err), ssh's (sys)
-    or orch's (orch)."""
+    or orch's (orch).
+
+    Exit codes: 0 printed (--follow: the job ended); 1 the record cannot be read; 2 a usage
+    error (a node, rank or attempt the job never had); 130 --follow interrupted."""
     if raw and follow:
         raise UsageError(
             "--raw and --follow cannot be combined",
             "raw logs are pulled back when the job ends; follow the head-side logs instead",
         )
-    root = runs_root(runs_dir)
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)
     check_job(run)

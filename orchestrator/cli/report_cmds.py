@@ -10,6 +10,7 @@ import typer
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.records.job import runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import find_job
@@ -28,8 +29,10 @@ def report(
 ) -> None:
     """Write the job's report and print its path.
 
-    runs/<job>/report.html: one self-contained page, readable offline."""
-    root = runs_root(runs_dir)
+    runs/<job>/report.html: one self-contained page, readable offline.
+
+    Exit codes: 0 written; 1 the record cannot be read; 2 a usage error."""
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # before any record in it is read
     run = find_job(root, job)
     check_job(run)

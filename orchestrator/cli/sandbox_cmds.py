@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -10,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import examples, nodes_option, one_of
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.cluster import Sandbox
@@ -80,7 +80,9 @@ def up(
     private: list[Path] = _PRIVATE_OPTION,
     directory: Path | None = _DIR_OPTION,
 ) -> None:
-    """Start the nodes (or keep them if already up) and print the hostfile path."""
+    """Start the nodes (or keep them if already up) and print the hostfile path.
+
+    Exit codes: 0 up; 1 the nodes could not be brought up; 2 a usage error."""
     if no_ssh:
         if not slurm or sshd not in ("default", "no-ssh"):
             raise UsageError(
@@ -119,7 +121,9 @@ def up(
     ),
 )
 def down(directory: Path | None = _DIR_OPTION) -> None:
-    """Stop every process of every node and remove what `up` added."""
+    """Stop every process of every node and remove what `up` added.
+
+    Exit codes: 0 down (or none was up); 1 orch's own failure."""
     state = Sandbox(directory).down()
     msg = "sandbox down" if state else "no sandbox was up"
     Console(stderr=True, highlight=False).print(msg)
@@ -135,7 +139,9 @@ def status(
     directory: Path | None = _DIR_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Show each node: address, process, port."""
+    """Show each node: address, process, port.
+
+    Exit codes: 0 shown (or none is up, which it says)."""
     box = Sandbox(directory)
     state = box.load()
     rows = box.status(state)
@@ -152,7 +158,7 @@ def status(
             if state and state.slurm_conf
             else None,
         }
-        typer.echo(json.dumps(doc, indent=2))
+        print_document("sandbox", doc)
         return
     console = Console(highlight=False)
     if state is None:

@@ -3,7 +3,6 @@ ranks, or a sampling profile that names the straggler."""
 
 from __future__ import annotations
 
-import json
 import os
 from enum import Enum
 from pathlib import Path
@@ -11,7 +10,10 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.app import app
+from orchestrator.cli.documents import print_document
+from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError
 from orchestrator.nodes.transport import reaching
 from orchestrator.records.job import FINAL_STATES, JobRecord, now_iso, runs_root
@@ -26,9 +28,7 @@ from orchestrator.stacks.model import RankStacks
 from orchestrator.stacks.profile import STRAGGLER_MARGIN
 from orchestrator.stacks.report import StacksResult, analyse, result_json
 
-_RUNS_DIR = typer.Option(
-    None, "--runs-dir", help="Job records (default: $ORCH_RUNS_DIR or ./runs)."
-)
+_RUNS_DIR = RUNS_DIR
 _RULE = "-" * 60
 
 
@@ -159,8 +159,11 @@ def stacks(
 
     All threads of every rank on every node, taken while the job runs (py-spy, or the
     rank's own faulthandler where ptrace is refused); identical stacks are folded. Kept in
-    runs/<job>/stacks/. Exit 1 when a node or a rank could not be read."""
-    root = runs_root(runs_dir)
+    runs/<job>/stacks/.
+
+    Exit codes: 0 every node answered; 1 a node or a rank could not be read (the others
+    still show); 2 a usage error."""
+    root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # the record names the interpreter run on every host it lists
     run = find_job(root, job)
     check_job(run)
@@ -176,7 +179,7 @@ def stacks(
     document = result_json(result)
     saved = _save(run, document)
     if as_json:
-        typer.echo(json.dumps({**document, "saved_as": saved}, indent=2))
+        print_document("stacks", {**document, "saved_as": saved})
     else:
         (_print_profile if profile else _print_dump)(result)
         for line in _failed_lines(result):

@@ -13,7 +13,7 @@ from orchestrator.records.job import JobRecord
 from orchestrator.records.rundir import ListedJob
 from orchestrator.specs.inventory import nodes_text
 
-COLUMNS = ("job", "name", "state", "launcher", "hosts", "duration", "started")
+COLUMNS = ("job", "name", "script", "state", "hosts", "duration", "started")
 UNREADABLE = "unreadable"
 
 
@@ -31,6 +31,17 @@ def job_name(record: JobRecord) -> str:
     if record.name:
         return record.name
     return Path(record.recipe).stem if record.recipe else ""
+
+
+def job_script(record: JobRecord) -> str:
+    """The job's script, relative to its working directory when it is in it; "" for a
+    record that keeps none."""
+    if not record.script:
+        return ""
+    script = Path(record.script)
+    if script.is_absolute() and record.workdir and script.is_relative_to(record.workdir):
+        return str(script.relative_to(record.workdir))
+    return record.script
 
 
 def _wanted(record: JobRecord, wanted: JobFilter, state_of: Callable[[JobRecord], str]) -> bool:
@@ -93,8 +104,8 @@ def job_row(listed: ListedJob, state: str, now: datetime,
     "unreadable"; unreadable_lines say why)."""
     record = listed.record
     if record is None:
-        return (listed.job_id, "", UNREADABLE, "", "", "", "")
-    return (record.id, job_name(record), state, record.launcher, nodes_text(record.hosts),
+        return (listed.job_id, "", "", UNREADABLE, "", "", "")
+    return (record.id, job_name(record), job_script(record), state, nodes_text(record.hosts),
             job_duration(record, now), local_time(record.started_at, zone))  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from orchestrator.cli.app import app
 from orchestrator.cli.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
+from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.records.job import runs_root
 from orchestrator.records.rundir import find_job
 from orchestrator.run.status import shown_state
@@ -30,8 +31,11 @@ def stop(
 
     Every rank gets the stop signal (--stop-signal) and the grace (--stop-grace) to exit by
     itself; then the job is torn down. Waits for the job to end (its exit code is then
-    143). `orch kill` stops at once."""
-    run = find_job(runs_root(runs_dir), job)
+    143). `orch kill` stops at once.
+
+    Exit codes: 0 the job ended; 1 it had ended already, has no head running it, or did not
+    end while this waited (its grace and a minute); 2 a usage error."""
+    run = find_job(runs_root(runs_dir_option(runs_dir)), job)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     asked = request_stop(run, say=lambda text: err.print(text, markup=False))
     record = asked.record

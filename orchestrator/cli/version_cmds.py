@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from orchestrator.cli.app import app, report_versions_with
+from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import examples
 from orchestrator.cli.versions import collect_versions, versions_text
 
@@ -18,9 +17,14 @@ def version(
     """Print the versions a bug report needs.
 
     orch's, and those of Python, the platform, torch, DeepSpeed, accelerate, paramiko,
-    ClusterShell, pdsh and Slurm (programs get 5 s to answer; "not found" when absent)."""
+    ClusterShell, pdsh and Slurm (programs get 5 s to answer; "not found" when absent).
+
+    Exit codes: 0 (a version that cannot be read shows as such)."""
     versions = collect_versions()
-    typer.echo(json.dumps(versions.to_json(), indent=2) if as_json else versions_text(versions))
+    if as_json:
+        print_document("version", versions.to_json())
+        return
+    typer.echo(versions_text(versions))
 
 
 def _report() -> str:

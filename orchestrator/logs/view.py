@@ -343,11 +343,17 @@ class LiveView:
 
 
 def make_view(
-    nodes: Sequence[str] = (), *, tty: bool | None = None, frame_interval: float = 5.0
+    nodes: Sequence[str] = (),
+    *,
+    tty: bool | None = None,
+    frame_interval: float = 5.0,
+    to_stderr: bool = False,
 ) -> LiveView | PlainView:
-    """The live view on a terminal, plain throttled lines otherwise."""
+    """The live view on a terminal, plain throttled lines otherwise; on stdout, or on
+    stderr (`to_stderr`: stdout is kept for a JSON document)."""
+    stream = sys.stderr if to_stderr else sys.stdout
     if tty is None:
-        tty = sys.stdout.isatty()
+        tty = stream.isatty()
     if tty:
-        return LiveView(nodes)
-    return PlainView(frame_interval=frame_interval)
+        return LiveView(nodes, console=Console(highlight=False, stderr=to_stderr))
+    return PlainView(stream.buffer, frame_interval=frame_interval)

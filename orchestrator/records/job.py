@@ -25,10 +25,12 @@ from orchestrator.outcome.requeue import RequeueDecision
 from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.outcome.stop import StopSummary
 from orchestrator.specs.checkpoints import CheckpointSettings
+from orchestrator.specs.constants import SCHEMA_VERSION
 from orchestrator.specs.slurm import ACTIVE_STATES as SLURM_ACTIVE_STATES
 from orchestrator.specs.words import Fanout
 
 RUNS_DIR_VAR = "ORCH_RUNS_DIR"
+JOB_SCHEMA = "orch.job"  # job.json's schema name, beside SCHEMA_VERSION
 
 # Every name orch gives in a run directory, here alone: RunDir's paths are made of them, and
 # whatever writes or reads one of these files or folders takes its name from here.
@@ -223,6 +225,7 @@ class JobRecord:
     environment: EnvironmentRecord | None = None
     stop: StopSummary | None = None  # a stop's cause, time and every rank's part in it
     name: str | None = None  # what the user calls the job (None: a record that names none)
+    script: str | None = None  # the training script as the plan runs it (None: not recorded)
     # the hang threshold in force at the end and where it came from (None: hangs not looked for)
     hang_watch: Mapping[str, object] | None = None
     # --checkpoint-dir (absolute) and how orch copies it (None: the job was given none)
@@ -243,7 +246,7 @@ class JobRecord:
         return "launcher" if failure.kind == FailureKind.HEAD else "orch"
 
     def to_json(self) -> dict:
-        data = asdict(self)
+        data = {"schema": JOB_SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
         data["exit_code_from"] = self.exit_code_from
         data["stop"] = None if self.stop is None else self.stop.to_json()
         data["command"] = list(self.command)
@@ -292,6 +295,7 @@ class JobRecord:
             environment=EnvironmentRecord.from_json(data.get("environment")),
             stop=StopSummary.from_json(data.get("stop")),
             name=data.get("name"),
+            script=data.get("script"),
             hang_watch=data.get("hang_watch"),
             checkpoints=_checkpoints_from_json(data.get("checkpoints")),
             allocation=int(data.get("allocation", 1)),

@@ -53,7 +53,7 @@ def submit_batch_job(request: JobRequest, *, dry_run: bool) -> BatchJob:
         id=job_id, state=JobState.QUEUED, launcher=launcher, command=batch.command, hosts=(),
         workdir=batch.workdir, started_at=now_iso(), head_pid=0, head_start=None,
         recipe=request.spec.recipe, fanout=chosen_fanout(request.fanout, launcher, True),
-        slurm_job_id=slurm_job, name=request.spec.name,
+        slurm_job_id=slurm_job, name=request.spec.name, script=request.spec.script,
         slurm_batch=True,
     )  # fmt: skip
     run.save(record)

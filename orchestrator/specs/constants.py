@@ -59,3 +59,7 @@ def standard_config_name(machine_rank: int | str) -> str:
 
 # Seconds between TERM and KILL when a job's processes are stopped on a node.
 STOP_GRACE_S = 5.0
+
+# The version of every JSON document orch writes (job.json) or prints (--json), beside its
+# `schema` name (`orch.job`, `orch.doctor`, ...): raised when a field changes meaning or goes.
+SCHEMA_VERSION = 1

@@ -4,6 +4,8 @@ command's help, each paragraph of a command's help on one line for the terminal 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from orchestrator.cli.app import reflowed
@@ -109,3 +111,34 @@ def test_a_help_paragraph_is_one_line_for_the_terminal_to_wrap():
       indented oddly."""
     assert reflowed(text) == "First line goes on.\n\nSecond paragraph, indented oddly."
     assert reflowed(None) is None
+
+
+# What typer would show of Python's types, which a user does not type.
+_TYPE_WORDS = re.compile(r"<(?:bool|str|int|float|path)(?: range)?>|\{\w+\}")
+
+
+def test_no_help_shows_pythons_types_and_a_flag_shows_no_value(orch_here, tmp_path):
+    every = [[], *(name.split()[1:] for name, _ in commands(root_command()))]
+    for words in every:
+        text = _help(orch_here, tmp_path, *words)
+        assert not _TYPE_WORDS.findall(text), (words, _TYPE_WORDS.findall(text))
+        [help_line] = [line for line in text.splitlines() if "--help" in line]
+        assert help_line.split()[1:3] == ["--help", "Show"]  # no value after the flag
+
+
+def test_arguments_show_in_capitals_and_the_script_takes_the_rest_of_the_line(orch_here,
+                                                                             tmp_path):  # fmt: skip
+    assert "Usage: orch launch [OPTIONS] SCRIPT [ARGS]..." in _help(orch_here, tmp_path, "launch")
+    assert "Usage: orch status [OPTIONS] [JOB]" in _help(orch_here, tmp_path, "status")
+    text = _help(orch_here, tmp_path, "launch")
+    [python] = [line for line in text.splitlines() if "│ --python " in line]
+    assert "PATH" in python.split()
+    missing = orch_here(["logs"], tmp_path)
+    assert missing.returncode == 2 and "Missing argument 'JOB'" in missing.stderr
+
+
+def test_every_command_says_its_exit_codes(orch_here, tmp_path):
+    leaves = [name for name, command in commands(root_command())
+              if not hasattr(command, "list_commands")]  # fmt: skip
+    for name in leaves:
+        assert "Exit codes:" in _help(orch_here, tmp_path, *name.split()[1:]), name

@@ -187,3 +187,17 @@ def test_no_job_record_names_the_directory(tmp_path: Path, orch) -> None:
     result = orch("logs", "nope", runs=tmp_path)
     assert result.returncode == 2
     assert str(tmp_path).encode() in result.stderr
+
+
+def test_a_rank_is_known_by_its_lines_and_the_records_ranks_not_only_its_start_note(
+    tmp_path: Path, orch
+) -> None:
+    run = make_job(tmp_path)  # its record lists no ranks, and no start note is in the logs
+    write_log(run.logs / "n1.log", [(4.0, "out", b"n1's launcher")])
+    with NodeLogWriter(run.logs / "n2.log", clock=lambda: 5.0) as writer:
+        writer.write_wire(ord("L"), ord("o"), b"rank five says hi", rank=b"5/1")
+    shown = orch("logs", JOB, "--rank", "5", runs=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert texts(shown.stdout) == [b"rank five says hi"]
+    never = orch("logs", JOB, "--rank", "6", runs=tmp_path)
+    assert never.returncode == 1 and b"rank 6 never started" in never.stderr

@@ -224,15 +224,3 @@ def test_a_recipe_with_a_node_set_under_nodes_names_its_file_and_line(tmp_path, 
     assert result.returncode == 2
     assert f"{recipe}:3: 'nodes' is a count of nodes" in result.stderr
     assert "did you mean nodelist: gpu[01-04]?" in result.stderr
-
-
-@pytest.mark.parametrize("command", ["launch", "submit"])
-def test_json_without_dry_run_is_a_usage_error_and_runs_nothing(tmp_path, orch_here, command):
-    first = ["t.py"] if command == "launch" else [str(REPO / "recipes" / "cpu-smoke.yaml")]
-    args = [command, "-H", _hostfile(tmp_path), "--json", *first]
-    if command == "submit":
-        args = [command, *first, "-H", _hostfile(tmp_path), "--json"]
-    result = orch_here(args, tmp_path / "runs")
-    assert result.returncode == 2
-    assert "--json goes with --dry-run" in result.stderr
-    assert not (tmp_path / "runs").exists()

@@ -3,12 +3,16 @@ the README and the documentation show parses as written."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.manpages import man_pages
 from orchestrator.cli.reference import commands, option_names, reference_markdown, root_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,3 +74,45 @@ def test_every_command_line_in_the_documents_parses(document: str, line: str) ->
         command.make_context(" ".join(path), list(words), resilient_parsing=False)
     except Exception as err:  # click's own errors: the line does not parse
         pytest.fail(f"{document}: `{line}` does not parse: {err}")
+
+
+MAN_DIR = REPO / "docs" / "man"
+
+
+def test_the_man_pages_are_the_clis_own():
+    pages = man_pages()
+    assert sorted(p.name for p in MAN_DIR.glob("*.1")) == sorted(pages), (
+        "docs/man/ is out of date: run `python scripts/cli_reference.py`"
+    )
+    stale = [name for name, text in pages.items() if (MAN_DIR / name).read_text() != text]
+    assert stale == [], "docs/man/ is out of date: run `python scripts/cli_reference.py`"
+
+
+def test_there_is_a_man_page_for_orch_and_every_command():
+    names = {p.name for p in MAN_DIR.glob("*.1")}
+    assert "orch.1" in names
+    assert {name.replace(" ", "-") + ".1" for name, _ in commands(root_command())} <= names
+
+
+def _rendered(page: Path) -> str:
+    """The page as a terminal shows it: man's own rendering, else groff's."""
+    environ = {**os.environ, "MANWIDTH": "100", "MAN_KEEP_FORMATTING": "0", "PAGER": "cat"}
+    if shutil.which("man"):
+        argv = ["man", "-l", str(page)]
+    elif shutil.which("groff"):
+        argv = ["groff", "-man", "-Tutf8", str(page)]
+    else:
+        pytest.skip("neither man nor groff to render a man page")
+    shown = subprocess.run(argv, capture_output=True, text=True, env=environ, check=True)
+    assert "warning" not in shown.stderr, shown.stderr
+    return re.sub(".\b", "", shown.stdout)  # overstrikes (bold) read as plain text
+
+
+@pytest.mark.process
+def test_a_man_page_renders_with_its_options_and_examples():
+    text = _rendered(MAN_DIR / "orch-launch.1")
+    assert "ORCH-LAUNCH(1)" in text
+    assert "orch launch [OPTIONS] SCRIPT [ARGS]..." in text
+    assert "-w, --nodelist NODESET" in text and "--max-restarts N" in text
+    assert "orch launch -H hostfile -N 4 --max-restarts 3 train.py" in text
+    assert "\\-" not in text and "\\e" not in text  # roff's escapes read as their characters

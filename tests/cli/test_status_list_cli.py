@@ -19,6 +19,7 @@ from orchestrator.cli.status_list import (
     job_duration,
     job_name,
     job_row,
+    job_script,
     local_time,
     selected,
 )
@@ -85,16 +86,26 @@ def test_a_running_jobs_duration_runs_to_now_and_says_so():
 
 def test_a_row_folds_the_hosts_and_shows_the_start_in_local_time():
     now = datetime(2026, 11, 24, 3, 0, tzinfo=timezone.utc)
-    row = job_row(ListedJob("j", _record("j", name="smoke")), "succeeded", now, UTC_PLUS_2)
-    assert row == ("j", "smoke", "succeeded", "pdsh", "gpu[01-03,07]", "1h03m",
+    record = _record("j", name="smoke", script="/w/train/x.py")
+    row = job_row(ListedJob("j", record), "succeeded", now, UTC_PLUS_2)
+    assert row == ("j", "smoke", "train/x.py", "succeeded", "gpu[01-03,07]", "1h03m",
                    "2026-11-24 03:02")  # fmt: skip
     assert local_time("2026-11-24T23:30:00+00:00", UTC_PLUS_2) == "2026-11-25 01:30"
+
+
+def test_the_script_shows_as_the_user_gave_it_or_within_the_jobs_directory():
+    assert job_script(_record("j", script="train.py")) == "train.py"
+    assert job_script(_record("j", script="/w/recipes/scripts/cpu_smoke.py")) == (
+        "recipes/scripts/cpu_smoke.py"
+    )
+    assert job_script(_record("j", script="/elsewhere/t.py")) == "/elsewhere/t.py"
+    assert job_script(_record("j")) == ""  # a record from before scripts were kept
 
 
 def _runs(tmp_path: Path) -> Path:
     runs = tmp_path / "runs"
     RunDir(runs / "20261124-010203-aaaaaa").create().save(
-        _record("20261124-010203-aaaaaa", name="smoke"))
+        _record("20261124-010203-aaaaaa", name="smoke", script="smoke_train.py"))
     RunDir(runs / "20261124-020203-bbbbbb").create().save(
         _record("20261124-020203-bbbbbb", "failed", recipe="/r/cpu-smoke.yaml"))
     broken = RunDir(runs / "20261124-030203-cccccc").create()
@@ -115,10 +126,12 @@ def test_the_list_shows_each_job_and_says_why_one_cannot_be_read(tmp_path, orch_
     result = orch_here(["status"], _runs(tmp_path))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for column in ("job", "name", "state", "hosts", "duration", "started"):
-        assert f" {column} " in out.splitlines()[2]
+    header = out.splitlines()[2].split()
+    assert [w for w in header if w != "┃"] == ["job", "name", "script", "state", "hosts",
+                                               "duration", "started"]  # fmt: skip
     smoke = _line_of(out, "20261124-010203-aaaaaa")
-    assert "smoke" in smoke and "succeeded" in smoke and "gpu[01-03,07]" in smoke
+    assert "smoke" in smoke and "smoke_train.py" in smoke and "succeeded" in smoke
+    assert "gpu[01-03,07]" in smoke
     assert "1h03m" in smoke
     assert "cpu-smoke" in _line_of(out, "20261124-020203-bbbbbb")
     for job_id in ("20261124-030203-cccccc", "20261124-040203-dddddd", "20261124-050203-eeeeee"):
@@ -152,6 +165,12 @@ def test_the_filters_go_with_the_list_not_one_job(tmp_path, orch_here):
     result = orch_here(["status", "20261124-010203-aaaaaa", "--last", "1"], _runs(tmp_path))
     assert result.returncode == 2
     assert "leave out the job id" in result.stderr
+
+
+def test_one_unreadable_job_says_why(tmp_path, orch_here):
+    result = orch_here(["status", "20261124-030203"], _runs(tmp_path))
+    assert result.returncode == 1
+    assert "20261124-030203-cccccc/job.json: unreadable job record" in result.stderr
 
 
 def test_one_job_is_shown_with_its_name(tmp_path, orch_here):

@@ -68,19 +68,21 @@ def test_success_leaves_every_ranks_output_and_a_complete_record(sandbox, hostfi
 def test_failing_rank_sets_the_exit_code_names_node_and_rank_and_leaves_nothing(
     sandbox, hostfile, tmp_path
 ):
+    """With --json: the final record alone on stdout, the job's output and summary on
+    stderr, the job's exit code."""
     _box, state = sandbox
     names = _names(state)
-    result = run_orch(
-        launch_args(hostfile, "torchrun", "--steps", "2", "--fail-rank", "2", "--exit-code", "7"),
-        tmp_path,
-    )
+    args = launch_args(hostfile, "torchrun", "--steps", "2", "--fail-rank", "2", "--exit-code", "7")
+    result = run_orch([args[0], "--json", *args[1:]], tmp_path)
     assert result.returncode == 7, result.stderr
     assert f"first failure: {names[2]} rank 2" in result.stderr
     assert "rank 2 failing with exit code 7" in result.stderr or "exitcode  : 7" in result.stderr
+    assert f"{names[0]}" in result.stderr and "step 0" in result.stderr  # the job's output
     [job_id] = job_ids(tmp_path)
     for node in names:
         assert job_processes(node, job_id) == [], f"job left running on {node}"
     doc = _status(tmp_path, job_id)
+    assert json.loads(result.stdout) == doc
     assert doc["state"] == "failed" and doc["exit_code"] == 7
     assert doc["first_failure"]["node"] == names[2] and doc["first_failure"]["rank"] == 2
     text = run_orch(["status", job_id], tmp_path).stdout
