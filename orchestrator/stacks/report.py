@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.specs.constants import SCHEMA_VERSION
 from orchestrator.stacks.fold import FoldedStacks, fold_ranks, folded_json
 from orchestrator.stacks.model import NodeReport, RankStacks, all_ranks
 from orchestrator.stacks.profile import (
@@ -15,6 +16,8 @@ from orchestrator.stacks.profile import (
     rank_profile,
     straggler_verdict,
 )
+
+STACKS_SCHEMA = "orch.stacks"  # as `orch stacks --json` names its document
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ def _node_json(node: NodeReport) -> dict[str, Any]:
 
 def result_json(result: StacksResult) -> dict[str, Any]:
     doc: dict[str, Any] = {
+        # Kept in the job's record as printed by `orch stacks --json`: named by its schema.
+        "schema": STACKS_SCHEMA,
+        "schema_version": SCHEMA_VERSION,
         "job": result.job_id,
         "taken_at": result.taken_at,
         "mode": "dump" if result.seconds is None else "profile",
