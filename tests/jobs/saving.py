@@ -1,7 +1,8 @@
 """A torch.distributed (gloo) job that saves when told to stop, as docs/guides/stopping.md
 shows: its handler for ORCH_STOP_SIGNAL sets a flag; the ranks agree at a step boundary (an
 all_reduce of the flag); each saves (`--save-seconds`, longer than a launcher's own 30 s
-limit), writes `<out>/rank<R>.saved`, and exits 0.
+limit), writes `<out>/rank<R>.saved`, and exits 0. With `--note-signal`,
+`<out>/rank<R>.signalled` holds the time its handler for the stop signal first ran.
 
 Each rank forks `--workers` children first, as a DataLoader does; a worker that gets a
 signal writes `<out>/worker<R>.<i>.<SIGNAL>` and goes on. `--slow-rank R`: rank R saves for
@@ -45,12 +46,19 @@ def main() -> int:
     parser.add_argument("--step-sleep", type=float, default=0.2)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-save-seconds", type=float, default=300.0)
+    parser.add_argument("--note-signal", action="store_true")
     args = parser.parse_args()
 
     stop_signal = signal.Signals[os.environ.get("ORCH_STOP_SIGNAL", "SIGTERM")]
     asked: list[float] = []
-    signal.signal(stop_signal, lambda _n, _f: asked.append(time.time()))
     rank = int(os.environ["RANK"])
+
+    def stop_asked(_signum: int, _frame: object) -> None:
+        if not asked and args.note_signal:  # when the signal reached it (bench/bench_stop.py)
+            _note(args.out / f"rank{rank}.signalled")
+        asked.append(time.time())
+
+    signal.signal(stop_signal, stop_asked)
     workers = []
     for index in range(args.workers):  # before the process group: nothing of it is copied
         pid = os.fork()
