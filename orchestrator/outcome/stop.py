@@ -64,6 +64,13 @@ class StopSummary:
     def by_themselves(self) -> tuple[RankStop, ...]:
         return tuple(r for r in self.ranks if r.end in BY_ITSELF)
 
+    @property
+    def killed_when(self) -> str:
+        """When the ranks still running were killed, in words: the summary's and the page's."""
+        if self.ending == StopEnding.GRACE_OVER:
+            return f"at the end of the {self.grace:g} s grace"
+        return "when the stop was cut short"
+
     def _within(self) -> float:
         ends = [r.ended_at for r in self.by_themselves if r.ended_at is not None]
         return max(0.0, max(ends, default=self.asked_at) - self.asked_at)
@@ -86,9 +93,7 @@ class StopSummary:
                              "no handler for it then")  # fmt: skip
         killed = [r for r in self.ranks if r.end == RankStopEnd.KILLED]
         if killed:
-            when = (f"at the end of the {self.grace:g} s grace"
-                    if self.ending == StopEnding.GRACE_OVER else "when the stop was cut short")
-            lines.append(f"  killed {when}: {_ranks_text(killed)}")  # fmt: skip
+            lines.append(f"  killed {self.killed_when}: {_ranks_text(killed)}")
         unknown = [r for r in self.ranks if r.end == RankStopEnd.UNKNOWN]
         if unknown:
             lines.append(f"  never reported an end: {_ranks_text(unknown)}")

@@ -10,9 +10,11 @@ from functools import cached_property
 from typing import Any
 
 from orchestrator.outcome.rank_ends import Role
+from orchestrator.outcome.stop import RankStop, StopSummary
 from orchestrator.records.job import AttemptRecord, EnvironmentRecord, RankRecord
 from orchestrator.records.moments import Moment
 from orchestrator.report.checkpoints import CheckpointsView
+from orchestrator.report.stop import StopLines, settings_words
 from orchestrator.stacks.fold import rank_ranges
 
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
@@ -181,6 +183,22 @@ class ReportModel:
     environment: EnvironmentRecord | None = None  # the environment each node ran, by fingerprint
     hang_watch: Mapping[str, Any] | None = None  # the hang threshold in force, as recorded
     checkpoints: CheckpointsView | None = None  # None: launched without --checkpoint-dir
+    stop: StopSummary | None = None  # the stop asked of the job (job.json's `stop`), if any
+
+    @property
+    def stop_lines(self) -> StopLines | None:
+        """The stop's summary as the head printed it (None: the job was not stopped)."""
+        return StopLines.of(self.stop) if self.stop is not None else None
+
+    @property
+    def stop_facts(self) -> str | None:
+        """The stop's signal, grace and teardown, in the header's facts."""
+        return settings_words(self.stop, self.start) if self.stop is not None else None
+
+    @cached_property
+    def rank_stops(self) -> Mapping[int, RankStop]:
+        """Each rank's part in the stop, by rank number."""
+        return {rank.rank: rank for rank in self.stop.ranks} if self.stop is not None else {}
 
     @property
     def hang_watch_words(self) -> str:

@@ -69,14 +69,25 @@ def build_report(run_dir: Path) -> ReportModel:
         ended_at=record.ended_at, duration=duration(start, end), exit_code=record.exit_code,
         start=first,
         end=_first([end, *(r.end for r in ranks), *(m.t for m in moments),
-                    *(checkpoints.times if checkpoints else ())], max),
+                    *(checkpoints.times if checkpoints else ()), *_stop_times(record)], max),
         nodes=nodes, cause=cause,
         stacks=read_stacks(run, record.teardown_stacks or _latest(kept, "dump")),
         moments=moments, series=series, slowest=slowest_rank(series),
         profile=read_profile(run, _latest(kept, "profile")),
         parity=read_parity(run.preflight_file), attempts=record.attempts,
         environment=record.environment, hang_watch=record.hang_watch, checkpoints=checkpoints,
+        stop=record.stop,
     )  # fmt: skip
+
+
+def _stop_times(record: JobRecord) -> list[float | None]:
+    """The stop's moments the timeline draws (the grace's end only where the job lasted
+    that long: a job whose ranks were done sooner keeps its own axis)."""
+    stop = record.stop
+    if stop is None:
+        return []
+    return [stop.asked_at, stop.torn_down_at, *(r.ended_at for r in stop.ranks),
+            *(r.signalled_at for r in stop.ranks)]
 
 
 def read_checkpoints(run: RunDir, start: float | None) -> CheckpointsView | None:

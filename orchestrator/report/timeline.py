@@ -3,9 +3,10 @@ output, last heartbeat) and under it one row per rank (or, past FOLD_RANKS_ABOVE
 strip of small cells per node), on one time axis from the pre-flight to the end; lines
 across every lane where the first failure, the hang detection, the teardown, an interrupt
 and each restart's attempt happened; with --checkpoint-dir, a lane of the job's checkpoints
-above the nodes' (report/checkpoints.py). Computed here, on values, so that the template only
-places what it is given (each lane is an SVG of its own, inside a <details> that opens it
-to its ranks: no script)."""
+above the nodes' (report/checkpoints.py); after a stop, the moment it was asked and its
+grace across every lane, and on each rank's row its signal and its end (report/stop.py).
+Computed here, on values, so that the template only places what it is given (each lane is
+an SVG of its own, inside a <details> that opens it to its ranks: no script)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ from orchestrator.report.checkpoints import Mark as CheckpointMark
 from orchestrator.report.checkpoints import lane_marks
 from orchestrator.report.clock import since
 from orchestrator.report.model import OPEN_NODES_UP_TO, NodeRow, ReportModel, how
+from orchestrator.report.stop import (
+    StopBand,
+    StopMark,
+    band,
+    end_words,
+    node_marks,
+    rank_marks,
+    unreached_mark,
+)
 
 LABEL_W = 170  # the names' column
 PLOT_W = 880
@@ -48,6 +58,7 @@ class Cell:
     rank: int
     role: str
     title: str
+    stop_end: str | None = None  # how the rank ended after a stop (RankStopEnd)
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class Row:
     at_fault: bool
     cells: tuple[Cell, ...] = ()
     marks: tuple[Mark, ...] = ()
+    stop: tuple[StopMark, ...] = ()  # its signal and end after a stop (a folded node's: its ranks')
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,7 @@ class Timeline:
     preflight: tuple[float, float] | None  # x and width of the pre-flight, when it ran
     # The checkpoints' lane (--checkpoint-dir): each where it became complete, restores.
     checkpoints: tuple[CheckpointMark, ...] = ()
+    stop: StopBand | None = None  # the stop asked of the job and its grace
     plot_x: float = LABEL_W
     plot_w: float = PLOT_W
     axis_h: float = AXIS_H
@@ -170,8 +183,9 @@ def timeline(model: ReportModel) -> Timeline | None:
     started, ended = model.first(MomentKind.PREFLIGHT_START), model.first(MomentKind.PREFLIGHT_END)
     marks = (lane_marks(model.checkpoints, scale.x, model.start, LABEL_W, WIDTH)
              if model.checkpoints is not None else ())  # fmt: skip
+    stopped = band(model.stop, scale.x, model.start, model.end) if model.stop else None
     return Timeline(WIDTH, scale.ticks(), lanes, _lines(model, scale),
-                    scale.bar(started, ended), marks)  # fmt: skip
+                    scale.bar(started, ended), marks, stopped)  # fmt: skip
 
 
 def _lines(model: ReportModel, scale: Scale) -> tuple[Line, ...]:
@@ -186,6 +200,8 @@ def _lines(model: ReportModel, scale: Scale) -> tuple[Line, ...]:
                           f"first failure {since(model.start, failure)}{where}"))  # fmt: skip
     for moment in model.moments:
         label = LINE_KINDS.get(moment.kind)  # a str enum: its members hash as their values
+        if moment.kind == MomentKind.STOP and model.stop is not None:
+            continue  # the stop's own band says when it was asked, each rank's row when signalled
         if label is not None:
             what = f": {moment.detail}" if moment.detail else ""
             title = f"{label} {since(model.start, moment.t)}{what}"
@@ -207,7 +223,7 @@ def _lane(model: ReportModel, node: NodeRow, scale: Scale) -> Lane:
     ranks: list[Row] = []
     y = float(GAP)
     if model.folded and node.ranks:
-        ranks.append(_strip(node, y))
+        ranks.append(_strip(model, node, y))
         y += RANK_H + GAP
     elif not model.folded:
         cause = model.cause.rank if model.cause is not None else None
@@ -244,7 +260,20 @@ def _node_row(model: ReportModel, node: NodeRow, scale: Scale) -> Row:
              f"{since(model.start, node.start)} to {since(model.start, node.end)}")  # fmt: skip
     return Row(float(GAP), NODE_H, node.node, node.node, None, "node", title,
                scale.bar(node.start, node.end), node.is_cause,
-               marks=_marks(model, scale, node.node, None))  # fmt: skip
+               marks=_marks(model, scale, node.node, None),
+               stop=_node_stop(model, node, scale))  # fmt: skip
+
+
+def _node_stop(model: ReportModel, node: NodeRow, scale: Scale) -> tuple[StopMark, ...]:
+    """Folded, a node's own row carries its ranks' part in the stop; open, only a node the
+    signal could not reach says so there (its ranks' rows say the rest)."""
+    stop = model.stop
+    if stop is None or model.end is None:
+        return ()
+    if not model.folded:
+        return unreached_mark(stop, node.node, scale.x)
+    ranks = [model.rank_stops[r.rank] for r in node.ranks if r.rank in model.rank_stops]
+    return node_marks(stop, node.node, ranks, scale.x, model.start, model.end)
 
 
 def _rank_row(
@@ -256,20 +285,36 @@ def _rank_row(
     return Row(
         y, RANK_H, f"rank {rank.rank}{local}", rank.node, rank.rank, f"rank role-{rank.role}",
         title, scale.bar(rank.start, rank.end), at_fault,
-        marks=_marks(model, scale, rank.node, rank.rank),
+        marks=_marks(model, scale, rank.node, rank.rank), stop=_rank_stop(model, rank, scale),
     )  # fmt: skip
 
 
-def _strip(node: NodeRow, y: float) -> Row:
-    """A node's ranks folded: one small cell each, coloured by how it ended."""
+def _rank_stop(model: ReportModel, rank: RankRecord, scale: Scale) -> tuple[StopMark, ...]:
+    part = model.rank_stops.get(rank.rank)
+    if model.stop is None or part is None or model.end is None:
+        return ()
+    return rank_marks(model.stop, part, scale.x, model.start, model.end)
+
+
+def _strip(model: ReportModel, node: NodeRow, y: float) -> Row:
+    """A node's ranks folded: one small cell each, coloured by how it ended (and after a
+    stop, underlined by how it ended after the signal)."""
     width = min(CELL_MAX, PLOT_W / max(len(node.ranks), 1))
     cells = tuple(
-        Cell(round(LABEL_W + i * width, 1), round(max(width - 1, 1), 1), rank.rank, rank.role,
-             f"rank {rank.rank} on {rank.node}: {how(rank)}, {rank.role}")
+        _cell(model, rank, round(LABEL_W + i * width, 1), round(max(width - 1, 1), 1))
         for i, rank in enumerate(node.ranks)
-    )  # fmt: skip
+    )
     return Row(y, RANK_H, f"{len(node.ranks)} ranks", node.node, None, "strip",
                role_counts(node.ranks), None, False, cells)  # fmt: skip
+
+
+def _cell(model: ReportModel, rank: RankRecord, x: float, width: float) -> Cell:
+    title = f"rank {rank.rank} on {rank.node}: {how(rank)}, {rank.role}"
+    part = model.rank_stops.get(rank.rank)
+    if model.stop is None or part is None:
+        return Cell(x, width, rank.rank, rank.role, title)
+    return Cell(x, width, rank.rank, rank.role, f"{title}; after the stop: "
+                f"{end_words(model.stop, part)}", str(part.end))  # fmt: skip
 
 
 def role_counts(ranks: tuple[RankRecord, ...]) -> str:
