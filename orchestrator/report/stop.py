@@ -136,16 +136,30 @@ def unreached_mark(stop: StopSummary, node: str,
                      f"{node}: the stop signal was not sent: {stop.unreached[node]}"),)
 
 
+def _group_words(stop: StopSummary, kind: RankStopEnd) -> str:
+    """How several ranks of a node ended alike, in words."""
+    if kind == RankStopEnd.EXITED:
+        return "exited by themselves (exit code 0)"
+    if kind == RankStopEnd.FAILED:
+        return "exited by themselves with another code than 0"
+    if kind == RankStopEnd.STOP_SIGNAL:
+        return f"were ended by {stop.signal} itself (no handler for it)"
+    if kind == RankStopEnd.KILLED:
+        return f"were killed {stop.killed_when}"
+    return "never reported an end"
+
+
 def _alike(stop: StopSummary, node: str, kind: RankStopEnd, alike: Sequence[RankStop],
            x: Callable[[float], float], start: float | None, end: float,
            of: int) -> StopMark:  # fmt: skip
     last = max(_end_at(stop, r, end) for r in alike)
-    words = end_words(stop, alike[0]) if kind != RankStopEnd.FAILED else "exited by itself, not 0"
+    if len(alike) == 1:  # one rank: its own tooltip, as on an open row
+        return StopMark(x(last), str(kind), rank_title(stop, alike[0], start))
     when = f", the last {since(start, last)}" if kind != RankStopEnd.UNKNOWN else ""
     ranks = rank_ranges(r.rank for r in alike)
     return StopMark(x(last), str(kind),
-                    f"{node}: {len(alike)} of {of} ranks {words}{when}: ranks {ranks}",
-                    len(alike))  # fmt: skip
+                    f"{node}: {len(alike)} of {of} ranks {_group_words(stop, kind)}{when}: "
+                    f"ranks {ranks}", len(alike))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The job's page in a real browser: Debian's headless Chromium renders the file, and the
 rendered page holds every node and rank and the failure's cause, asks the network for
 nothing, and makes a screenshot that is not blank; the job's checkpoints are drawn where
-they became complete."""
+they became complete; a stop's signal and each rank's end are drawn on its row."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ import pytest
 from _chromium import CHROMIUM, chromium, colour_at, png_pixels, png_rows, recording_requests
 from _report_checkpoints import NEWEST, checkpoints_record, with_checkpoints
 from _report_job import EXCEPTION, STRAGGLER, failed_job
+from _report_stop import FAILED_RANK, KILLED, NO_HANDLER, SENTENCE, UNKNOWN, stopped_job
 
 from orchestrator.report import build_report, write_report
-from orchestrator.report.timeline import timeline
+from orchestrator.report.timeline import LABEL_W, timeline
 
 WIDTH, HEIGHT = 1280, 2000
 COMPLETE_GREEN, BEING_WRITTEN_ORANGE = "#2b8a3e", "#e69500"  # the page's style sheet
+SIGNAL_PURPLE, KILLED_RED = "#4b1d7a", "#d62728"
 
 pytestmark = [
     pytest.mark.process,
@@ -140,3 +142,64 @@ def test_chromium_shows_each_checkpoint_where_it_became_complete(tmp_path):
     # The checkpoint still being written: a hollow orange diamond on the same row, after.
     orange = [x for x, y in colour_at(rows[top - 2 : top + 12], BEING_WRITTEN_ORANGE)]
     assert orange and min(orange) > centres[1]
+
+
+def _blobs(points: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Points that touch (8-neighbours), grouped: one group per shape drawn."""
+    left = set(points)
+    groups = []
+    while left:
+        todo = [left.pop()]
+        group = []
+        while todo:
+            x, y = todo.pop()
+            group.append((x, y))
+            for near in ((x + dx, y + dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1)):
+                if near in left:
+                    left.remove(near)
+                    todo.append(near)
+        groups.append(group)
+    return sorted(groups, key=lambda g: min(y for _x, y in g))
+
+
+def test_chromium_draws_the_stop_on_every_rank_s_row(tmp_path):
+    """A job stopped by Ctrl-C as Chromium draws it: the head's sentence at the top, each
+    rank's row with its signal and its end and their tooltip in the DOM; on the screenshot
+    one signal mark per rank's row, and the killed rank's cross as far after its signal as
+    their times."""
+    run = stopped_job(tmp_path / "runs")
+    page = write_report(run.path).as_uri()
+    dom = chromium(tmp_path / "profile", "--dump-dom", page).stdout
+    said = re.search(r'<p id="stop-line">([^<]*)</p>', dom)
+    assert said is not None and unescape(said.group(1)) == SENTENCE
+    facts = re.search(r'<dd id="stop-facts">([^<]*)</dd>', dom)
+    assert facts is not None and facts.group(1).startswith("SIGTERM to every rank +8.0s")
+    ends = {}
+    for rank in range(8):
+        row = re.search(rf'<g class="rank[^"]*" data-node="n\d" data-rank="{rank}">(.*?)'
+                        r"</g>\s*</g>", dom, re.S)  # fmt: skip
+        assert row is not None, rank
+        kinds = re.findall(r'<g class="stop-mark" data-kind="([\w-]+)"', row.group(1))
+        assert kinds[0] == "signalled", rank
+        ends[rank] = kinds[1]
+    assert ends == {0: "exited", FAILED_RANK: "failed", 2: "exited", NO_HANDLER: "stop-signal",
+                    4: "exited", KILLED: "killed", UNKNOWN: "unknown", 7: "exited"}  # fmt: skip
+    assert "rank 5 on n2: SIGTERM sent +8.1s; killed at the end of the 5 s grace +13.2s" in dom
+
+    shot = tmp_path / "shot.png"
+    chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,1000", page)
+    _width, _height, rows = png_rows(shot, upto=1000)
+    # The legend's swatches stand left of where the plot begins (LABEL_W into its SVG,
+    # itself inside the page's margin); the marks are inside it.
+    signals = _blobs([(x, y) for x, y in colour_at(rows, SIGNAL_PURPLE) if x > LABEL_W])
+    assert len(signals) == 8, [(min(g), max(g), len(g)) for g in signals]  # one per rank's row
+    top, bottom = min(y for g in signals for _x, y in g), max(y for g in signals for _x, y in g)
+    killed = _blobs([(x, y) for x, y in colour_at(rows, KILLED_RED) if top <= y <= bottom])
+    assert len(killed) == 1
+    cross_x = sum(x for x, _y in killed[0]) / len(killed[0])
+    cross_y = sum(y for _x, y in killed[0]) / len(killed[0])
+    row5 = next(g for g in signals if min(y for _x, y in g) <= cross_y <= max(y for _x, y in g))
+    drawn = timeline(build_report(run.path))
+    assert drawn is not None
+    signal, end = next(row.stop for row in drawn.rows if row.rank == KILLED)
+    assert abs((cross_x - min(x for x, _y in row5)) - (end.x - signal.x)) <= 3
