@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.outcome.stop import RankStop, RankStopEnd, StopSummary
+from orchestrator.report.checkpoints import CHAR_PX
 from orchestrator.report.clock import since
 from orchestrator.stacks.fold import rank_ranges
 
@@ -38,9 +39,11 @@ class StopBand:
     grace_x: float
     grace_w: float  # to the grace's end, or the axis's end when the job ended before it
     grace_end_x: float | None  # None: the grace would have ended after the job did
-    label: str  # "stop asked (Ctrl-C)"
+    label: str  # "stop asked (Ctrl-C)", drawn right of the moment on the stop's own row
     asked_title: str
     grace_title: str
+    label_x: float = 0.0  # where the label starts: moved left where the axis ends first
+    grace_label: str | None = None  # "grace ends +13.0s", left of its line when there is room
 
 
 def band(stop: StopSummary, x: Callable[[float], float], start: float | None,
@@ -55,11 +58,16 @@ def band(stop: StopSummary, x: Callable[[float], float], start: float | None,
         grace += " (the job had ended before it ran out)"
     if stop.torn_down_at is not None:
         grace += f"; torn down {since(start, stop.torn_down_at)}"
-    return StopBand(asked, asked, max(round(x(right) - asked, 1), 1.0),
-                    x(grace_end) if grace_end <= end else None,
-                    f"stop asked ({stop.cause.said})",
+    label = f"stop asked ({stop.cause.said})"
+    end_x = x(grace_end) if grace_end <= end else None
+    label_x = min(asked + 6, x(end) - CHAR_PX * len(label))
+    grace_label = f"grace ends {since(start, grace_end)}"
+    # The grace's end is named only where it does not run into the ask's label.
+    after = label_x + CHAR_PX * len(label)
+    room = end_x is not None and end_x - CHAR_PX * len(grace_label) - 6 > after
+    return StopBand(asked, asked, max(round(x(right) - asked, 1), 1.0), end_x, label,
                     f"stop asked by {stop.cause.said} {since(start, stop.asked_at)}: {signal}",
-                    grace)  # fmt: skip
+                    grace, round(label_x, 1), grace_label if room else None)  # fmt: skip
 
 
 def end_words(stop: StopSummary, rank: RankStop) -> str:

@@ -185,6 +185,10 @@ def test_chromium_draws_the_stop_on_every_rank_s_row(tmp_path):
     assert ends == {0: "exited", FAILED_RANK: "failed", 2: "exited", NO_HANDLER: "stop-signal",
                     4: "exited", KILLED: "killed", UNKNOWN: "unknown", 7: "exited"}  # fmt: skip
     assert "rank 5 on n2: SIGTERM sent +8.1s; killed at the end of the 5 s grace +13.2s" in dom
+    lane = re.search(r'<svg class="stop-lane".*?</svg>', dom, re.S)
+    assert lane is not None
+    assert re.findall(r'<text class="stop-label"[^>]*><title>[^<]*</title>([^<]*)</text>',
+                      lane.group(0)) == ["stop asked (Ctrl-C)", "grace ends +13.0s"]  # fmt: skip
 
     shot = tmp_path / "shot.png"
     chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,1000", page)

@@ -76,7 +76,9 @@ def test_the_timeline_marks_the_ask_and_shades_the_grace_to_its_end(run):
     assert drawn.stop.asked_x == _x(model, ASKED)
     assert drawn.stop.grace_end_x == _x(model, ASKED + GRACE)
     assert drawn.stop.grace_x + drawn.stop.grace_w == pytest.approx(_x(model, TORN_DOWN), abs=0.2)
-    assert drawn.stop.label == "stop asked (Ctrl-C)"
+    assert drawn.stop.label == "stop asked (Ctrl-C)"  # on the stop's own row, and its end:
+    assert drawn.stop.grace_label == "grace ends +13.0s"
+    assert drawn.stop.label_x > drawn.stop.asked_x
     assert drawn.stop.asked_title == ("stop asked by Ctrl-C +8.0s: SIGTERM to every rank, 5 s to "
                                       "save")  # fmt: skip
     # The recorded "ranks signalled" line gives way: each rank's row says when.
@@ -129,7 +131,7 @@ def test_a_grace_longer_than_the_job_is_shaded_to_the_axis_end_only(tmp_path):
     drawn = timeline(model)
     assert drawn is not None and drawn.stop is not None and model.end is not None
     assert model.end < ASKED + 60  # the axis is the job's, not the grace's
-    assert drawn.stop.grace_end_x is None
+    assert drawn.stop.grace_end_x is None and drawn.stop.grace_label is None
     assert drawn.stop.grace_x + drawn.stop.grace_w == pytest.approx(_x(model, model.end), abs=0.2)
     assert "(the job had ended before it ran out)" in drawn.stop.grace_title
     assert 'class="grace-end"' not in render_html(model)
