@@ -337,6 +337,23 @@ class LogCollector:
         """How a user fetches the node's raw logs when orch could not."""
         return fetch_command(node, self.job_id, self.transport, self.node_root)
 
+    def pull_all(self, hosts: Sequence[str], unreached: set[str]) -> dict[str, str]:
+        """Every host's raw logs pulled back ("ok" or why not), whatever way the job ended;
+        a host in `unreached` (the teardown could not reach it just now) is not tried unless
+        already started: it would only cost another timeout."""
+        skipped = unreached - self.nodes
+        for node in hosts:
+            if node not in skipped:
+                self.start(node)  # a node already started is not started again
+        outcome = {n: r.why for n, r in self.results().items()}
+        for node in skipped:
+            where = node_dir_shown(self.job_id, node, self.node_root)
+            outcome[node] = (
+                f"{node}: not tried, the teardown could not reach it; its logs stay on the "
+                f"node in {where}; fetch them by hand: {self.by_hand(node)}"
+            )
+        return {h: outcome[h] for h in hosts}
+
     def results(self) -> dict[str, NodeResult[PulledLogs]]:
         """Every started node's result. Bounded: each wave of `max_parallel` nodes still
         running gets a node's connect timeout plus its step timeout."""

@@ -78,13 +78,12 @@ from orchestrator.records.job import (
 )
 from orchestrator.records.moments import Moment, MomentKind, append_moments
 from orchestrator.records.rundir import APPEND, RunDir
-from orchestrator.remote.agent_spec import node_dir_shown
 from orchestrator.run.collect import LogCollector
 from orchestrator.run.plan_files import remove_private_files, write_private_files
 from orchestrator.run.quiet import QuietLook
 from orchestrator.run.stacks import save_stacks, stacks_before_teardown
 from orchestrator.run.stop import Stop, begin_stop
-from orchestrator.run.teardown import StopProblem, StopReport, teardown_job
+from orchestrator.run.teardown import StopReport, teardown_job, unreached
 from orchestrator.specs.words import Fanout
 from orchestrator.stacks.fold import FoldedStacks
 from orchestrator.stacks.report import StacksResult, result_json
@@ -274,7 +273,7 @@ class JobRunner:
             events += [self._noted(looked) for looked in self.quiet_look.events()]
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
-                events.append(TeardownDone(now, frozenset(self._teardown_unreached())))
+                events.append(TeardownDone(now, frozenset(unreached(self.teardown))))
             events.append(Tick(now, read_up_to=None if chunks.empty() else arrived))
             stop = False
             for event in events:
@@ -302,26 +301,9 @@ class JobRunner:
                 self.view.status(said)
         return looked
 
-    def _teardown_unreached(self) -> set[str]:
-        """The nodes the teardown could not reach or that did not answer it."""
-        gone = (StopProblem.UNREACHABLE, StopProblem.NO_ANSWER)
-        return {r.node for r in (self.teardown or ()) if r.kind in gone}
-
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""
-        # A node the teardown could not reach just now would only cost another timeout.
-        unreachable = self._teardown_unreached() - self._node_logs.nodes
-        for node in self.plan.hosts:
-            if node not in unreachable:
-                self._node_logs.start(node)  # a node already started is not started again
-        outcome = {n: r.why for n, r in self._node_logs.results().items()}
-        for node in unreachable:
-            where = node_dir_shown(self.plan.job_id, node, self.plan.job.node_root)
-            outcome[node] = (
-                f"{node}: not tried, the teardown could not reach it; its logs stay on the "
-                f"node in {where}; fetch them by hand: {self._node_logs.by_hand(node)}"
-            )
-        return {h: outcome[h] for h in self.plan.hosts}
+        return self._node_logs.pull_all(self.plan.hosts, unreached(self.teardown))
 
     # -- stop and teardown --------------------------------------------------------
     def _begin_stop(self, cause: StopCause) -> None:

@@ -51,6 +51,12 @@ class StopReport:
         return text + (f", {self.left} still running" if self.left else "")
 
 
+def unreached(found: GroupResult[StopReport] | None) -> set[str]:
+    """The nodes a teardown could not reach or that did not answer it (none: no teardown)."""
+    gone = (StopProblem.UNREACHABLE, StopProblem.NO_ANSWER)
+    return {r.node for r in (found or ()) if r.kind in gone}
+
+
 def teardown_job(
     hosts: Sequence[str],
     job_id: str,
