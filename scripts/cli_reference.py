@@ -1,12 +1,12 @@
 """Write docs/reference/cli.md and the man pages in docs/man/ from the CLI itself
-(orchestrator/cli/reference.py, orchestrator/cli/manpages.py)."""
+(orchestrator/cli/about/reference.py, orchestrator/cli/about/manpages.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.cli.manpages import man_pages
-from orchestrator.cli.reference import reference_markdown
+from orchestrator.cli.about.manpages import man_pages
+from orchestrator.cli.about.reference import reference_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGE = DOCS / "reference" / "cli.md"

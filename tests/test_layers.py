@@ -16,6 +16,32 @@ def test_orch_keeps_every_layer_rule():
     assert found == [], "\n".join(found)
 
 
+MODULE_LINES = 450
+FOLDER_LINES = 3000  # a folder's own modules, its subfolders apart
+FLAT_FOLDERS = ("remote",)  # the node programs, shipped flat beside each other
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_module_grows_past_one_job():
+    too_long = [f"{p.relative_to(PACKAGE.parent)}: {_lines(p)} lines"
+                for p in sorted(PACKAGE.rglob("*.py")) if _lines(p) > MODULE_LINES]  # fmt: skip
+    assert too_long == [], f"split by responsibility (over {MODULE_LINES} lines): {too_long}"
+
+
+def test_no_folder_grows_past_a_layer_one_reads_whole():
+    folders = {p.parent for p in PACKAGE.rglob("*.py")}
+    too_big = {
+        str(folder.relative_to(PACKAGE.parent)): lines
+        for folder in sorted(folders)
+        if folder.name not in FLAT_FOLDERS
+        and (lines := sum(_lines(p) for p in folder.glob("*.py"))) > FOLDER_LINES
+    }
+    assert too_big == {}, f"split into subfolders (over {FOLDER_LINES} lines): {too_big}"
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "orchestrator"
     for name in ("", "specs", "remote", "ssh", "checks", "plan", "outcome", "run", "report", "cli"):

@@ -7,24 +7,16 @@ import sys
 
 from rich.console import Console
 
-from orchestrator.cli import (
-    doctor_cmds,
-    env_cmds,
-    files_cmds,
-    job_cmds,
-    logs_cmds,
-    report_cmds,
-    sandbox_cmds,
-    stacks_cmds,
-    stop_cmds,
-    version_cmds,
-)
-
-# isort: split
+# isort: off
 # Commands are listed (`orch --help`, docs/reference/cli.md) in the order their modules are
-# first imported: this one comes last, so a module of the above imported first (as a test
-# may) leaves the order as it is.
-from orchestrator.cli import checkpoints_cmds
+# first imported: this order, unless a test imported one of them first.
+from orchestrator.cli.nodes import doctor_cmds, env_cmds, files_cmds
+from orchestrator.cli.jobs import job_cmds, logs_cmds, report_cmds
+from orchestrator.cli.nodes import sandbox_cmds
+from orchestrator.cli.jobs import stacks_cmds, stop_cmds
+from orchestrator.cli.about import version_cmds
+from orchestrator.cli.jobs import checkpoints_cmds
+# isort: on
 from orchestrator.cli.app import app, debug_requested
 from orchestrator.errors import OrchError
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator.cli.job_options import JobOptions
+from orchestrator.cli.jobs.job_options import JobOptions
 from orchestrator.errors import UsageError
 from orchestrator.records.job import RUNS_DIR_VAR
 from orchestrator.specs.defaults import (

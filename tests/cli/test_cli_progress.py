@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from orchestrator.cli.progress import node_progress
+from orchestrator.cli.nodes.progress import node_progress
 
 
 class _Terminal(io.StringIO):

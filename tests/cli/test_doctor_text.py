@@ -12,7 +12,7 @@ from rich.console import Console
 from orchestrator.checks.model import NodeProbe
 from orchestrator.checks.report import build_report
 from orchestrator.checks.request import PreflightRequest
-from orchestrator.cli.doctor_cmds import print_report
+from orchestrator.cli.nodes.doctor_cmds import print_report
 from orchestrator.probe.facts import Environment
 from orchestrator.specs.inventory import parse_hostfile
 

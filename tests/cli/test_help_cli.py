@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from orchestrator.cli.about.reference import commands, root_command
 from orchestrator.cli.app import reflowed
-from orchestrator.cli.reference import commands, root_command
 
 LAUNCH_PANELS = ["Nodes", "Script and environment", "Launcher", "Recovery", "Stops and hangs",
                  "Output"]  # fmt: skip

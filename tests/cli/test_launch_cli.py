@@ -165,7 +165,7 @@ def test_launch_and_submit_take_the_one_option_set_and_hand_it_on_as_one_value(o
 
     import typer.main
 
-    from orchestrator.cli.job_options import JobOptions
+    from orchestrator.cli.jobs.job_options import JobOptions
     from orchestrator.cli.main import app
 
     group = typer.main.get_command(app)

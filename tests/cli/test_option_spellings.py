@@ -14,8 +14,8 @@ import pytest
 import yaml
 from launch_support import REPO
 
+from orchestrator.cli.about.reference import commands, root_command
 from orchestrator.cli.app import OrchCommand
-from orchestrator.cli.reference import commands, root_command
 from orchestrator.errors import UsageError
 from orchestrator.specs.spellings import ALIASES, aliases_of, own_spellings, refusals_for
 

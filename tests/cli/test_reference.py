@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.manpages import man_pages
-from orchestrator.cli.reference import commands, option_names, reference_markdown, root_command
+from orchestrator.cli.about.manpages import man_pages
+from orchestrator.cli.about.reference import (
+    commands,
+    option_names,
+    reference_markdown,
+    root_command,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "reference" / "cli.md"

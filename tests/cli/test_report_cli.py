@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _report_job import JOB, failed_job
 
-from orchestrator.cli import job_printing
+from orchestrator.cli.jobs import job_printing
 from orchestrator.outcome.states import JobState
 from orchestrator.run.launch import LaunchResult
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.cli.job_options import secret_args_warnings
+from orchestrator.cli.jobs.job_options import secret_args_warnings
 
 
 def _hostfile(tmp_path: Path) -> str:

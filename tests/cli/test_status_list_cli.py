@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.status_list import (
+from orchestrator.cli.jobs.status_list import (
     JobFilter,
     duration_text,
     job_duration,

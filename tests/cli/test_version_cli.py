@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import pytest
 
 from orchestrator import __version__
-from orchestrator.cli import version_cmds
-from orchestrator.cli.versions import (
+from orchestrator.cli.about import version_cmds
+from orchestrator.cli.about.versions import (
     NOT_FOUND,
     ProgramAnswer,
     Versions,

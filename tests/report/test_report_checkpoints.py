@@ -22,7 +22,7 @@ from _report_checkpoints import (
 )
 from _report_job import T0, failed_job
 
-from orchestrator.cli.checkpoints_cmds import restarts_lines
+from orchestrator.cli.jobs.checkpoints_cmds import restarts_lines
 from orchestrator.report import build_report, render_html
 from orchestrator.report.checkpoints import (
     CHAR_PX,

@@ -11,7 +11,7 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.cli.documents import print_document
-from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.jobs.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError

@@ -18,7 +18,7 @@ from orchestrator.checkpoint_copies.gather import gather
 from orchestrator.checkpoint_copies.nodes import CheckpointNodes
 from orchestrator.cli.app import app
 from orchestrator.cli.documents import print_document
-from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.jobs.job_options import RUNS_DIR
 from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import UsageError

@@ -1,5 +1,5 @@
 """`orch report JOB`: the job's one page, runs/<job>/report.html, written again from its
-directory (every job writes it when it ends: cli/job_cmds.py)."""
+directory (every job writes it when it ends: cli/jobs/job_cmds.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.jobs.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.records.job import runs_root

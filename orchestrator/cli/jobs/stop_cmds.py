@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from orchestrator.cli.app import app
-from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.jobs.job_options import RUNS_DIR
 from orchestrator.cli.options import examples
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.records.job import runs_root

@@ -18,6 +18,7 @@ from orchestrator.checks.request import PreflightRequest
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
 from orchestrator.cli.documents import print_document
+from orchestrator.cli.nodes.progress import node_progress
 from orchestrator.cli.options import (
     EXCLUDE,
     INCLUDE,
@@ -28,7 +29,6 @@ from orchestrator.cli.options import (
     examples,
     in_panel,
 )
-from orchestrator.cli.progress import node_progress
 from orchestrator.cli.user_defaults import (
     default_hostfile,
     default_python,

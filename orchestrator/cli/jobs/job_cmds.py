@@ -14,8 +14,8 @@ from rich.table import Table
 
 from orchestrator.cli.app import app
 from orchestrator.cli.documents import print_document
-from orchestrator.cli.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
-from orchestrator.cli.job_printing import (
+from orchestrator.cli.jobs.job_options import RUNS_DIR, JobOptions, job_request, with_job_options
+from orchestrator.cli.jobs.job_printing import (
     PipelinePrinter,
     err_console,
     print_attempts,
@@ -24,8 +24,7 @@ from orchestrator.cli.job_printing import (
     print_root_cause,
     print_summary,
 )
-from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel, one_of
-from orchestrator.cli.status_list import (
+from orchestrator.cli.jobs.status_list import (
     COLUMNS,
     JobFilter,
     job_name,
@@ -33,6 +32,7 @@ from orchestrator.cli.status_list import (
     selected,
     unreadable_lines,
 )
+from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel, one_of
 from orchestrator.cli.user_defaults import (
     read_defaults,
     runs_dir_option,

@@ -15,7 +15,7 @@ from typing import BinaryIO
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.job_options import RUNS_DIR
+from orchestrator.cli.jobs.job_options import RUNS_DIR
 from orchestrator.cli.options import examples, node_set
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError, UsageError

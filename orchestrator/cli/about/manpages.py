@@ -1,4 +1,4 @@
-"""Man pages, read from the CLI itself as the reference page is (cli/reference.py): `orch(1)`
+"""Man pages, read from the CLI itself as the reference page is (cli/about/reference.py): `orch(1)`
 and one page per command (`orch-launch(1)`, `orch-sandbox-up(1)`), in roff, written to
 docs/man/ by scripts/cli_reference.py (a test checks they are the CLI's own)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.cli.reference import (
+from orchestrator.cli.about.reference import (
     commands,
     example_lines,
     machine_free,

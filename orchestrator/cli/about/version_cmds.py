@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from orchestrator.cli.about.versions import collect_versions, versions_text
 from orchestrator.cli.app import app, report_versions_with
 from orchestrator.cli.documents import print_document
 from orchestrator.cli.options import examples
-from orchestrator.cli.versions import collect_versions, versions_text
 
 
 @app.command("version", epilog=examples("orch version", "orch version --json"))

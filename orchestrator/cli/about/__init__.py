@@ -1,0 +1,1 @@
+"""What orch says of itself: its version, the CLI reference and the man pages."""

@@ -1,0 +1,1 @@
+"""The job commands: launch, submit, status, logs, stop, kill, stacks, checkpoints, report."""

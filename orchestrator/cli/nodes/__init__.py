@@ -1,0 +1,1 @@
+"""The node commands: sandbox, doctor, hostfile and config, env push."""
