@@ -159,3 +159,10 @@ def nodes_option(help_text: str, default: int | None = None, *, most: int | None
         default, "--nodes", "-N", metavar="N", help=help_text,
         parser=functools.partial(node_count, most=most, nodelist=nodelist),
     )  # fmt: skip
+
+
+RUNS_DIR = typer.Option(
+    None,
+    "--runs-dir",
+    help="Job records (default: $ORCH_RUNS_DIR, else a defaults file's runs_dir, else ./runs).",
+)

@@ -9,10 +9,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from orchestrator.cli.jobs.job_options import JobOptions
+from orchestrator.cli.documents import err_console
 from orchestrator.errors import UsageError
 from orchestrator.records.job import RUNS_DIR_VAR
 from orchestrator.specs.defaults import (
@@ -24,8 +23,11 @@ from orchestrator.specs.defaults import (
     parse_defaults,
     user_file,
 )
-from orchestrator.specs.recipe_model import Recipe
 from orchestrator.specs.slurm import allocation_from_env
+
+if TYPE_CHECKING:  # the recipe's model and the job's options cost pydantic to import
+    from orchestrator.cli.jobs.job_options import JobOptions
+    from orchestrator.specs.recipe_model import Recipe
 
 
 def _read(path: Path) -> dict[str, Setting]:
@@ -50,7 +52,7 @@ def read_defaults(environ: Mapping[str, str] = os.environ, cwd: Path | None = No
 
 def say_defaults(said: list[str]) -> None:
     """Each default used, on stderr (stdout may hold a JSON document)."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = err_console()
     for line in said:
         err.print(line, markup=False)
 

@@ -163,12 +163,10 @@ def test_include_and_exclude_select_nodes_and_name_an_unknown_one(tmp_path, orch
 def test_launch_and_submit_take_the_one_option_set_and_hand_it_on_as_one_value(orch_here):
     from dataclasses import fields
 
-    import typer.main
-
+    from orchestrator.cli.about.reference import root_command
     from orchestrator.cli.jobs.job_options import JobOptions
-    from orchestrator.cli.main import app
 
-    group = typer.main.get_command(app)
+    group = root_command()
     shared = {f.name for f in fields(JobOptions)}
     for name in ("launch", "submit"):
         params = {p.name for p in group.commands[name].params}  # type: ignore[attr-defined]

@@ -168,7 +168,7 @@ def test_launch_refuses_push_env_without_the_pre_flight_or_an_environment(
 
 
 def test_status_says_in_one_line_what_the_nodes_ran() -> None:
-    from orchestrator.cli.jobs.job_cmds import environment_line
+    from orchestrator.cli.jobs.record_shown import environment_line
 
     same = EnvironmentRecord("aaaa1111bbbb", {"n1": "aaaa1111bbbb", "n2": "aaaa1111bbbb"},
                              ("n2",), 3 << 20)  # fmt: skip

@@ -28,8 +28,9 @@ HEAD_PYTHON = "the head's interpreter (sys.executable)"
 
 def root_command() -> Any:
     """The `orch` command (typer's click group) with every command group registered on it."""
-    from orchestrator.cli.main import app
+    from orchestrator.cli.main import app, register_all
 
+    register_all()
     return typer.main.get_command(app)
 
 

@@ -14,15 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.checkpoint_copies.gather import gather
-from orchestrator.checkpoint_copies.nodes import CheckpointNodes
 from orchestrator.cli.app import app
 from orchestrator.cli.documents import print_document
-from orchestrator.cli.jobs.job_options import RUNS_DIR
-from orchestrator.cli.options import OUTPUT_PANEL, examples, in_panel
+from orchestrator.cli.options import OUTPUT_PANEL, RUNS_DIR, examples, in_panel
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import UsageError
-from orchestrator.nodes.transport import reaching
 from orchestrator.records.checkpoints import (
     CheckpointEntry,
     CheckpointsRecord,
@@ -99,6 +95,11 @@ def job_checkpoints(job: JobRecord, found: CheckpointsRecord | None) -> Checkpoi
 
 def _gather(job: JobRecord, record: CheckpointsRecord, dest: Path, name: str | None) -> None:
     """One checkpoint collected onto the head, said in one line."""
+    # SSH: imported by --gather alone, not by every `orch checkpoints`.
+    from orchestrator.checkpoint_copies.gather import gather
+    from orchestrator.checkpoint_copies.nodes import CheckpointNodes
+    from orchestrator.nodes.transport import reaching
+
     settings = CheckpointSettings(record.dir, record.copies, record.bandwidth)
     nodes = CheckpointNodes(reaching(job.transport, job.slurm_job_id), job.python, job.id,
                             settings, owned.root_setting(os.environ))  # fmt: skip

@@ -23,6 +23,7 @@ from orchestrator.cli.options import (
     NODES_PANEL,
     OUTPUT_PANEL,
     RECOVERY_PANEL,
+    RUNS_DIR,
     SCRIPT_PANEL,
     SLURM,
     STOPS_PANEL,
@@ -63,11 +64,6 @@ def _declared(option: OptionInfo) -> dict[str, OptionInfo]:
     return {_DECLARED: option}
 
 
-RUNS_DIR = typer.Option(
-    None,
-    "--runs-dir",
-    help="Job records (default: $ORCH_RUNS_DIR, else a defaults file's runs_dir, else ./runs).",
-)
 _HOSTFILE = typer.Option(
     None,
     "--hostfile",

@@ -10,9 +10,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from orchestrator.checks.model import DoctorReport
+from orchestrator.cli.documents import err_console
+from orchestrator.cli.jobs.record_shown import (
+    cause_text,
+    print_attempts,
+    print_cause_notes,
+    print_requeue,
+    print_root_cause,
+)
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView
-from orchestrator.outcome.requeue import RequeueDecision
 from orchestrator.outcome.states import JobState
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -20,7 +27,6 @@ from orchestrator.prepare.push_env import PushDone
 from orchestrator.prepare.sync import SyncedFiles
 from orchestrator.records.job import (
     AttemptRecord,
-    FirstFailure,
 )
 from orchestrator.records.rundir import RunDir
 from orchestrator.report import write_report
@@ -29,10 +35,6 @@ from orchestrator.specs.constants import RESTART_COUNT_VAR
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.specs.units import format_bytes
 from orchestrator.stacks.fold import StackBlock, rank_ranges, user_frame
-
-
-def err_console() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _majority_place(block: StackBlock) -> str:
@@ -66,53 +68,6 @@ def print_stacks_kept(result: LaunchResult) -> None:
     if folded is not None and folded.majority is not None:
         err.print(f"  {_majority_place(folded.majority)}", markup=False)
     err.print(f"every running rank's stack: {result.stacks_file}", markup=False)
-
-
-def print_root_cause(console: Console, failure: FirstFailure) -> None:
-    """The failing rank's own traceback, first: the cascades on other ranks come after."""
-    if not failure.traceback:
-        return
-    where = f"{failure.root_cause_node or '?'} rank {failure.root_cause_rank}"
-    console.print(f"[bold]root cause[/]: {escape(where)}: {escape(failure.root_cause or '')}")
-    for line in failure.traceback:
-        console.print(f"  | {line}", markup=False, highlight=False)
-
-
-def print_cause_notes(console: Console, failure: FirstFailure) -> None:
-    """What followed the first failure, and what it means when it is not the script's own."""
-    if failure.then:
-        console.print(f"  {failure.then}", markup=False)
-    if failure.hint:
-        console.print(f"[bold]hint[/]: {escape(failure.hint)}")
-
-
-def cause_text(attempt: AttemptRecord) -> str:
-    """`signal: n2 rank 3: killed by SIGKILL; <what orch decided>`."""
-    cause = attempt.cause
-    if cause is None:
-        return "succeeded"
-    return f"{cause['message']} ({cause['decision']})"
-
-
-def print_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:
-    """Each attempt of a job that had several, and why each ended."""
-    if len(attempts) < 2:
-        return
-    allocations = max(attempt.allocation for attempt in attempts)
-    across = f" in {allocations} Slurm allocations" if allocations > 1 else ""
-    console.print(f"attempts: {len(attempts)}{across}")
-    for attempt in attempts:
-        code = "-" if attempt.exit_code is None else attempt.exit_code
-        dropped = f"; dropped {', '.join(attempt.excluded)}" if attempt.excluded else ""
-        where = f" (allocation {attempt.allocation})" if allocations > 1 else ""
-        console.print(f"  {attempt.number}{where}: {', '.join(attempt.nodes)}: exit {code}: "
-                      f"{cause_text(attempt)}{dropped}", markup=False)  # fmt: skip
-
-
-def print_requeue(console: Console, decision: RequeueDecision | None) -> None:
-    """--requeue: whether the batch job goes on in another allocation, and why."""
-    if decision is not None:
-        console.print(f"requeue: {decision.why}", markup=False)
 
 
 def _print_recovery(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:

@@ -15,8 +15,7 @@ from typing import BinaryIO
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.jobs.job_options import RUNS_DIR
-from orchestrator.cli.options import examples, node_set
+from orchestrator.cli.options import RUNS_DIR, examples, node_set
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.logs.reader import LogFollower, merge_by_time, rank_filter, read_log_lines

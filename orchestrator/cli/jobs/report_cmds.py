@@ -8,8 +8,7 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.cli.jobs.job_options import RUNS_DIR
-from orchestrator.cli.options import examples
+from orchestrator.cli.options import RUNS_DIR, examples
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.records.job import runs_root
 from orchestrator.records.ownership import check_job, check_runs_root

@@ -11,16 +11,13 @@ import typer
 
 from orchestrator.cli.app import app
 from orchestrator.cli.documents import print_document
-from orchestrator.cli.jobs.job_options import RUNS_DIR
-from orchestrator.cli.options import examples
+from orchestrator.cli.options import RUNS_DIR, examples
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.errors import OrchError
-from orchestrator.nodes.transport import reaching
 from orchestrator.records.job import FINAL_STATES, JobRecord, now_iso, runs_root
 from orchestrator.records.ownership import check_job, check_runs_root
 from orchestrator.records.rundir import RunDir, find_job
 from orchestrator.remote.owned import root_setting
-from orchestrator.run.stacks import DEFAULT_RATE, gather_stacks, save_stacks
 from orchestrator.run.status import shown_state
 from orchestrator.specs.inventory import nodes_text
 from orchestrator.stacks.fold import StackBlock, rank_ranges
@@ -163,6 +160,10 @@ def stacks(
 
     Exit codes: 0 every node answered; 1 a node or a rank could not be read (the others
     still show); 2 a usage error."""
+    # SSH and the stacks' gathering: imported by the command that uses them, not by every `orch`.
+    from orchestrator.nodes.transport import reaching
+    from orchestrator.run.stacks import DEFAULT_RATE, gather_stacks
+
     root = runs_root(runs_dir_option(runs_dir))
     check_runs_root(root)  # the record names the interpreter run on every host it lists
     run = find_job(root, job)
@@ -191,6 +192,8 @@ def stacks(
 
 
 def _save(run: RunDir, document: dict) -> str | None:
+    from orchestrator.run.stacks import save_stacks
+
     try:
         return str(save_stacks(run, document))
     except OSError as err:

@@ -6,16 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from orchestrator.cli.app import app
-from orchestrator.cli.jobs.job_options import RUNS_DIR
-from orchestrator.cli.options import examples
+from orchestrator.cli.documents import err_console
+from orchestrator.cli.options import RUNS_DIR, examples
 from orchestrator.cli.user_defaults import runs_dir_option
 from orchestrator.records.job import runs_root
 from orchestrator.records.rundir import find_job
 from orchestrator.run.status import shown_state
-from orchestrator.run.stop import request_stop
 
 
 @app.command(
@@ -35,8 +33,10 @@ def stop(
 
     Exit codes: 0 the job ended; 1 it had ended already, has no head running it, or did not
     end while this waited (its grace and a minute); 2 a usage error."""
+    from orchestrator.run.stop import request_stop  # imports SSH: paid by `orch stop` alone
+
     run = find_job(runs_root(runs_dir_option(runs_dir)), job)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = err_console()
     asked = request_stop(run, say=lambda text: err.print(text, markup=False))
     record = asked.record
     for line in record.stop.lines() if record.stop is not None else ():

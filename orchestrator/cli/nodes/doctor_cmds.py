@@ -17,7 +17,7 @@ from orchestrator.checks.node import check_accelerate_config
 from orchestrator.checks.request import PreflightRequest
 from orchestrator.checks.slurm import ssh_inside_allocation
 from orchestrator.cli.app import app
-from orchestrator.cli.documents import print_document
+from orchestrator.cli.documents import err_console, print_document
 from orchestrator.cli.nodes.progress import node_progress
 from orchestrator.cli.options import (
     EXCLUDE,
@@ -206,7 +206,7 @@ _ACCELERATE_CONFIG = typer.Option(
 
 
 def _say(text: str) -> None:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(text, markup=False)
+    err_console().print(text, markup=False)
 
 
 @app.command(
