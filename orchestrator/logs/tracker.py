@@ -20,10 +20,18 @@ from collections.abc import Iterable
 from orchestrator.logs.progress import ProgressRecorder
 from orchestrator.logs.router import LogView
 from orchestrator.nodes.pdsh import is_pdsh_own, ssh_exit_of
-from orchestrator.outcome.events import Event, NodeExited, NodeHeard, RankOutput, SshEnded
+from orchestrator.outcome.events import (
+    Event,
+    NodeExited,
+    NodeHeard,
+    RankOutput,
+    SshEnded,
+    StopAsked,
+)
 from orchestrator.outcome.explanation import TAIL_LINES, KeptOutput
 from orchestrator.outcome.rank_ends import ClockOffsets, RankEnd, rank_end_from_fields
 from orchestrator.outcome.rootcause import TRACEBACK_HEADER
+from orchestrator.outcome.states import StopCause
 from orchestrator.records.job import HEAD_NODE
 from orchestrator.remote.logwire import ControlKind, global_rank
 
@@ -65,6 +73,7 @@ class OutputTracker:
         self.ranks_wrote = False  # a line or a frame from a node since the last call
         self.ssh_ended: list[tuple[str, int]] = []
         self.exited: list[tuple[str, dict]] = []
+        self.slurm_signalled = False  # a node's step got Slurm's SIGTERM: the job stops
         self.slurm_step: str | None = None  # the srun fan-out's step, as its agents report it
         self.clocks = ClockOffsets()  # each node's clock against the head's
         # How late each node's last heartbeat arrived, beyond its clock's offset: what waits
@@ -160,6 +169,8 @@ class OutputTracker:
             end = rank_end_from_fields(node, fields, self.clocks)
             if end is not None:
                 self.rank_ends.setdefault(end.rank, end)
+        if kind == ControlKind.SIGNALLED and node in self.hosts:
+            self.slurm_signalled = True
         if kind == ControlKind.EXIT:
             failed_at = fields.get("failed_at")
             if isinstance(failed_at, (int, float)):  # in the head's time, as the others
@@ -182,6 +193,9 @@ class OutputTracker:
         wall = time.time()
         events += [NodeExited(node, fields, at, wall) for node, fields in self.exited]
         events += [SshEnded(node, code, at) for node, code in self.ssh_ended]
+        if self.slurm_signalled:  # a preemption or `scancel`: the same stop as the head's own
+            events.append(StopAsked(StopCause.SLURM_SIGNAL, at))
+            self.slurm_signalled = False
         self.heard.clear()
         self.ranks_wrote = False
         self.ssh_ended.clear()

@@ -10,7 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchError
-from orchestrator.specs.slurm import SlurmJobView, parse_job_view, slurm_time_left
+from orchestrator.specs.slurm import (
+    SlurmJobView,
+    parse_job_view,
+    parse_kill_wait,
+    slurm_time_left,
+)
 
 _TIMEOUT_S = 15.0
 
@@ -83,6 +88,13 @@ def time_left(slurm_job: str) -> float | None:
     does not say."""
     answer = _run(["squeue", "-h", "-j", slurm_job, "-o", "%L"])
     return slurm_time_left(answer.out.split()[0]) if answer.ok and answer.out.strip() else None
+
+
+def kill_wait() -> float | None:
+    """Slurm's KillWait (seconds from its SIGTERM to its SIGKILL as it ends a job); None
+    when Slurm does not say."""
+    answer = _run(["scontrol", "show", "config"])
+    return parse_kill_wait(answer.out) if answer.ok else None
 
 
 def submit_batch(script: str, cwd: str) -> str:

@@ -54,6 +54,9 @@ class WatchSettings:
     # after its start so that the grace ends before the allocation does (None: no end).
     in_slurm: bool = False
     slurm_stop_after: float | None = None
+    # Slurm's KillWait: once its SIGTERM reaches the head, a stop's grace ends early enough
+    # for the teardown to be done before Slurm's SIGKILL (None: not known, not cut).
+    slurm_kill_wait: float | None = None
 
     @property
     def teardown_budget(self) -> float:

@@ -168,3 +168,21 @@ def stopping_text(cause: StopCause, exited: int, world_size: int, elapsed: float
     return (f"stopping ({cause.said}): {exited} of {world_size} ranks exited, "
             f"{elapsed:.0f} s of the {grace:g} s grace; {again} stops at once")
 
+
+
+def grace_ran_out(cause: StopCause, grace: float, asked: float, kill_wait: float | None) -> str:
+    """Why a stop was torn down: its grace ran out (cut short of the one asked for when Slurm
+    was ending the job: what its KillWait left)."""
+    said = f"stopped by {cause.said}: the {grace:.0f} s grace ran out"
+    if grace >= asked or kill_wait is None:
+        return said
+    return f"{said} (cut from {asked:g} s: Slurm ends the job {kill_wait:g} s after its " \
+        "SIGTERM, its KillWait)"
+
+
+def grace_within(asked: float, stop_at: float | None, kills_at: float | None) -> float:
+    """A stop's grace: the one asked for, or what is left of it before `kills_at` (Slurm's
+    SIGTERM reached the head: what its KillWait leaves the ranks)."""
+    if stop_at is None or kills_at is None:
+        return asked
+    return max(0.0, min(asked, kills_at - stop_at))

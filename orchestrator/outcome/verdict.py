@@ -60,6 +60,8 @@ from orchestrator.outcome.states import (
     JobState,
     StopCause,
 )
+from orchestrator.outcome.stop import grace_ran_out, grace_within
+from orchestrator.specs.slurm import slurm_kills_at
 
 # The longest a node's late heartbeats put off its silence: an agent whose writes to the head
 # stay blocked this long tears its job down by itself (remote/channel.py STALL_S).
@@ -115,6 +117,7 @@ class JobVerdict:
         self.read_up_to: float | None = None
         self.started_at: float | None = None  # the first event's: the time limit counts from it
         self.stop: StopAsked | None = None  # the stop asked for, whatever came of it
+        self.slurm_kills_at: float | None = None  # Slurm TERMed the head: its SIGKILL nears
         self._stop_begun = False
         self.pace = HangPace(settings.hang_timeout, settings.pace_seed)
         self.look_asked_at: float | None = None  # a look at the quiet job is under way
@@ -173,9 +176,10 @@ class JobVerdict:
         orch's batch script asks for) and, inside an allocation, Slurm's SIGTERM (a
         preemption, the limit), which during a stop changes nothing. Anything else (a
         second Ctrl-C, `orch kill`, a TERM elsewhere) ends the job at once."""
-        from_slurm = event.signum == signal.SIGUSR1 or (
-            event.signum == signal.SIGTERM and self.settings.in_slurm
-        )
+        slurm_term = event.signum == signal.SIGTERM and self.settings.in_slurm
+        from_slurm = event.signum == signal.SIGUSR1 or slurm_term
+        if slurm_term and not event.killed and self.slurm_kills_at is None:
+            self.slurm_kills_at = slurm_kills_at(event.at, self.settings.slurm_kill_wait)
         if not event.killed and event.signum == signal.SIGINT and self._may_stop():
             self.stop = StopAsked(StopCause.CTRL_C, event.at)
         elif not event.killed and from_slurm and self._may_stop():
@@ -277,11 +281,18 @@ class JobVerdict:
             self._silent_node(read) or self._lost_node() or self._ended_early() or self._hung(read)
         )
 
+    @property
+    def grace(self) -> float:
+        """The stop's grace: the one asked for, less once Slurm is ending the job."""
+        at = self.stop.at if self.stop is not None else None
+        return grace_within(self.settings.rank_grace, at, self.slurm_kills_at)
+
     def _grace_over(self, now: float, stop: StopAsked) -> Failure | None:
-        grace = self.settings.rank_grace
+        grace = self.grace
         if now - stop.at < grace or self.all_exited():
             return None
-        reason = f"stopped by {stop.cause.said}: the {grace:g} s grace ran out"
+        reason = grace_ran_out(stop.cause, grace, self.settings.rank_grace,
+                               self.settings.slurm_kill_wait)  # fmt: skip
         return Failure("", reason, stop.cause.exit_code, kind=FailureKind.STOPPED)
 
     def _silent_node(self, now: float) -> Failure | None:

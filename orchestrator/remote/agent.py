@@ -109,6 +109,7 @@ class Supervisor:
         self.channel = channel.Channel(f"{node}: ".encode() if spec.label_lines else b"")
         self.tail = channel.Tail()
         self.stop_reason: str | None = None
+        self.slurm_term = sweep.SlurmTerm(os.environ)
         self.ranks = rank_watch.RankWatch(self.job_id, node)
         self.rank_channels: rank_streams.RankChannels | None = None
         self.job_env: dict[str, str] = {}  # from the private file: secrets included
@@ -247,7 +248,17 @@ class Supervisor:
         return self.spec.main_port if self.rank == "0" else 0
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self.stop_reason = signal.Signals(signum).name
+        # Slurm's SIGTERM inside a step is the head's to act on (sweep.SlurmTerm).
+        if not self.slurm_term.take(signum, time.monotonic()):
+            self.stop_reason = signal.Signals(signum).name
+
+    def _slurm_signal(self) -> None:
+        if self.slurm_term.to_say():
+            self.channel.control(logwire.ControlKind.SIGNALLED, node=self.node,
+                                 signal=signal.SIGTERM.name)  # fmt: skip
+        begun = rank_program.stop_until(str(self.dir)) is not None
+        if self.slurm_term.overdue(begun, time.monotonic()):
+            self.stop_reason = signal.SIGTERM.name
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -329,6 +340,7 @@ class Supervisor:
                 return code
             if self.channel.gone():
                 self.stop_reason = "head gone"
+            self._slurm_signal()
             problem = self.port_watch.problem if self.port_watch is not None else None
             if self.stop_reason or problem:
                 self._sweep()

@@ -308,6 +308,7 @@ class ControlKind(_Word):
     HEARTBEAT = "heartbeat"  # the agent is alive (fields: t, the node's wall clock)
     RANK_END = "rank_end"  # a rank ended (fields: rank, local_rank, pid, start, end, code...)
     EXIT = "exit"  # the node's launcher ended (fields: code, rank, failed_at, ...)
+    SIGNALLED = "signalled"  # Slurm signalled the node's step (fields: signal): a stop
 
 
 def encode_control(kind: str, **fields: object) -> bytes:

@@ -17,10 +17,44 @@ import signal
 import sys
 import time
 
+# Inside a Slurm step, Slurm's SIGTERM (a preemption, `scancel`) reaches every process of
+# the step at once, the agent's among them: the head decides the stop of the whole job (the
+# stop signal and the grace), so the agent tells it and goes on, and sweeps the node itself
+# only when no stop has begun there this long after (the head is gone, or cannot reach it).
+SLURM_STEP_VAR = "SLURM_STEP_ID"
+HEAD_DECIDES_S = 15.0
+
 try:  # shipped inline: loaded beside this program as orch_<name>
     import orch_procs as procs
 except ImportError:
     from orchestrator.remote import procs
+
+
+class SlurmTerm:
+    """Slurm's first SIGTERM to an agent inside a step, left to the head to act on."""
+
+    def __init__(self, environ: dict[str, str] | os._Environ[str]) -> None:
+        self.in_step = SLURM_STEP_VAR in environ
+        self.at: float | None = None  # when it came, on the monotonic clock
+        self.said = False
+
+    def take(self, signum: int, now: float) -> bool:
+        """Whether `signum` is that SIGTERM (then kept for the head, not acted on here)."""
+        if signum != signal.SIGTERM or not self.in_step or self.at is not None:
+            return False
+        self.at = now
+        return True
+
+    def to_say(self) -> bool:
+        """True once, after the signal came: the head is to be told then."""
+        if self.at is None or self.said:
+            return False
+        self.said = True
+        return True
+
+    def overdue(self, stop_begun: bool, now: float) -> bool:
+        """No stop has begun on the node HEAD_DECIDES_S after the signal: sweep it."""
+        return self.at is not None and not stop_begun and now - self.at > HEAD_DECIDES_S
 
 
 def signal_all(pids: list[int], signum: int) -> None:

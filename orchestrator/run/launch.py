@@ -288,7 +288,7 @@ class JobRunner:
                     self.quiet_look.start(now)
                 stop = stop or decision.stop_reading
             if self.stop is not None and self.verdict.stopping:
-                self.stop.show(self.view, len(self.tracker.rank_ends))
+                self.stop.show(self.view, len(self.tracker.rank_ends), self.verdict.grace)
             if stop:
                 return
 

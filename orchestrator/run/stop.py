@@ -91,7 +91,7 @@ class Stop:
         self.sent: GroupResult[RanksSignalled] | None = None
         self.torn_down_at: float | None = None
         self.cut_short = False
-        self._shown: int | None = None  # the count of exited ranks last printed
+        self._shown: tuple[int, float] | None = None  # (exited ranks, grace) last printed
         self._thread: threading.Thread | None = None
 
     def begin(self, send: Callable[[], GroupResult[RanksSignalled]]) -> None:
@@ -107,18 +107,18 @@ class Stop:
             self.torn_down_at = time.time()
             self.cut_short = not grace_over
 
-    def status(self, exited: int) -> str:
+    def status(self, exited: int, grace: float) -> str:
         return stopping_text(self.cause, exited, self.world_size,
-                             time.monotonic() - self._started, self.settings.grace)  # fmt: skip
+                             time.monotonic() - self._started, grace)  # fmt: skip
 
-    def show(self, view: LogView | None, exited: int) -> None:
-        """The live view says the job is stopping, and how many ranks have exited (plain
-        lines: once more each time that count changes)."""
+    def show(self, view: LogView | None, exited: int, grace: float) -> None:
+        """The live view says the job is stopping, and how many ranks have exited within
+        which grace (plain lines: once more each time either changes)."""
         if isinstance(view, LiveView):
-            view.status(self.status(exited))
-        elif isinstance(view, PlainView) and exited != self._shown:
-            self._shown = exited
-            view.status(self.status(exited))
+            view.status(self.status(exited, grace))
+        elif isinstance(view, PlainView) and (exited, grace) != self._shown:
+            self._shown = (exited, grace)
+            view.status(self.status(exited, grace))
 
     def summary(self, tracker: OutputTracker) -> StopSummary:
         """What came of the stop: the ranks' ends and each node's clock as the tracker has

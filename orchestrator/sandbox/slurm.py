@@ -32,6 +32,10 @@ from orchestrator.sandbox.processes import namespace_init
 from orchestrator.sandbox.state import SandboxState
 
 PARTITION = "sandbox"
+# A job submitted here preempts the sandbox partition's jobs (requeued, after the grace),
+# as a cluster's high-priority partition does.
+URGENT_PARTITION = "urgent"
+PREEMPT_GRACE_S = 90  # what Slurm grants a preempted job between its SIGTERM and SIGKILL
 CLUSTER = "orchsandbox"
 _READY_TIMEOUT_S = 120.0  # on a loaded 2-core machine, slurmctld and the slurmds take a while
 # Long enough for orch inside a cancelled batch job to tear its job down before Slurm's
@@ -118,12 +122,19 @@ def render_conf(directory: Path, controller_host: str, controller_port: int,
         "MinJobAge=300",
         f"KillWait={KILL_WAIT_S}",
         "Waittime=0",
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
     ]
     lines += [
         f"NodeName={n.name} NodeAddr={n.address} Port={n.port} CPUs={cpus} State=UNKNOWN"
         for n in nodes
     ]
-    lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    lines += [
+        f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
+        f"PriorityTier=1 GraceTime={PREEMPT_GRACE_S}",
+        f"PartitionName={URGENT_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 "
+        "PreemptMode=OFF",
+    ]
     return "\n".join(lines) + "\n"
 
 

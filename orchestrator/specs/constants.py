@@ -36,6 +36,11 @@ RESTART_COUNT_VAR = "ORCH_RESTART_COUNT"
 # the ranks have to save and exit by themselves, so a script installs the right handler.
 STOP_SIGNAL_VAR = "ORCH_STOP_SIGNAL"
 STOP_GRACE_VAR = "ORCH_STOP_GRACE"
+# torchrun and accelerate's launcher (torch elastic) KILL their ranks this many seconds after
+# a signal reaches them (30 by default): a Slurm preemption or `scancel` signals every
+# process of the job, launchers included, so orch sets it past the stop's grace.
+LAUNCHER_SHUTDOWN_VAR = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+LAUNCHER_SHUTDOWN_MARGIN_S = 15  # after the grace: the head's own teardown comes first
 # Where the job writes its checkpoints (--checkpoint-dir): the same absolute path on every node.
 CHECKPOINT_DIR_VAR = "ORCH_CHECKPOINT_DIR"
 

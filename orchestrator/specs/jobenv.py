@@ -8,6 +8,7 @@ redacted from anything saved or printed. Pure.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -16,6 +17,8 @@ from orchestrator.errors import UsageError
 from orchestrator.specs.constants import (
     CHECKPOINT_DIR_VAR,
     JOB_ID_VAR,
+    LAUNCHER_SHUTDOWN_MARGIN_S,
+    LAUNCHER_SHUTDOWN_VAR,
     RESTART_COUNT_VAR,
     STOP_GRACE_VAR,
     STOP_SIGNAL_VAR,
@@ -114,8 +117,8 @@ def build_job_env(
     checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
     """The job's variables: ORCH_JOB_ID, ORCH_RESTART_COUNT, ORCH_STOP_SIGNAL,
-    ORCH_STOP_GRACE and, given `checkpoint_dir`, ORCH_CHECKPOINT_DIR, the head's NCCL_*, the
-    passthrough names set, then extra.
+    ORCH_STOP_GRACE and, given `checkpoint_dir`, ORCH_CHECKPOINT_DIR; the launchers' shutdown
+    timeout past the grace; the head's NCCL_*, the passthrough names set, then extra.
 
     `extra` (a recipe's `env`, `--env` options) wins over the head's values, but
     may not change ORCH_JOB_ID (teardown finds the job's processes by it),
@@ -129,6 +132,7 @@ def build_job_env(
                            STOP_SIGNAL_VAR: stop.signal, STOP_GRACE_VAR: f"{stop.grace:g}"}
     if checkpoint_dir is not None:
         env[CHECKPOINT_DIR_VAR] = checkpoint_dir
+    env[LAUNCHER_SHUTDOWN_VAR] = str(math.ceil(stop.grace) + LAUNCHER_SHUTDOWN_MARGIN_S)
     for name in sorted(environ):
         if name.startswith(AUTO_PREFIXES):
             env[name] = environ[name]

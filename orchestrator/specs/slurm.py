@@ -201,6 +201,27 @@ def stop_before_the_end(left: float | None, grace: float) -> float | None:
     return max(0.0, left - grace - SLURM_STOP_MARGIN_S)
 
 
+# Once Slurm TERMs the batch shell (a requeue, `scancel`, a preemption's grace over), it
+# SIGKILLs what is left KillWait seconds later; the head keeps this much of it for the
+# teardown, the record and the summary, and gives the ranks the rest.
+SLURM_KILL_WAIT_KEPT_S = 15.0
+_KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)\s*sec", re.MULTILINE)
+
+
+def parse_kill_wait(config: str) -> float | None:
+    """KillWait from `scontrol show config`'s lines (`KillWait = 30 sec`); None if absent."""
+    found = _KILL_WAIT.search(config)
+    return float(found.group(1)) if found else None
+
+
+def slurm_kills_at(term_at: float, kill_wait: float | None) -> float | None:
+    """When a stop's ranks must be done, Slurm's SIGTERM having reached the head at
+    `term_at`; None: Slurm does not say its KillWait."""
+    if kill_wait is None:
+        return None
+    return term_at + max(0.0, kill_wait - SLURM_KILL_WAIT_KEPT_S)
+
+
 # --sbatch --requeue: how many times a job may be requeued (allocations after the first) when
 # neither --max-requeues nor the recipe's slurm: {max_requeues: N} says. Enough for a week of
 # training under a one-day limit; a bound, so that a job stopped again and again ends.

@@ -6,6 +6,8 @@ Every rank runs `--steps` all_reduce steps, `--step-sleep` seconds apart. The ha
 ORCH_STOP_SIGNAL only sets a flag; the ranks agree on it at the next step (an all_reduce);
 rank 0 writes that step to `--checkpoint` and every rank exits 0.
 
+`--save-seconds S`: every rank takes S seconds to save (longer than a launcher's own 30 s).
+
 `--requeue-itself` behaves as Lightning's `SLURMEnvironment(auto_requeue=True)` does on its
 requeue signal (SIGUSR1): the ranks save, rank 0 runs `scontrol requeue $SLURM_JOB_ID`, and
 every rank goes on training until Slurm ends the allocation, ignoring SIGTERM throughout (as
@@ -42,6 +44,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--step-sleep", type=float, default=0.5)
     parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--save-seconds", type=float, default=0.0)
     parser.add_argument("--requeue-itself", action="store_true")
     args = parser.parse_args()
 
@@ -66,6 +69,7 @@ def main() -> int:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         if flag.item() > 0 and not saved:
             signal.signal(stop_signal, signal.SIG_IGN)  # a late signal must not end it
+            time.sleep(args.save_seconds)
             if rank == 0:
                 save_step(args.checkpoint, step)
             print(f"rank {rank} saved at step {step}", flush=True)

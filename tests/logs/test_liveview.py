@@ -212,7 +212,7 @@ def test_a_stop_under_way_is_said_above_the_nodes_and_once_per_change_in_a_pipe(
     console = Console(file=buffer, force_terminal=True, width=160, color_system=None)
     live = LiveView(["n1", "n2"], console=console, tick=0.05)
     stop = Stop(StopCause.CTRL_C, StopSettings(), world_size=4)
-    stop.show(live, 1)
+    stop.show(live, 1, 120.0)
     rendered = Console(file=io.StringIO(), width=160, color_system=None)
     rendered.print(live)
     live.close()
@@ -221,7 +221,7 @@ def test_a_stop_under_way_is_said_above_the_nodes_and_once_per_change_in_a_pipe(
     out = io.BytesIO()
     plain = PlainView(out)
     for exited in (0, 0, 0, 2, 2, 4):
-        stop.show(plain, exited)
+        stop.show(plain, exited, 120.0)
     plain.close()
     lines = out.getvalue().decode().splitlines()
     assert [line.split(" exited,")[0] for line in lines] == [

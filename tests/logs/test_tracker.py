@@ -75,3 +75,17 @@ def test_what_it_kept_is_handed_on_as_values() -> None:
     assert kept.rank_ends == tuple(tracker.rank_ends.values())
     at_failure = {"n2": ("before the teardown",)}
     assert tracker.kept(at_failure).node_lines == at_failure
+
+
+def test_slurms_sigterm_to_a_nodes_step_asks_the_job_to_stop_once() -> None:
+    from orchestrator.outcome.events import StopAsked
+    from orchestrator.outcome.states import StopCause
+
+    tracker = OutputTracker(HOSTS, None)
+    tracker.control("elsewhere", ControlKind.SIGNALLED, {"signal": "SIGTERM"})
+    assert not [e for e in tracker.events(1.0) if isinstance(e, StopAsked)]
+    tracker.control("n1", ControlKind.SIGNALLED, {"signal": "SIGTERM"})
+    tracker.control("n2", ControlKind.SIGNALLED, {"signal": "SIGTERM"})
+    asked = [e for e in tracker.events(2.0) if isinstance(e, StopAsked)]
+    assert asked == [StopAsked(StopCause.SLURM_SIGNAL, 2.0)]
+    assert not [e for e in tracker.events(3.0) if isinstance(e, StopAsked)]

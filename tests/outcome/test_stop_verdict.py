@@ -21,7 +21,13 @@ from orchestrator.outcome.events import (
 )
 from orchestrator.outcome.states import FailureKind, JobState, StopCause
 from orchestrator.outcome.verdict import Decision, JobVerdict
-from orchestrator.specs.slurm import SLURM_STOP_MARGIN_S, slurm_time_left, stop_before_the_end
+from orchestrator.specs.slurm import (
+    SLURM_KILL_WAIT_KEPT_S,
+    SLURM_STOP_MARGIN_S,
+    parse_kill_wait,
+    slurm_time_left,
+    stop_before_the_end,
+)
 
 HOSTS = ("n1", "n2")
 SETTINGS = WatchSettings(heartbeat_timeout=10, settle=1, rank_grace=120, hang_timeout=30)
@@ -174,6 +180,48 @@ def test_slurms_warning_and_its_term_inside_an_allocation_give_the_ranks_their_g
     else:  # a TERM outside Slurm ends the job at once, as ever
         [failure] = _teardowns(decisions)
         assert failure.kind == FailureKind.SIGNAL
+
+
+@pytest.mark.parametrize("term_first", [True, False])
+def test_once_slurm_terms_the_head_the_grace_ends_before_its_kill_wait(term_first):
+    """A requeue or `scancel` (the TERM reaches orch's batch shell) leaves KillWait seconds
+    before Slurm's SIGKILL: the grace is cut so that the teardown and the record are done by
+    then, whether the TERM began the stop or came during one (Slurm's warning first)."""
+    verdict = _verdict(in_slurm=True, slurm_kill_wait=30, hang_timeout=None,
+                       heartbeat_timeout=1000)  # fmt: skip
+    if not term_first:
+        assert _begun(_feed(verdict, Interrupted(signal.SIGUSR1, False, 5))) == [
+            StopCause.SLURM_SIGNAL]
+    assert _teardowns(_feed(verdict, Interrupted(signal.SIGTERM, False, 10))) == []
+    cut_at = 10 + 30 - SLURM_KILL_WAIT_KEPT_S
+    assert verdict.grace == cut_at - (10 if term_first else 5)
+    assert _teardowns(_feed(verdict, Tick(cut_at - 0.5))) == []
+    [failure] = _teardowns(_feed(verdict, Tick(cut_at + 0.5)))
+    assert failure.kind == FailureKind.STOPPED
+    assert failure.reason == (
+        f"stopped by Slurm (its warning, or a preemption): the {verdict.grace:.0f} s grace ran "
+        "out (cut from 120 s: Slurm ends the job 30 s after its SIGTERM, its KillWait)")
+
+
+def test_a_stop_keeps_its_whole_grace_when_slurm_terms_only_the_steps_or_says_no_kill_wait():
+    """A preemption TERMs the job's steps, not the batch shell (the agents tell the head):
+    Slurm's GraceTime is the ranks' then, until Slurm TERMs the head in turn."""
+    verdict = _verdict(in_slurm=True, slurm_kill_wait=30, hang_timeout=None,
+                       heartbeat_timeout=1000)  # fmt: skip
+    _feed(verdict, StopAsked(StopCause.SLURM_SIGNAL, 5))
+    assert verdict.grace == 120 and _teardowns(_feed(verdict, Tick(120))) == []
+    unknown = _verdict(in_slurm=True, hang_timeout=None, heartbeat_timeout=1000)
+    _feed(unknown, Interrupted(signal.SIGTERM, False, 5))
+    assert unknown.grace == 120 and _teardowns(_feed(unknown, Tick(120))) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "seconds"),
+    [("KillOnBadExit           = 0\nKillWait                = 30 sec\nLaunchType = x", 30.0),
+     ("KillWait=45 sec", 45.0), ("Killwait nothing", None), ("", None)],
+)  # fmt: skip
+def test_slurms_kill_wait_is_read_from_its_config(config, seconds):
+    assert parse_kill_wait(config) == seconds
 
 
 def test_orch_kill_inside_an_allocation_still_ends_the_job_at_once():

@@ -49,6 +49,7 @@ def test_only_values_that_look_secret_are_redacted() -> None:
         "ORCH_RESTART_COUNT": "0",
         "ORCH_STOP_SIGNAL": "SIGTERM",  # how a stop reaches the ranks, and their grace
         "ORCH_STOP_GRACE": "120",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "135",
         "NCCL_DEBUG": "INFO",
         "DB_PASS": "***",  # a secret by its name (the word PASS)
         "MODE": "train",  # what the user set shows, unless it looks secret

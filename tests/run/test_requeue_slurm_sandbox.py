@@ -2,7 +2,8 @@
 allocation saves at its time limit, orch requeues it from the batch shell, and the next
 allocation resumes it from the saved step under the same job id, in the same record; a
 script that requeues itself as Lightning does (rank 0 runs `scontrol requeue` on SIGUSR1)
-is requeued once, not twice.
+is requeued once, not twice; a job preempted by one of the `urgent` partition saves in
+Slurm's grace and goes on after it.
 
 Slurm holds a requeued job back for about two minutes (its BeginTime) before it may start
 again; the tests let it start at once (`scontrol update StartTime=now`), as a user may. Slurm's
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from launch_support import ORCH, REPO, job_json, log_text, run_orch, slurm_env, wait_for
 
+from orchestrator.sandbox.slurm import PREEMPT_GRACE_S, URGENT_PARTITION
 from orchestrator.specs.slurm import parse_job_view
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -167,3 +169,40 @@ def test_a_script_that_requeues_itself_is_not_requeued_twice(slurm_box, tmp_path
     saved = json.loads((tmp_path / "step.json").read_text())["step"]
     assert _resumed_at(runs, job_id, names[0]) == f"restart 1 starts at step {saved}"
     assert _restarts(state, slurm_job) == 1  # once: by the script, not again by orch
+
+
+def test_a_preempted_job_saves_in_slurms_grace_and_goes_on_after_the_preemptor(slurm_box,
+                                                                                tmp_path):
+    """The sandbox's Slurm preempts with requeue after a grace (PreemptMode=REQUEUE,
+    GraceTime): it sends SIGTERM to every process of the job's step, torchrun's among them,
+    and no warning to orch's batch shell. orch stops the job as its own stop would: every
+    rank saves for longer than torchrun's own 30 s and exits by itself; orch requeues the
+    job; the next allocation resumes from the saved step."""
+    state = slurm_box
+    runs = tmp_path / "runs"
+    grace = 50
+    assert grace + 10 < PREEMPT_GRACE_S  # the stop fits in what Slurm grants
+    recipe = _recipe(tmp_path, "--steps", "60", "--step-sleep", "0.5", "--save-seconds", "40",
+                     time="10", stop=f"stop_grace: {grace}\n")  # fmt: skip
+    job_id, slurm_job = _submit(state, runs, recipe)
+    names = [node.name for node in state.nodes]
+    stepping = lambda: all("step 10" in log_text(runs, job_id, n) for n in names)  # noqa: E731
+    assert wait_for(stepping, 180), _output(runs, job_id)[-4000:]
+    urgent = _slurm(state, "sbatch", "--partition", URGENT_PARTITION, "--nodes", "2",
+                    "--output", "/dev/null", "--wrap", "sleep 5")  # fmt: skip
+    assert urgent.returncode == 0, urgent.stderr
+    _started_again(state, runs, job_id, slurm_job)
+    record = _succeeded(runs, job_id)
+    text = _output(runs, job_id)
+    assert "stopped by Slurm (its warning, or a preemption): 2 of 2 ranks exited by " \
+        "themselves" in text, text[-4000:]  # fmt: skip
+    assert "requeued (`scontrol requeue`), it goes on in allocation 2" in text
+    first, second = record["attempts"]
+    assert first["cause"]["message"] == "stopped by Slurm (its warning, or a preemption)"
+    assert second["allocation"] == 2
+    saved = json.loads((tmp_path / "step.json").read_text())["step"]
+    assert 10 <= saved < 60
+    first_log = (runs / job_id / "attempts" / "1" / "logs" / f"{names[0]}.log").read_text()
+    assert f"rank 0 saved at step {saved}" in first_log
+    assert _resumed_at(runs, job_id, names[0]) == f"restart 1 starts at step {saved}"
+    assert "rank 0 done: 60 steps, restart 1" in log_text(runs, job_id, names[0])

@@ -89,6 +89,15 @@ def test_redact_hides_only_secret_values() -> None:
     assert env["HF_TOKEN"] == "hf_abc"
 
 
+def test_the_launchers_shutdown_follows_the_grace_and_a_users_own_value_wins() -> None:
+    from orchestrator.specs.stop import StopSettings
+
+    env = build_job_env("job-1", {}, environ={}, stop=StopSettings(grace=40.5))
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "56"
+    mine = build_job_env("job-1", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "600"}, environ={})
+    assert mine["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"
+
+
 def test_build_job_env_order_and_sources() -> None:
     environ = {
         "NCCL_SOCKET_IFNAME": "eth0",
@@ -109,6 +118,8 @@ def test_build_job_env_order_and_sources() -> None:
         "ORCH_RESTART_COUNT": "0",  # the first attempt
         "ORCH_STOP_SIGNAL": "SIGTERM",  # what a stop sends every rank, and its grace
         "ORCH_STOP_GRACE": "120",
+        # torchrun and accelerate kill their ranks only after the grace and the teardown
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "135",
         "NCCL_IB_DISABLE": "0",
         "NCCL_SOCKET_IFNAME": "eth0",
         "HF_TOKEN": "t",

@@ -14,7 +14,7 @@ from orchestrator.cli.options import examples, nodes_option, one_of
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.cluster import Sandbox
 from orchestrator.sandbox.render import SSHD_PROFILES
-from orchestrator.sandbox.slurm import PARTITION
+from orchestrator.sandbox.slurm import PARTITION, URGENT_PARTITION
 
 sandbox_app = typer.Typer(help="A cluster of real OpenSSH nodes on loopback addresses.")
 app.add_typer(sandbox_app, name="sandbox")
@@ -107,7 +107,8 @@ def up(
     )
     if state.slurm_conf:
         err.print(
-            f"slurm: partition {PARTITION}, {len(state.nodes)} nodes x {state.slots} CPUs; "
+            f"slurm: partition {PARTITION}, {len(state.nodes)} nodes x {state.slots} CPUs "
+            f"({URGENT_PARTITION}'s jobs preempt its own); "
             f"for srun/salloc/sbatch: export SLURM_CONF={state.slurm_conf}"
         )
     # stdout carries only the path, so `HF=$(orch sandbox up)` works.
