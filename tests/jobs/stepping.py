@@ -4,7 +4,9 @@ Each step computes for `--compute` seconds (`--slow-factor` times that on `--slo
 then joins one all_reduce that also carries rank 0's stop flag: rank 0 raises it once
 `--stop-file` exists or `--max-seconds` have passed, so every rank leaves the loop at
 the same step and the job ends with exit 0. With `--compute 0` every rank loops in
-all_reduce.
+all_reduce, spinning the cores; `--lead-pause S` has rank 0 idle S seconds before each
+all_reduce instead, so that the others wait in it for rank 0 (a job whose ranks block in
+a collective, at little cost to the cores the tests share).
 
 `--stall-rank R --stall-after S`: after S seconds rank R says so and stops in plain Python
 (a data loader that never yields), silently, while the others wait for it in all_reduce.
@@ -70,6 +72,7 @@ def main() -> int:
     parser.add_argument("--stop-file", default="")
     parser.add_argument("--max-seconds", type=float, default=300.0)
     parser.add_argument("--pause", type=float, default=0.0)  # idle seconds between steps
+    parser.add_argument("--lead-pause", type=float, default=0.0)  # rank 0's alone
     parser.add_argument("--stall-rank", type=int, default=-1)
     parser.add_argument("--stall-after", type=float, default=5.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
@@ -103,7 +106,7 @@ def main() -> int:
             print(f"rank {rank} fails after {steps} steps", flush=True)
             return 7
         compute(my_compute)
-        time.sleep(args.pause)
+        time.sleep(args.pause + (args.lead_pause if rank == 0 else 0.0))
         flag = torch.tensor([1.0 if rank == 0 and should_stop(args, started) else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         steps += 1

@@ -237,8 +237,8 @@ def test_a_hang_as_an_ordinary_user_keeps_every_ranks_stack(victim):
     before = set(victim.jobs())
     args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "2",
             "--main-port", str(free_port()), "--no-doctor", "--hang-timeout", "10", STEPPING,
-            "--", "--compute", "0", "--stall-rank", "3", "--stall-after", "3",
-            "--max-seconds", "120"]  # fmt: skip
+            "--", "--compute", "0", "--lead-pause", "0.05", "--stall-rank", "3",
+            "--stall-after", "3", "--max-seconds", "120"]  # fmt: skip
     result = victim.orch(*args)
     assert result.returncode == 124, result.stderr[-3000:]
     [job_id] = set(victim.jobs()) - before

@@ -56,7 +56,7 @@ def test_stacks_and_kill_address_each_node_alone(shared, tmp_path):
     names = [node.name for node in state.nodes]
     args = ["launch", "--hostfile", state.hostfile, "--launcher", "torchrun",
             "--main-port", str(free_port()), "--no-doctor", STEPPING, "--", "--compute", "0",
-            "--max-seconds", "240"]  # fmt: skip
+            "--lead-pause", "0.05", "--max-seconds", "240"]  # fmt: skip
     head = start_orch(args, tmp_path, tmp_path / "launch.out")
     try:
         assert wait_for(lambda: job_ids(tmp_path), 60), (tmp_path / "launch.out").read_text()

@@ -161,7 +161,7 @@ def test_a_crash_and_a_hang_are_named_with_every_ranks_stack_through_srun(no_ssh
     assert sorted(r for b in kept["stacks"]["blocks"] for r in b["ranks"]) == [0, 1]
     hang = _in_allocation(no_ssh_sandbox, tmp_path / "hang", _launch(
         "--launcher", "torchrun", "--hang-timeout", "8", STEPPING, "--", "--compute", "0",
-        "--stall-rank", "1", "--stall-after", "2", "--max-seconds", "120"),
+        "--lead-pause", "0.05", "--stall-rank", "1", "--stall-after", "2", "--max-seconds", "120"),
         home=tmp_path / "home")  # fmt: skip
     assert hang.returncode == 124, hang.stderr[-3000:]
     [job_id] = job_ids(tmp_path / "hang")

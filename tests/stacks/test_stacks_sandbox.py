@@ -107,7 +107,7 @@ def _record_copy(runs: Path, job_id: str, elsewhere: Path, **changes: object) ->
 
 def test_stacks_shows_every_rank_folded_and_the_job_ends_normally(running_job, tmp_path):
     start, stop, runs, nodes = running_job
-    job_id, head = start("--compute", "0")
+    job_id, head = start("--compute", "0", "--lead-pause", "0.05")
 
     text = run_orch(["stacks", job_id], runs, timeout=120)
     assert text.returncode == 0, text.stderr
@@ -201,8 +201,8 @@ def _nothing_left(nodes: list[str], job_id: str) -> None:
 
 def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path):
     start, _stop, runs, nodes = running_job
-    job_id, head = start("--compute", "0", "--stall-rank", "3", "--stall-after", "3",
-                         options=("--hang-timeout", "30"))  # fmt: skip
+    job_id, head = start("--compute", "0", "--lead-pause", "0.05", "--stall-rank", "3",
+                         "--stall-after", "3", options=("--hang-timeout", "30"))  # fmt: skip
     assert wait_for(lambda: "rank 3 stalls" in "".join(log_text(runs, job_id, n) for n in nodes),
                     60)  # fmt: skip
     stalled_at = time.monotonic()
@@ -256,7 +256,8 @@ def _on_node(node: str, script: str) -> str:
 
 def test_a_rank_stopped_by_sigstop_is_a_hang_and_named(running_job, tmp_path):
     start, _stop, runs, nodes = running_job
-    job_id, head = start("--compute", "0", options=("--hang-timeout", "8"))
+    job_id, head = start("--compute", "0", "--lead-pause", "0.05",
+                         options=("--hang-timeout", "8"))  # fmt: skip
     find = (f"from orchestrator.remote.procs import job_ranks; "
             f"print(dict(job_ranks({job_id!r}, {nodes[1]!r}))[3])")  # fmt: skip
     pid = int(_on_node(nodes[1], find))
