@@ -253,6 +253,8 @@ class Supervisor:
             self.stop_reason = signal.Signals(signum).name
 
     def _slurm_signal(self) -> None:
+        if self.slurm_term.at is None:
+            return
         if self.slurm_term.to_say():
             self.channel.control(logwire.ControlKind.SIGNALLED, node=self.node,
                                  signal=signal.SIGTERM.name)  # fmt: skip

@@ -373,6 +373,11 @@ class JobRunner:
 
     def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
         failure = self._failure_in_full(outcome.failure)
+        stop = self.stop
+        if failure is not None and failure.kind == FailureKind.LOST and stop is not None \
+                and stop.cause == StopCause.SLURM_SIGNAL:
+            # Slurm's SIGTERM came because it took a node out, not to stop the job: failed.
+            outcome = replace(outcome, state=JobState.FAILED, failure=failure)
         why: Explanation | None = None
         if failure is not None:
             why = explain(failure, self.tracker.kept(self.tails_at_failure))

@@ -1,4 +1,5 @@
-"""Checks of the options several commands share (launcher, ports), with one wording each."""
+"""Checks of the options several commands share (launcher, ports, the heartbeat timeout),
+with one wording each."""
 
 from __future__ import annotations
 
@@ -29,3 +30,20 @@ def check_launcher(launcher: str, allowed: tuple[str, ...] = LAUNCHERS) -> None:
 def check_port(port: int, what: str = "main port") -> None:
     if not is_tcp_port(port):
         raise UsageError(f"{what} {port} is out of range", f"use a port in {port_range_text()}")
+
+
+# A node's agent beats this often (remote/channel.HEARTBEAT_S, shipped to the nodes on its
+# own); a node is silent only once it missed this many beats in a row: one late beat (a
+# busy node, a busy head) is not a dead node.
+AGENT_BEAT_S = 2.0
+MISSED_BEATS = 3
+
+
+def check_heartbeat_timeout(seconds: float) -> None:
+    least = AGENT_BEAT_S * MISSED_BEATS
+    if seconds < least:
+        raise UsageError(
+            f"--heartbeat-timeout {seconds:g} is shorter than {least:g} s",
+            f"a node's agent beats every {AGENT_BEAT_S:g} s, and one late beat is not a dead "
+            f"node: use {least:g} or more (the default is 10)",
+        )

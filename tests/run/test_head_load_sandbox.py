@@ -24,9 +24,10 @@ def test_jobs_flooding_a_busy_head_all_succeed(sandbox_factory, tmp_path: Path) 
     started = []
     for job in range(JOBS):
         runs = tmp_path / f"runs{job}"
-        # A tight heartbeat timeout: the head's backlog under this load lasts longer than it.
+        # The tightest heartbeat timeout (three beats): the head's backlog under this load
+        # lasts longer than it.
         argv = [*ORCH, "launch", "--hostfile", state.hostfile, "--launcher", "torchrun",
-                "--no-doctor", "--heartbeat-timeout", "3", "--runs-dir", str(runs),
+                "--no-doctor", "--heartbeat-timeout", "6", "--runs-dir", str(runs),
                 FLOOD, str(LINES)]  # fmt: skip
         log = (tmp_path / f"job{job}.out").open("wb")
         started.append((runs, log, subprocess.Popen(argv, cwd=tmp_path, env=orch_env(runs),

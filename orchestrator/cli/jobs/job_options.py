@@ -53,6 +53,7 @@ from orchestrator.plan.request import (
 from orchestrator.specs.checkpoints import DEFAULT_BANDWIDTH_TEXT, DEFAULT_COPIES
 from orchestrator.specs.constants import LAUNCHERS
 from orchestrator.specs.hang import hang_timeout_value
+from orchestrator.specs.options import check_heartbeat_timeout
 from orchestrator.specs.secret_args import secret_args
 from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S, duration_seconds
 from orchestrator.specs.words import Fanout
@@ -198,7 +199,8 @@ _QUIET = typer.Option(
 _HEARTBEAT_TIMEOUT = typer.Option(
     WatchSettings.heartbeat_timeout,
     "--heartbeat-timeout",
-    help="Seconds of silence after which a node has failed.",
+    help="Seconds of silence after which a node has failed (at least 6: three of its "
+    "agent's beats).",
     rich_help_panel=STOPS_PANEL,
 )
 _HANG_TIMEOUT = typer.Option(
@@ -389,6 +391,7 @@ def job_request(options: JobOptions, spec: LaunchSpec, *, nodes: int | None,
     for line in secret_args_warnings(spec.args):
         typer.echo(line, err=True)
     heartbeat = options.heartbeat_timeout
+    check_heartbeat_timeout(heartbeat)
     limit = options.run_time_limit
     watch = WatchRequest(
         preflight=not options.no_doctor, sync=options.sync,

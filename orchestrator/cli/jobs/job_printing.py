@@ -20,7 +20,7 @@ from orchestrator.cli.jobs.record_shown import (
 )
 from orchestrator.logs.router import LogView
 from orchestrator.logs.view import LiveView
-from orchestrator.outcome.states import JobState
+from orchestrator.outcome.states import FailureKind, JobState
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.prepare.push_env import PushDone
@@ -92,7 +92,8 @@ def print_summary(result: LaunchResult, *, restarts: bool = False) -> None:
         err.print(f"[red]job {result.job_id} {result.state}[/], exit code {result.exit_code}")
         for line in result.stop.lines() if result.stop is not None else ():
             err.print(line, markup=False)
-        if failure is not None and result.stop is None:
+        # A stop's own failure is its summary above; a node lost meanwhile is said too.
+        if failure is not None and (result.stop is None or failure.kind != FailureKind.STOPPED):
             print_root_cause(err, failure)
             rank = f" rank {failure.rank}" if failure.rank is not None else ""
             err.print(f"first failure: {failure.node}{rank}: {failure.reason}", markup=False)
