@@ -65,10 +65,11 @@ def test_an_allocations_time_limit_stops_the_job_in_time_for_every_rank_to_save(
     out = tmp_path / "out"
     out.mkdir()
     runs = tmp_path / "runs"
-    # Two minutes of allocation, a 20 s grace: orch stops the job 80 s before the end.
-    argv = ["salloc", "-N2", "--ntasks-per-node=2", "--time=2", *ORCH, "launch", "--slurm",
-            "--launcher", "torchrun", "--no-doctor", "--stop-grace", "20", SAVING, "--",
-            "--out", str(out), "--save-seconds", "12"]  # fmt: skip
+    # Three minutes of allocation, a 50 s grace: orch stops the job 110 s before the end,
+    # and the ranks save for 40 s, longer than torchrun's own 30 s.
+    argv = ["salloc", "-N2", "--ntasks-per-node=2", "--time=3", *ORCH, "launch", "--slurm",
+            "--launcher", "torchrun", "--no-doctor", "--stop-grace", "50", SAVING, "--",
+            "--out", str(out), "--save-seconds", "40"]  # fmt: skip
     log_path = tmp_path / "salloc.log"
     with log_path.open("wb") as log:
         salloc = subprocess.Popen(argv, cwd=REPO, env=slurm_env(state, runs), stdout=log,
@@ -80,7 +81,7 @@ def test_an_allocations_time_limit_stops_the_job_in_time_for_every_rank_to_save(
             salloc.kill()
     text = log_path.read_text()
     assert "the Slurm allocation ends in " in text
-    assert "their grace of 20 s ending before it" in text
+    assert "their grace of 50 s ending before it" in text
     assert sorted(p.name for p in out.iterdir()) == [f"rank{r}.saved" for r in range(4)], text
     assert "stopped by the Slurm allocation's time limit: 4 of 4 ranks exited by themselves" in text
     [job_id] = job_ids(runs)
