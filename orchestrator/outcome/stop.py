@@ -59,6 +59,7 @@ class StopSummary:
     torn_down_at: float | None = None  # the teardown began (the grace ran out, or cut short)
     ranks: tuple[RankStop, ...] = ()
     unreached: Mapping[str, str] = field(default_factory=dict)  # node -> why no signal
+    cut: str = ""  # why the grace was shorter than the one asked for ("": it was not)
 
     @property
     def by_themselves(self) -> tuple[RankStop, ...]:
@@ -68,6 +69,8 @@ class StopSummary:
     def killed_when(self) -> str:
         """When the ranks still running were killed, in words: the summary's and the page's."""
         if self.ending == StopEnding.GRACE_OVER:
+            if self.cut:
+                return f"at the end of the {self.grace:.0f} s grace ({self.cut})"
             return f"at the end of the {self.grace:g} s grace"
         return "when the stop was cut short"
 
@@ -148,7 +151,7 @@ def rank_stop(rank: int, end: RankEnd | None, signalled: tuple[str, float] | Non
 def stop_summary(
     cause: StopCause, asked_at: float, stop: StopSettings, *, ending: StopEnding,
     torn_down_at: float | None, world_size: int, ends: Collection[RankEnd],
-    signalled: Mapping[int, tuple[str, float]], unreached: Mapping[str, str],
+    signalled: Mapping[int, tuple[str, float]], unreached: Mapping[str, str], cut: str = "",
 ) -> StopSummary:  # fmt: skip
     """The stop's summary: every rank of the job (0 to world_size - 1, and any other that
     reported), from its end as its keeper reported it and when the signal was sent to it."""
@@ -158,7 +161,7 @@ def stop_summary(
                   for n in numbers)  # fmt: skip
     return StopSummary(cause, round(asked_at, 4), stop.signal, stop.grace, ending,
                        None if torn_down_at is None else round(torn_down_at, 4), ranks,
-                       dict(unreached))  # fmt: skip
+                       dict(unreached), cut)  # fmt: skip
 
 
 def stopping_text(cause: StopCause, exited: int, world_size: int, elapsed: float,
@@ -174,10 +177,16 @@ def grace_ran_out(cause: StopCause, grace: float, asked: float, kill_wait: float
     """Why a stop was torn down: its grace ran out (cut short of the one asked for when Slurm
     was ending the job: what its KillWait left)."""
     said = f"stopped by {cause.said}: the {grace:.0f} s grace ran out"
+    cut = grace_cut(grace, asked, kill_wait)
+    return f"{said} ({cut})" if cut else said
+
+
+def grace_cut(grace: float, asked: float, kill_wait: float | None) -> str:
+    """Why the grace was `grace`, short of the one asked for, in words ("": it was not)."""
     if grace >= asked or kill_wait is None:
-        return said
-    return f"{said} (cut from {asked:g} s: Slurm ends the job {kill_wait:g} s after its " \
-        "SIGTERM, its KillWait)"
+        return ""
+    return f"cut from {asked:g} s: Slurm ends the job {kill_wait:g} s after its SIGTERM, its " \
+        "KillWait"
 
 
 def grace_within(asked: float, stop_at: float | None, kills_at: float | None) -> float:

@@ -60,7 +60,7 @@ from orchestrator.outcome.requeue import RequeueDecision
 from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress, attempt_progress
 from orchestrator.outcome.slurm_words import in_slurm_words
 from orchestrator.outcome.states import Failure, FailureKind, JobState, StopCause
-from orchestrator.outcome.stop import StopSummary
+from orchestrator.outcome.stop import StopSummary, grace_cut
 from orchestrator.outcome.verdict import JobVerdict, Outcome
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan, process_environment
@@ -385,7 +385,9 @@ class JobRunner:
                 outcome = replace(outcome, exit_code=why.failure.exit_code, failure=why.failure)
         first = first_failure_of(why) if why is not None else None
         order = why.order if why is not None else None
-        stop = self.stop.summary(self.tracker) if self.stop is not None else None
+        grace = self.verdict.grace
+        cut = grace_cut(grace, self.settings.rank_grace, self.settings.slurm_kill_wait)
+        stop = self.stop.summary(self.tracker, grace, cut) if self.stop is not None else None
         self.record = finished(
             self.record,
             state=outcome.state,

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.errors import OrchError
 from orchestrator.logs.router import LogView
@@ -120,12 +120,14 @@ class Stop:
             self._shown = (exited, grace)
             view.status(self.status(exited, grace))
 
-    def summary(self, tracker: OutputTracker) -> StopSummary:
+    def summary(self, tracker: OutputTracker, grace: float | None = None,
+                cut: str = "") -> StopSummary:  # fmt: skip
         """What came of the stop: the ranks' ends and each node's clock as the tracker has
-        them."""
-        return self.summary_of(tracker.rank_ends.values(), tracker.clocks)
+        them; `grace`, `cut`: the grace in force, when shorter than asked, and why."""
+        return self.summary_of(tracker.rank_ends.values(), tracker.clocks, grace, cut)
 
-    def summary_of(self, ends: Collection[RankEnd], clocks: ClockOffsets) -> StopSummary:
+    def summary_of(self, ends: Collection[RankEnd], clocks: ClockOffsets,
+                   grace: float | None = None, cut: str = "") -> StopSummary:  # fmt: skip
         if self._thread is not None:
             self._thread.join(_CONNECT_S + _ANSWER_S)
         signalled: dict[int, tuple[str, float]] = {}
@@ -138,7 +140,8 @@ class Stop:
                 signalled[rank] = (answer.node, round(clocks.to_head(answer.node, at), 4))
         ending = (StopEnding.RANKS_EXITED if self.torn_down_at is None
                   else StopEnding.CUT_SHORT if self.cut_short else StopEnding.GRACE_OVER)
-        return stop_summary(self.cause, self.asked_at, self.settings, ending=ending,
+        settings = self.settings if grace is None else replace(self.settings, grace=grace)
+        return stop_summary(self.cause, self.asked_at, settings, ending=ending, cut=cut,
                             torn_down_at=self.torn_down_at, world_size=self.world_size,
                             ends=ends, signalled=signalled, unreached=unreached)  # fmt: skip
 

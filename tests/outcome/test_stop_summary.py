@@ -8,7 +8,13 @@ import signal
 
 from orchestrator.outcome.rank_ends import RankEnd
 from orchestrator.outcome.states import StopCause
-from orchestrator.outcome.stop import RankStopEnd, StopEnding, StopSummary, stop_summary
+from orchestrator.outcome.stop import (
+    RankStopEnd,
+    StopEnding,
+    StopSummary,
+    grace_cut,
+    stop_summary,
+)
 from orchestrator.specs.stop import StopSettings
 
 ASKED = 1000.0
@@ -74,3 +80,16 @@ def test_job_json_keeps_the_cause_the_time_and_each_ranks_part() -> None:
                                "ended_at": ASKED + 130, "exit_code": 137, "end": "killed"}
     assert StopSummary.from_json(doc) == summary
     assert StopSummary.from_json(None) is None
+
+
+def test_a_grace_slurm_cut_short_says_how_long_it_was_and_why() -> None:
+    cut = grace_cut(15.0, 120.0, 30.0)
+    assert cut == "cut from 120 s: Slurm ends the job 30 s after its SIGTERM, its KillWait"
+    assert grace_cut(120.0, 120.0, 30.0) == "" and grace_cut(15.0, 120.0, None) == ""
+    ends = [_end(0, "n0", 15.2, -signal.SIGKILL), _end(1, "n1", 15.3, -signal.SIGKILL)]
+    summary = stop_summary(StopCause.SLURM_SIGNAL, ASKED, StopSettings(grace=15.0),
+                           ending=StopEnding.GRACE_OVER, torn_down_at=ASKED + 15.0, world_size=2,
+                           ends=ends, signalled={}, unreached={}, cut=cut)  # fmt: skip
+    assert summary.lines()[-1] == (f"  killed at the end of the 15 s grace ({cut}): rank 0 on n0; "
+                                 "rank 1 on n1")
+    assert StopSummary.from_json(summary.to_json()) == summary

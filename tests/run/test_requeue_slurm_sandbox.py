@@ -3,7 +3,7 @@ allocation saves at its time limit, orch requeues it from the batch shell, and t
 allocation resumes it from the saved step under the same job id, in the same record; a
 script that requeues itself as Lightning does (rank 0 runs `scontrol requeue` on SIGUSR1)
 is requeued once, not twice; a job preempted by one of the `urgent` partition saves in
-Slurm's grace and goes on after it.
+Slurm's grace and goes on after it; a job the user cancels (`scancel`) is not requeued.
 
 Slurm holds a requeued job back for about two minutes (its BeginTime) before it may start
 again; the tests let it start at once (`scontrol update StartTime=now`), as a user may. Slurm's
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from launch_support import ORCH, REPO, job_json, log_text, run_orch, slurm_env, wait_for
 
-from orchestrator.sandbox.slurm import PREEMPT_GRACE_S, URGENT_PARTITION
-from orchestrator.specs.slurm import parse_job_view
+from orchestrator.sandbox.slurm import KILL_WAIT_S, PREEMPT_GRACE_S, URGENT_PARTITION
+from orchestrator.specs.slurm import SLURM_KILL_WAIT_KEPT_S, parse_job_view
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 REQUEUEABLE = str(REPO / "tests" / "jobs" / "requeueable.py")
@@ -206,3 +206,34 @@ def test_a_preempted_job_saves_in_slurms_grace_and_goes_on_after_the_preemptor(s
     assert f"rank 0 saved at step {saved}" in first_log
     assert _resumed_at(runs, job_id, names[0]) == f"restart 1 starts at step {saved}"
     assert "rank 0 done: 60 steps, restart 1" in log_text(runs, job_id, names[0])
+
+
+def test_a_job_the_user_cancels_saves_within_slurms_kill_wait_and_is_not_requeued(slurm_box,
+                                                                                  tmp_path):
+    """`scancel` TERMs orch's batch shell and every step: Slurm SIGKILLs what is left
+    KillWait seconds later, so orch cuts the grace to end before it, writes the record and
+    says why the job is not requeued (the user cancelled it), all before Slurm's SIGKILL."""
+    state = slurm_box
+    runs = tmp_path / "runs"
+    recipe = _recipe(tmp_path, "--steps", "200", "--step-sleep", "0.5", "--save-seconds", "40",
+                     time="10", stop="stop_grace: 120\n")  # fmt: skip
+    job_id, slurm_job = _submit(state, runs, recipe)
+    names = [node.name for node in state.nodes]
+    stepping = lambda: all("step 10" in log_text(runs, job_id, n) for n in names)  # noqa: E731
+    assert wait_for(stepping, 180), _output(runs, job_id)[-4000:]
+    cancelled = _slurm(state, "scancel", slurm_job)
+    assert cancelled.returncode == 0, cancelled.stderr
+    ended = lambda: job_json(runs, job_id)["state"] not in ("running", "stopping")  # noqa: E731
+    assert wait_for(ended, 120), _output(runs, job_id)[-4000:]
+    record = job_json(runs, job_id)
+    assert record["state"] == "stopped", _output(runs, job_id)[-4000:]
+    assert record["requeue"]["by"] == "none"
+    assert "Slurm is ending the job itself" in record["requeue"]["why"]
+    text = _output(runs, job_id)
+    cut = KILL_WAIT_S - SLURM_KILL_WAIT_KEPT_S
+    # The ranks, saving for 40 s, are killed when the grace Slurm leaves is over.
+    assert f"killed at the end of the {cut:.0f} s grace (cut from 120 s: Slurm ends the job " \
+        f"{KILL_WAIT_S} s after its SIGTERM, its KillWait)" in text, text[-4000:]  # fmt: skip
+    assert record["stop"]["grace"] == cut and record["stop"]["ending"] == "grace-over"
+    assert "requeue: Slurm is ending the job itself" in text
+    assert _restarts(state, slurm_job) in (0, None)  # not requeued, by orch nor by Slurm
