@@ -114,7 +114,7 @@ def test_a_help_paragraph_is_one_line_for_the_terminal_to_wrap():
 
 
 # What typer would show of Python's types, which a user does not type.
-_TYPE_WORDS = re.compile(r"<(?:bool|str|int|float|path)(?: range)?>|\{\w+\}")
+_TYPE_WORDS = re.compile(r"<(?:bool|str|int|float|path|list\[\w+\])(?: range)?>|\{\w+\}")
 
 
 def test_no_help_shows_pythons_types_and_a_flag_shows_no_value(orch_here, tmp_path):

@@ -29,12 +29,14 @@ _DIR_OPTION = typer.Option(
 _PRIVATE_OPTION = typer.Option(
     [],
     "--private",
+    metavar="DIR",
     help="An existing directory each node gets its own empty copy of (its local disk: "
     "neither the head nor another node sees what it writes there); repeatable.",
 )
 _GUEST_OPTION = typer.Option(
     [],
     "--guest",
+    metavar="USER",
     help="As root: the nodes also accept this account with its own key "
     "(~USER/.ssh/id_ed25519), which gets a client configuration of its own; repeatable. "
     "Several ordinary users then share the nodes, as on a real cluster.",
