@@ -172,26 +172,27 @@ def stopping_text(cause: StopCause, exited: int, world_size: int, elapsed: float
             f"{elapsed:.0f} s of the {grace:g} s grace; {again} stops at once")
 
 
+@dataclass(frozen=True)
+class GraceInForce:
+    """A stop's grace as it stands: its seconds, and why they are fewer than the ones asked
+    for ("": they are not)."""
 
-def grace_ran_out(cause: StopCause, grace: float, asked: float, kill_wait: float | None) -> str:
-    """Why a stop was torn down: its grace ran out (cut short of the one asked for when Slurm
-    was ending the job: what its KillWait left)."""
-    said = f"stopped by {cause.said}: the {grace:.0f} s grace ran out"
-    cut = grace_cut(grace, asked, kill_wait)
-    return f"{said} ({cut})" if cut else said
+    seconds: float
+    cut: str = ""
 
-
-def grace_cut(grace: float, asked: float, kill_wait: float | None) -> str:
-    """Why the grace was `grace`, short of the one asked for, in words ("": it was not)."""
-    if grace >= asked or kill_wait is None:
-        return ""
-    return f"cut from {asked:g} s: Slurm ends the job {kill_wait:g} s after its SIGTERM, its " \
-        "KillWait"
+    def ran_out(self, cause: StopCause) -> str:
+        """Why the stop was torn down: its grace ran out."""
+        if not self.cut:
+            return f"stopped by {cause.said}: the {self.seconds:g} s grace ran out"
+        return f"stopped by {cause.said}: the {self.seconds:.0f} s grace ran out ({self.cut})"
 
 
-def grace_within(asked: float, stop_at: float | None, kills_at: float | None) -> float:
+def grace_in_force(asked: float, stop_at: float | None, kills_at: float | None,
+                   kill_wait: float | None) -> GraceInForce:  # fmt: skip
     """A stop's grace: the one asked for, or what is left of it before `kills_at` (Slurm's
-    SIGTERM reached the head: what its KillWait leaves the ranks)."""
-    if stop_at is None or kills_at is None:
-        return asked
-    return max(0.0, min(asked, kills_at - stop_at))
+    SIGTERM reached the head: what its KillWait leaves the ranks), and why."""
+    if stop_at is None or kills_at is None or kill_wait is None or kills_at - stop_at >= asked:
+        return GraceInForce(asked)
+    return GraceInForce(max(0.0, kills_at - stop_at), (
+        f"cut from {asked:g} s: Slurm ends the job {kill_wait:g} s after its SIGTERM, its "
+        "KillWait"))  # fmt: skip

@@ -60,7 +60,7 @@ from orchestrator.outcome.states import (
     JobState,
     StopCause,
 )
-from orchestrator.outcome.stop import grace_ran_out, grace_within
+from orchestrator.outcome.stop import GraceInForce, grace_in_force
 from orchestrator.specs.slurm import slurm_kills_at
 
 # The longest a node's late heartbeats put off its silence: an agent whose writes to the head
@@ -282,18 +282,18 @@ class JobVerdict:
         )
 
     @property
-    def grace(self) -> float:
+    def grace(self) -> GraceInForce:
         """The stop's grace: the one asked for, less once Slurm is ending the job."""
         at = self.stop.at if self.stop is not None else None
-        return grace_within(self.settings.rank_grace, at, self.slurm_kills_at)
+        return grace_in_force(self.settings.rank_grace, at, self.slurm_kills_at,
+                              self.settings.slurm_kill_wait)  # fmt: skip
 
     def _grace_over(self, now: float, stop: StopAsked) -> Failure | None:
         grace = self.grace
-        if now - stop.at < grace or self.all_exited():
+        if now - stop.at < grace.seconds or self.all_exited():
             return None
-        reason = grace_ran_out(stop.cause, grace, self.settings.rank_grace,
-                               self.settings.slurm_kill_wait)  # fmt: skip
-        return Failure("", reason, stop.cause.exit_code, kind=FailureKind.STOPPED)
+        return Failure("", grace.ran_out(stop.cause), stop.cause.exit_code,
+                       kind=FailureKind.STOPPED)  # fmt: skip
 
     def _silent_node(self, now: float) -> Failure | None:
         timeout = self.settings.heartbeat_timeout

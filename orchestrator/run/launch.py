@@ -60,7 +60,7 @@ from orchestrator.outcome.requeue import RequeueDecision
 from orchestrator.outcome.restart_policy import NO_PROGRESS, AttemptProgress, attempt_progress
 from orchestrator.outcome.slurm_words import in_slurm_words
 from orchestrator.outcome.states import Failure, FailureKind, JobState, StopCause
-from orchestrator.outcome.stop import StopSummary, grace_cut
+from orchestrator.outcome.stop import StopSummary
 from orchestrator.outcome.verdict import JobVerdict, Outcome
 from orchestrator.pernode import GroupResult
 from orchestrator.plan.launch_plan import LaunchPlan, process_environment
@@ -288,7 +288,7 @@ class JobRunner:
                     self.quiet_look.start(now)
                 stop = stop or decision.stop_reading
             if self.stop is not None and self.verdict.stopping:
-                self.stop.show(self.view, len(self.tracker.rank_ends), self.verdict.grace)
+                self.stop.show(self.view, len(self.tracker.rank_ends), self.verdict.grace.seconds)
             if stop:
                 return
 
@@ -373,9 +373,8 @@ class JobRunner:
 
     def _conclude(self, outcome: Outcome, node_logs: dict[str, str]) -> LaunchResult:
         failure = self._failure_in_full(outcome.failure)
-        stop = self.stop
-        if failure is not None and failure.kind == FailureKind.LOST and stop is not None \
-                and stop.cause == StopCause.SLURM_SIGNAL:
+        if failure is not None and failure.kind == FailureKind.LOST and self.stop is not None \
+                and self.stop.cause == StopCause.SLURM_SIGNAL:
             # Slurm's SIGTERM came because it took a node out, not to stop the job: failed.
             outcome = replace(outcome, state=JobState.FAILED, failure=failure)
         why: Explanation | None = None
@@ -386,8 +385,7 @@ class JobRunner:
         first = first_failure_of(why) if why is not None else None
         order = why.order if why is not None else None
         grace = self.verdict.grace
-        cut = grace_cut(grace, self.settings.rank_grace, self.settings.slurm_kill_wait)
-        stop = self.stop.summary(self.tracker, grace, cut) if self.stop is not None else None
+        stop = self.stop.summary(self.tracker, grace) if self.stop is not None else None
         self.record = finished(
             self.record,
             state=outcome.state,

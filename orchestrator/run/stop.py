@@ -21,7 +21,13 @@ from orchestrator.logs.view import LiveView, PlainView
 from orchestrator.nodes.transport import SLURM, NodeTransport, plan_transport
 from orchestrator.outcome.rank_ends import ClockOffsets, RankEnd
 from orchestrator.outcome.states import JobState, StopCause
-from orchestrator.outcome.stop import StopEnding, StopSummary, stop_summary, stopping_text
+from orchestrator.outcome.stop import (
+    GraceInForce,
+    StopEnding,
+    StopSummary,
+    stop_summary,
+    stopping_text,
+)
 from orchestrator.pernode import GroupResult, NodeResult, failed, succeeded
 from orchestrator.plan.agent_command import stop_command
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -120,14 +126,13 @@ class Stop:
             self._shown = (exited, grace)
             view.status(self.status(exited, grace))
 
-    def summary(self, tracker: OutputTracker, grace: float | None = None,
-                cut: str = "") -> StopSummary:  # fmt: skip
+    def summary(self, tracker: OutputTracker, grace: GraceInForce | None = None) -> StopSummary:
         """What came of the stop: the ranks' ends and each node's clock as the tracker has
-        them; `grace`, `cut`: the grace in force, when shorter than asked, and why."""
-        return self.summary_of(tracker.rank_ends.values(), tracker.clocks, grace, cut)
+        them; `grace`: the grace in force, when not the one asked for (None: it is)."""
+        return self.summary_of(tracker.rank_ends.values(), tracker.clocks, grace)
 
     def summary_of(self, ends: Collection[RankEnd], clocks: ClockOffsets,
-                   grace: float | None = None, cut: str = "") -> StopSummary:  # fmt: skip
+                   grace: GraceInForce | None = None) -> StopSummary:  # fmt: skip
         if self._thread is not None:
             self._thread.join(_CONNECT_S + _ANSWER_S)
         signalled: dict[int, tuple[str, float]] = {}
@@ -140,8 +145,10 @@ class Stop:
                 signalled[rank] = (answer.node, round(clocks.to_head(answer.node, at), 4))
         ending = (StopEnding.RANKS_EXITED if self.torn_down_at is None
                   else StopEnding.CUT_SHORT if self.cut_short else StopEnding.GRACE_OVER)
-        settings = self.settings if grace is None else replace(self.settings, grace=grace)
-        return stop_summary(self.cause, self.asked_at, settings, ending=ending, cut=cut,
+        settings = self.settings if grace is None else replace(self.settings,
+                                                               grace=grace.seconds)
+        return stop_summary(self.cause, self.asked_at, settings, ending=ending,
+                            cut=grace.cut if grace is not None else "",
                             torn_down_at=self.torn_down_at, world_size=self.world_size,
                             ends=ends, signalled=signalled, unreached=unreached)  # fmt: skip
 

@@ -9,10 +9,11 @@ import signal
 from orchestrator.outcome.rank_ends import RankEnd
 from orchestrator.outcome.states import StopCause
 from orchestrator.outcome.stop import (
+    GraceInForce,
     RankStopEnd,
     StopEnding,
     StopSummary,
-    grace_cut,
+    grace_in_force,
     stop_summary,
 )
 from orchestrator.specs.stop import StopSettings
@@ -83,9 +84,16 @@ def test_job_json_keeps_the_cause_the_time_and_each_ranks_part() -> None:
 
 
 def test_a_grace_slurm_cut_short_says_how_long_it_was_and_why() -> None:
-    cut = grace_cut(15.0, 120.0, 30.0)
+    grace = grace_in_force(120.0, ASKED, ASKED + 15.0, 30.0)
+    cut = grace.cut
     assert cut == "cut from 120 s: Slurm ends the job 30 s after its SIGTERM, its KillWait"
-    assert grace_cut(120.0, 120.0, 30.0) == "" and grace_cut(15.0, 120.0, None) == ""
+    assert grace.seconds == 15.0
+    assert grace_in_force(120.0, ASKED, ASKED + 200.0, 30.0) == GraceInForce(120.0)
+    assert grace_in_force(120.0, ASKED, None, None) == GraceInForce(120.0)
+    assert grace.ran_out(StopCause.SLURM_SIGNAL) == (
+        f"stopped by Slurm (its warning, or a preemption): the 15 s grace ran out ({cut})")
+    assert GraceInForce(2.5).ran_out(StopCause.CTRL_C) == (
+        "stopped by Ctrl-C: the 2.5 s grace ran out")  # a grace as given, not rounded
     ends = [_end(0, "n0", 15.2, -signal.SIGKILL), _end(1, "n1", 15.3, -signal.SIGKILL)]
     summary = stop_summary(StopCause.SLURM_SIGNAL, ASKED, StopSettings(grace=15.0),
                            ending=StopEnding.GRACE_OVER, torn_down_at=ASKED + 15.0, world_size=2,

@@ -194,13 +194,14 @@ def test_once_slurm_terms_the_head_the_grace_ends_before_its_kill_wait(term_firs
             StopCause.SLURM_SIGNAL]
     assert _teardowns(_feed(verdict, Interrupted(signal.SIGTERM, False, 10))) == []
     cut_at = 10 + 30 - SLURM_KILL_WAIT_KEPT_S
-    assert verdict.grace == cut_at - (10 if term_first else 5)
+    assert verdict.grace.seconds == cut_at - (10 if term_first else 5)
     assert _teardowns(_feed(verdict, Tick(cut_at - 0.5))) == []
     [failure] = _teardowns(_feed(verdict, Tick(cut_at + 0.5)))
     assert failure.kind == FailureKind.STOPPED
     assert failure.reason == (
-        f"stopped by Slurm (its warning, or a preemption): the {verdict.grace:.0f} s grace ran "
-        "out (cut from 120 s: Slurm ends the job 30 s after its SIGTERM, its KillWait)")
+        f"stopped by Slurm (its warning, or a preemption): the {verdict.grace.seconds:.0f} s "
+        "grace ran out (cut from 120 s: Slurm ends the job 30 s after its SIGTERM, its "
+        "KillWait)")
 
 
 def test_a_stop_keeps_its_whole_grace_when_slurm_terms_only_the_steps_or_says_no_kill_wait():
@@ -209,10 +210,10 @@ def test_a_stop_keeps_its_whole_grace_when_slurm_terms_only_the_steps_or_says_no
     verdict = _verdict(in_slurm=True, slurm_kill_wait=30, hang_timeout=None,
                        heartbeat_timeout=1000)  # fmt: skip
     _feed(verdict, StopAsked(StopCause.SLURM_SIGNAL, 5))
-    assert verdict.grace == 120 and _teardowns(_feed(verdict, Tick(120))) == []
+    assert verdict.grace.seconds == 120 and _teardowns(_feed(verdict, Tick(120))) == []
     unknown = _verdict(in_slurm=True, hang_timeout=None, heartbeat_timeout=1000)
     _feed(unknown, Interrupted(signal.SIGTERM, False, 5))
-    assert unknown.grace == 120 and _teardowns(_feed(unknown, Tick(120))) == []
+    assert unknown.grace.seconds == 120 and _teardowns(_feed(unknown, Tick(120))) == []
 
 
 @pytest.mark.parametrize(
