@@ -62,6 +62,11 @@ _DEVELOPERS_SSH_CONFIG = pytest.StashKey[str | None]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """The session's home, before anything is collected (modules may look at ~ on import)."""
+    # pytest-xdist 3.7+ hands modules out by their number of tests, most first, unless told
+    # not to: the long sandbox modules, of a few tests each, would start last and the run
+    # end on one worker. The order is ours (_longest_modules_first).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     config.stash[_DEVELOPERS_SSH_CONFIG] = fingerprint(developers_ssh_config())
     home = make_test_home(os.environ.get("PATH", os.defpath))
     config.stash[_HOME] = home

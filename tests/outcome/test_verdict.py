@@ -210,7 +210,15 @@ def test_head_launcher_exits_first_after_nodes_were_heard_names_a_missing_node()
     verdict = _verdict(head_launcher=True)
     decisions = _feed(verdict, *_all_heard(), _exit("n1", 2), OutputEnded(3), HeadExited(1, 3))
     [failure] = _teardowns(decisions)
-    assert (failure.node, failure.reason) == ("n2", "ended without reporting an exit code")
+    assert (failure.node, failure.reason) == (
+        "n2", "ended without reporting an exit code (the fan-out: exited with code 1)")
+
+
+def test_a_fan_out_killed_before_a_node_reported_says_the_signal():
+    verdict = _verdict(head_launcher=True)
+    decisions = _feed(verdict, *_all_heard(), _exit("n1", 0), OutputEnded(3), HeadExited(-9, 3))
+    [failure] = _teardowns(decisions)
+    assert failure.reason == "ended without reporting an exit code (the fan-out: killed by SIGKILL)"
 
 
 def test_every_node_exited_zero_but_the_head_launcher_failed():
