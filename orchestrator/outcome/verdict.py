@@ -329,7 +329,6 @@ class JobVerdict:
             return None
         missing = [h for h in self.hosts if h not in self.exits]
         if self.last_seen or not self.head_launcher:
-            # What ended the fan-out tells a node's own end from the fan-out's being killed.
             fanout = ended_by(self.head_code)
             reason = f"ended without reporting an exit code (the fan-out: {fanout})"
             return Failure(missing[0], reason, 1, kind=FailureKind.LOST)

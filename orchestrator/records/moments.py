@@ -33,6 +33,7 @@ class MomentKind(StrEnum):
     FIRST_FAILURE = "first-failure"  # when the head learnt of it
     HANG = "hang"  # no output for --hang-timeout
     QUIET = "quiet"  # quiet beyond --hang-timeout, and a look found a rank working
+    PROFILE = "profile"  # a profile taken while the job ran (detail: who the others wait for)
     INTERRUPT = "interrupt"  # Ctrl-C, SIGTERM or orch kill
     STOP = "stop"  # every rank was sent the stop signal (detail: the stop's cause)
     TEARDOWN_START = "teardown-start"

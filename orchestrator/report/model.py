@@ -16,6 +16,7 @@ from orchestrator.records.moments import Moment
 from orchestrator.report.checkpoints import CheckpointsView
 from orchestrator.report.stop import StopLines, settings_words
 from orchestrator.stacks.fold import rank_ranges
+from orchestrator.stacks.profile import waited_for_words
 
 # Ranks fold into one summary row per node above this many: a page of 1000 rank rows is
 # read by nobody.
@@ -91,15 +92,28 @@ class Stacks:
 
 @dataclass(frozen=True)
 class Profile:
-    """The latest sampling profile `orch stacks --profile` kept: who waits least."""
+    """The latest sampling profile kept (`orch stacks --profile`, or orch's own while the
+    job ran): who waits least."""
 
     path: str
     taken_at: str
     seconds: float | None
     verdict: str
     straggler: str | None  # "rank 3 on n2", None when no rank stands apart
+    straggler_at: tuple[int, str] | None  # its (rank, node)
+    taken_by: str  # "orch stacks --profile", or orch while the job ran
     hottest: str | None  # the straggler's hottest frame of the user's code
     ranks: tuple[tuple[int, str, float], ...]  # (rank, node, share of samples waiting)
+
+    @property
+    def waited_for(self) -> str | None:
+        """The straggler in words, with the share the others wait; None when none."""
+        if self.straggler_at is None:
+            return None
+        rank, node = self.straggler_at
+        own = next((share for r, _node, share in self.ranks if r == rank), 0.0)
+        others = [share for r, _node, share in self.ranks if r != rank]
+        return waited_for_words(rank, node, own, others, self.hottest)
 
 
 @dataclass(frozen=True)
@@ -130,9 +144,16 @@ class Slowest:
 
     @property
     def words(self) -> str:
+        return self.said(profiled=True)
+
+    def said(self, profiled: bool) -> str:
+        """In words; `profiled`: a profile found no rank the others wait for. Without one,
+        even step times say nothing: in synchronous training every rank keeps the
+        slowest's pace."""
         pace = f"{_seconds(self.step_s)} per step against {_seconds(self.median_s)}"
         if not self.stands_apart:
-            return (f"no rank stands apart: the slowest, rank {self.rank} on {self.node}, "
+            said = "no rank stands apart" if profiled else "step times set no rank apart"
+            return (f"{said}: the slowest, rank {self.rank} on {self.node}, "
                     f"takes {self.ratio:.2f}x the median step time ({pace})")  # fmt: skip
         return (f"slowest: rank {self.rank} on {self.node}, {self.ratio:.1f}x the median "
                 f"step time ({pace})")  # fmt: skip

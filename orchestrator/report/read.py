@@ -290,6 +290,8 @@ def read_profile(run: RunDir, relative: str | None) -> Profile | None:
             path=relative, taken_at=str(doc.get("taken_at", "")),
             seconds=None if seconds is None else float(seconds), verdict=str(profile["verdict"]),
             straggler=f"rank {straggler['rank']} on {straggler['node']}" if straggler else None,
+            straggler_at=(int(straggler["rank"]), str(straggler["node"])) if straggler else None,
+            taken_by=str(doc.get("taken_by") or "orch stacks --profile"),
             hottest=straggler.get("hottest_user_frame") if straggler else None,
             ranks=tuple((int(r["rank"]), str(r["node"]), float(r["comm_share"]))
                         for r in profile.get("ranks", ())),

@@ -42,6 +42,7 @@ WIDTH = LABEL_W + PLOT_W + RIGHT_PAD
 LINE_KINDS: dict[str, str] = {
     MomentKind.HANG: "hang detected",
     MomentKind.QUIET: "quiet",
+    MomentKind.PROFILE: "profiled",
     MomentKind.INTERRUPT: "interrupted",
     MomentKind.STOP: "stop: ranks signalled",
     MomentKind.TEARDOWN_START: "teardown",

@@ -83,6 +83,7 @@ from orchestrator.run.plan_files import remove_private_files, write_private_file
 from orchestrator.run.quiet import QuietLook
 from orchestrator.run.stacks import save_stacks, stacks_before_teardown
 from orchestrator.run.stop import Stop, begin_stop
+from orchestrator.run.straggler_watch import straggler_watch_for
 from orchestrator.run.teardown import StopReport, teardown_job, unreached
 from orchestrator.specs.words import Fanout
 from orchestrator.stacks.fold import FoldedStacks
@@ -148,6 +149,7 @@ class JobRunner:
         self.teardown: GroupResult[StopReport] | None = None
         self.quiet_look = QuietLook(plan, self.settings.look_seconds,
                                     self.settings.hang_stacks_timeout)  # fmt: skip
+        self.straggler_watch = straggler_watch_for(plan, run)
         self.stacks: StacksResult | None = None  # taken before a failure's teardown
         self.earlier_looks: tuple[FoldedStacks, ...] = ()  # a hang's looks before the last
         self.stacks_file: Path | None = None
@@ -271,6 +273,10 @@ class JobRunner:
                 stop_noted = True
                 events.append(StopAsked(StopCause.ORCH_STOP, now))
             events += [self._noted(looked) for looked in self.quiet_look.events()]
+            busy = self.verdict.stopping or self._failed_at is not None
+            self.straggler_watch.tick(now, self.verdict.pace.stepped, busy)
+            for said in self.straggler_watch.said():
+                self._said(MomentKind.PROFILE, said)
             if self._teardown_done.is_set() and not teardown_noted:
                 teardown_noted = True
                 events.append(TeardownDone(now, frozenset(unreached(self.teardown))))
@@ -295,11 +301,14 @@ class JobRunner:
     def _noted(self, looked: QuietLooked) -> QuietLooked:
         """A look that found the quiet job working: on the timeline and in the live view."""
         if looked.finding.working:
-            said = f"quiet, working: {looked.finding.summary()}"
-            self._moment(MomentKind.QUIET, detail=said)
-            if isinstance(self.view, LiveView | PlainView):
-                self.view.status(said)
+            self._said(MomentKind.QUIET, f"quiet, working: {looked.finding.summary()}")
         return looked
+
+    def _said(self, kind: MomentKind, said: str) -> None:
+        """What a look found: on the timeline and in the live view."""
+        self._moment(kind, detail=said)
+        if isinstance(self.view, LiveView | PlainView):
+            self.view.status(said)
 
     def _pull_raw_logs(self) -> dict[str, str]:
         """Pull each node's raw logs back, whatever way the job ended."""

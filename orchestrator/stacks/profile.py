@@ -126,6 +126,28 @@ def straggler_verdict(
     )
 
 
+def waited_for_words(rank: int, node: str, own: float, others: Sequence[float],
+                     where: str | None) -> str:  # fmt: skip
+    """The rank the others wait for, the share of their time they wait and where it stands:
+    `waited for: rank 4 on n3 (the other ranks wait 61-68% of their time in communication,
+    it 9%), at train.py:40 step`."""
+    low, high = (min(others), max(others)) if others else (0.0, 0.0)
+    span = f"{low:.0%}" if round(low * 100) == round(high * 100) else f"{low * 100:.0f}-{high:.0%}"
+    at = f", at {where}" if where else ""
+    return (f"waited for: rank {rank} on {node} (the other ranks wait {span} of their time "
+            f"in communication, it {own:.0%}){at}")  # fmt: skip
+
+
+def verdict_words(profiles: Sequence[RankProfile], verdict: StragglerVerdict) -> str:
+    """A profile in one line: who the others wait for, or that no rank stands apart."""
+    found = verdict.straggler
+    if found is None:
+        return f"no rank stands apart: {verdict.reason}"
+    others = [p.comm_share for p in profiles if p.samples and p.rank != found.rank]
+    where = found.hottest.where if found.hottest is not None else None
+    return waited_for_words(found.rank, found.node, found.comm_share, others, where)
+
+
 # ----- as JSON --------------------------------------------------------------------------
 def profile_json(profiles: Sequence[RankProfile], verdict: StragglerVerdict) -> dict[str, Any]:
     straggler = verdict.straggler

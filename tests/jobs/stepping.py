@@ -1,7 +1,8 @@
 """A torch.distributed (gloo) job that steps until it is told to stop, for `orch stacks`.
 
-Each step computes for `--compute` seconds (`--slow-factor` times that on `--slow-rank`),
-then joins one all_reduce that also carries rank 0's stop flag: rank 0 raises it once
+Each step computes for `--compute` seconds and idles `--pause` seconds (`--slow-factor`
+times both on `--slow-rank`), then, every `--sync-every` steps (1), joins one all_reduce
+that also carries rank 0's stop flag: rank 0 raises it once
 `--stop-file` exists or `--max-seconds` have passed, so every rank leaves the loop at
 the same step and the job ends with exit 0. With `--compute 0` every rank loops in
 all_reduce, spinning the cores; `--lead-pause S` has rank 0 idle S seconds before each
@@ -72,6 +73,7 @@ def main() -> int:
     parser.add_argument("--stop-file", default="")
     parser.add_argument("--max-seconds", type=float, default=300.0)
     parser.add_argument("--pause", type=float, default=0.0)  # idle seconds between steps
+    parser.add_argument("--sync-every", type=int, default=1)
     parser.add_argument("--lead-pause", type=float, default=0.0)  # rank 0's alone
     parser.add_argument("--stall-rank", type=int, default=-1)
     parser.add_argument("--stall-after", type=float, default=5.0)
@@ -87,7 +89,8 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank}/{world} up on {socket.gethostname()}", flush=True)
-    my_compute = args.compute * (args.slow_factor if rank == args.slow_rank else 1.0)
+    slower = args.slow_factor if rank == args.slow_rank else 1.0
+    my_compute, my_pause = args.compute * slower, args.pause * slower
     started = time.monotonic()
     steps = 0
     quiet_done = args.quiet_rank == -1
@@ -106,12 +109,14 @@ def main() -> int:
             print(f"rank {rank} fails after {steps} steps", flush=True)
             return 7
         compute(my_compute)
-        time.sleep(args.pause + (args.lead_pause if rank == 0 else 0.0))
-        flag = torch.tensor([1.0 if rank == 0 and should_stop(args, started) else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        time.sleep(my_pause + (args.lead_pause if rank == 0 else 0.0))
         steps += 1
         if rank == 0 and args.print_every and steps % args.print_every == 0:
             print(f"step {steps}", flush=True)
+        if steps % args.sync_every:
+            continue
+        flag = torch.tensor([1.0 if rank == 0 and should_stop(args, started) else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() > 0:
             break
     print(f"rank {rank} done after {steps} steps", flush=True)

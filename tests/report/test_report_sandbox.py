@@ -11,7 +11,10 @@ import pytest
 from _chromium import CHROMIUM, chromium, png_pixels
 from launch_support import REPO, free_port, job_ids, run_orch
 
+from orchestrator.run.straggler_watch import FIRST_AFTER_S
+
 STRAGGLER_JOB = str(REPO / "tests" / "jobs" / "straggler.py")
+STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 SLOW_RANK = 3
 FAIL_RANK = 1
 
@@ -23,12 +26,13 @@ def cluster(sandbox_factory):
     return sandbox_factory(2, 2)
 
 
-def _launch(cluster, runs: Path, *script_args: str, doctor: bool = True):
+def _launch(cluster, runs: Path, *script_args: str, doctor: bool = True,
+            job: str = STRAGGLER_JOB):  # fmt: skip
     _box, state = cluster
     args = [
         "launch", "--hostfile", state.hostfile, "--launcher", "torchrun", "--nproc-per-node",
         "2", "--main-port", str(free_port()), *([] if doctor else ["--no-doctor"]),
-        STRAGGLER_JOB, "--", *script_args,
+        job, "--", *script_args,
     ]  # fmt: skip
     done = run_orch(args, runs, timeout=300)
     (job,) = job_ids(runs)
@@ -72,6 +76,45 @@ def test_a_straggler_is_named_on_the_page(cluster, tmp_path):
              page.as_uri())  # fmt: skip
     _width, _height, pixels = png_pixels(shot)
     assert len(set(pixels)) > 100  # text, bars and colours, not one background
+
+
+# Synchronous training, as a new user meets it: every rank steps at the slowest's pace, so
+# step times cannot tell the straggler; the profile orch takes as the job runs does.
+SYNCHRONOUS = ("--pause", "0.05", "--sync-every", "10", "--print-every", "10",
+               "--max-seconds", str(FIRST_AFTER_S + 12))  # fmt: skip
+
+
+def _top_sentence(dom: str) -> re.Match[str]:
+    found = re.search(r'<p id="slowest" class="([^"]*)" data-node="([^"]+)" data-rank="(\d+)">'
+                      r"([^<]*)", dom)  # fmt: skip
+    assert found is not None, "no sentence on the ranks' pace"
+    return found
+
+
+def test_in_synchronous_training_the_rank_the_others_wait_for_is_named(cluster, tmp_path):
+    slow = ("--slow-rank", str(SLOW_RANK), "--slow-factor", "3")
+    done, run, nodes = _launch(cluster, tmp_path / "runs", *SYNCHRONOUS, *slow, doctor=False,
+                               job=STEPPING)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"profile: waited for: rank {SLOW_RANK} on {nodes[1]}" in done.stdout
+    dom = chromium(tmp_path / "profile", "--dump-dom", _page(done, run).as_uri()).stdout
+    top = _top_sentence(dom)
+    assert (top.group(1), top.group(2), int(top.group(3))) == ("slowest apart", nodes[1],
+                                                               SLOW_RANK)  # fmt: skip
+    said = top.group(4)
+    assert said.startswith(f"waited for: rank {SLOW_RANK} on {nodes[1]} (the other ranks wait ")
+    assert "stepping.py" in said  # where it stands: its own code, not a collective
+    assert "by orch, while the job ran" in dom
+
+
+def test_in_synchronous_training_without_a_straggler_none_stands_apart(cluster, tmp_path):
+    done, run, _nodes = _launch(cluster, tmp_path / "runs", *SYNCHRONOUS, doctor=False,
+                                job=STEPPING)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "profile: no rank stands apart" in done.stdout
+    dom = chromium(tmp_path / "profile", "--dump-dom", _page(done, run).as_uri()).stdout
+    assert "waited for:" not in dom
+    assert re.search(r'<section id="profile">.*no clear straggler', dom, re.S)
 
 
 def test_a_failed_job_shows_its_failing_rank_and_error(cluster, tmp_path):

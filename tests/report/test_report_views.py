@@ -122,6 +122,30 @@ def test_the_straggler_profile_is_shown_when_taken(run):
     assert model.profile is not None and model.profile.straggler == "rank 2 on n1"
     html = render_html(model)
     assert "straggler: rank 2 on n1" in html and "train.py:12 forward" in html
+    # The sentence at the top names the rank the others wait for, however even the steps.
+    top = re.search(r'<p id="slowest" class="slowest apart" data-node="n1" data-rank="2">'
+                    r"([^<]*)<", html)  # fmt: skip
+    assert top is not None
+    assert top.group(1) == ("waited for: rank 2 on n1 (the other ranks wait 80% of their time "
+                            "in communication, it 10%), at train.py:12 forward (")  # fmt: skip
+    assert "with <code>orch stacks --profile</code>" in html
+
+
+def test_even_step_times_say_no_rank_stands_apart_only_once_a_profile_found_none(run):
+    even = Slowest(rank=3, node="n2", step_s=0.105, median_s=0.1)
+    assert even.said(profiled=False).startswith("step times set no rank apart: the slowest")
+    profile = {
+        "job": JOB, "taken_at": "2026-11-18T00:00:10+00:00", "mode": "profile", "seconds": 5,
+        "ok": True, "nodes": [], "taken_by": "orch, while the job ran",
+        "profile": {"margin": 0.2, "verdict": "no clear straggler", "straggler": None,
+                    "ranks": [{"rank": r, "node": "n1", "comm_share": 0.5} for r in range(4)]},
+    }  # fmt: skip
+    (run.path / "stacks" / "20261118-000010.json").write_text(json.dumps(profile))
+    html = render_html(build_report(run.path))
+    # This run's rank 2 steps 3x slower: its step times name it, the profile none.
+    top = '<p id="slowest" class="slowest apart" data-node="n1" data-rank="2">slowest: rank 2'
+    assert top in html
+    assert "by orch, while the job ran" in html
 
 
 def test_raw_logs_pulled_back_are_linked_relatively(run):

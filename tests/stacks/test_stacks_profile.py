@@ -15,6 +15,8 @@ from orchestrator.stacks.profile import (
     is_comm_frame,
     rank_profile,
     straggler_verdict,
+    verdict_words,
+    waited_for_words,
 )
 from orchestrator.stacks.report import analyse, result_json
 
@@ -128,3 +130,22 @@ def test_the_profile_document_names_the_straggler_and_its_hottest_frame() -> Non
     }  # fmt: skip
     assert [n["ok"] for n in doc["nodes"]] == [True, True, False]
     assert doc["nodes"][2]["error"] == "n3: connection refused"
+
+
+def test_the_rank_the_others_wait_for_is_said_with_their_share_and_where_it_stands() -> None:
+    profiles = [_profile(0, 0.61), _profile(1, 0.68), _profile(2, 0.09), _profile(3, 0.64)]
+    found = straggler_verdict(profiles)
+    assert found.straggler is not None
+    assert verdict_words(profiles, found) == (
+        "waited for: rank 2 on n2 (the other ranks wait 61-68% of their time in "
+        "communication, it 9%)"
+    )
+    same = waited_for_words(4, "n3", 0.1, [0.7, 0.7], "train.py:40 step")
+    assert same == ("waited for: rank 4 on n3 (the other ranks wait 70% of their time in "
+                    "communication, it 10%), at train.py:40 step")  # fmt: skip
+
+
+def test_a_profile_with_no_rank_apart_says_so_and_why() -> None:
+    profiles = [_profile(0, 0.30), _profile(1, 0.35)]
+    said = verdict_words(profiles, straggler_verdict(profiles))
+    assert said.startswith("no rank stands apart: no clear straggler: rank 0 waits least")
