@@ -12,6 +12,7 @@ a collective, at little cost to the cores the tests share).
 `--stall-rank R --stall-after S`: after S seconds rank R says so and stops in plain Python
 (a data loader that never yields), silently, while the others wait for it in all_reduce.
 `--fail-rank R --fail-after S`: rank R exits 7 instead, while the others wait.
+`--matmuls N`: each step also multiplies N matrices (a step's fixed work, for benchmarks).
 `--print-every N`: rank 0 prints a line every N steps (a job that shows its pace).
 `--quiet-rank R --quiet-at S --quiet-for D`: once, after S seconds, rank R computes for D
 seconds without a word (an evaluation) while the others wait; `--quiet-rank -2`: every
@@ -38,6 +39,13 @@ def compute(seconds: float) -> None:
     matrix = torch.ones(32, 32)
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
+        matrix = torch.mm(matrix, matrix).clamp_(max=1.0)
+
+
+def work(matmuls: int) -> None:
+    """A fixed amount of work, which takes longer when something else takes the cores."""
+    matrix = torch.ones(64, 64)
+    for _ in range(matmuls):
         matrix = torch.mm(matrix, matrix).clamp_(max=1.0)
 
 
@@ -74,6 +82,7 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=300.0)
     parser.add_argument("--pause", type=float, default=0.0)  # idle seconds between steps
     parser.add_argument("--sync-every", type=int, default=1)
+    parser.add_argument("--matmuls", type=int, default=0)  # fixed work a step, not a time
     parser.add_argument("--lead-pause", type=float, default=0.0)  # rank 0's alone
     parser.add_argument("--stall-rank", type=int, default=-1)
     parser.add_argument("--stall-after", type=float, default=5.0)
@@ -109,6 +118,7 @@ def main() -> int:
             print(f"rank {rank} fails after {steps} steps", flush=True)
             return 7
         compute(my_compute)
+        work(args.matmuls)
         time.sleep(my_pause + (args.lead_pause if rank == 0 else 0.0))
         steps += 1
         if rank == 0 and args.print_every and steps % args.print_every == 0:
