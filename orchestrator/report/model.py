@@ -102,6 +102,7 @@ class Profile:
     straggler: str | None  # "rank 3 on n2", None when no rank stands apart
     straggler_at: tuple[int, str] | None  # its (rank, node)
     taken_by: str  # "orch stacks --profile", or orch while the job ran
+    complete: bool  # every node and rank was read: "no rank stands apart" can be said
     hottest: str | None  # the straggler's hottest frame of the user's code
     ranks: tuple[tuple[int, str, float], ...]  # (rank, node, share of samples waiting)
 

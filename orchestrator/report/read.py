@@ -292,6 +292,7 @@ def read_profile(run: RunDir, relative: str | None) -> Profile | None:
             straggler=f"rank {straggler['rank']} on {straggler['node']}" if straggler else None,
             straggler_at=(int(straggler["rank"]), str(straggler["node"])) if straggler else None,
             taken_by=str(doc.get("taken_by") or "orch stacks --profile"),
+            complete=doc.get("ok") is True,
             hottest=straggler.get("hottest_user_frame") if straggler else None,
             ranks=tuple((int(r["rank"]), str(r["node"]), float(r["comm_share"]))
                         for r in profile.get("ranks", ())),

@@ -24,8 +24,7 @@ from orchestrator.records.job import now_iso
 from orchestrator.records.rundir import RunDir
 from orchestrator.run.stacks import gather_stacks, save_stacks
 from orchestrator.stacks.model import NodeReport
-from orchestrator.stacks.profile import verdict_words
-from orchestrator.stacks.report import analyse, result_json
+from orchestrator.stacks.report import analyse, profile_words, result_json
 
 FIRST_AFTER_S = 30.0  # after a rank's first step: past the first, compiled, steps
 EVERY_S = 600.0
@@ -71,8 +70,7 @@ class StragglerWatch:
         try:
             result = analyse(self.job_id, self.taken_at(), PROFILE_S, self.take())
             save_stacks(self.run, {**result_json(result), "taken_by": TAKEN_BY})
-            said = (f"profile: {verdict_words(result.profiles, result.verdict)}"
-                    if result.verdict is not None else "profile: no rank could be read")
+            said = profile_words(result)
         except (OrchError, OSError) as err:  # a profile is a help: what it meets is said
             said = f"profile: could not be taken ({err})"
         with self._lock:

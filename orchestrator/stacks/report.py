@@ -15,6 +15,7 @@ from orchestrator.stacks.profile import (
     profile_json,
     rank_profile,
     straggler_verdict,
+    verdict_words,
 )
 
 STACKS_SCHEMA = "orch.stacks"  # as `orch stacks --json` names its document
@@ -85,6 +86,21 @@ def result_json(result: StacksResult) -> dict[str, Any]:
     if result.verdict is not None:
         doc["profile"] = profile_json(result.profiles, result.verdict)
     return doc
+
+
+def profile_words(result: StacksResult) -> str:
+    """A profile in one line for the live view: who the others wait for, or that no rank
+    stands apart; a profile that could not read every node or rank says so, and names no
+    rank apart from what it did not read."""
+    verdict = result.verdict
+    unread = [node.error or f"{node.node}: a rank could not be read"
+              for node in result.nodes if not node.ok]  # fmt: skip
+    missing = f" ({'; '.join(unread)})" if unread else ""
+    if verdict is not None and verdict.straggler is not None:
+        return f"profile: {verdict_words(result.profiles, verdict)}{missing}"
+    if unread or verdict is None:
+        return f"profile: incomplete, no rank named{missing}"
+    return f"profile: {verdict_words(result.profiles, verdict)}"
 
 
 def merged_looks(earlier: StacksResult, later: StacksResult) -> StacksResult:

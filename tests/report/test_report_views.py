@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from _report_job import CAUSE_NODE, JOB, ODD_TORCH, STRAGGLER, T0, failed_job
@@ -146,6 +147,20 @@ def test_even_step_times_say_no_rank_stands_apart_only_once_a_profile_found_none
     top = '<p id="slowest" class="slowest apart" data-node="n1" data-rank="2">slowest: rank 2'
     assert top in html
     assert "by orch, while the job ran" in html
+
+
+def test_a_profile_that_missed_a_node_does_not_say_no_rank_stands_apart(run):
+    (run.path / "stacks" / "20261118-000010.json").write_text(json.dumps({
+        "job": JOB, "taken_at": "2026-11-18T00:00:10+00:00", "mode": "profile", "seconds": 5,
+        "ok": False, "profile": {"margin": 0.2, "verdict": "fewer than two ranks were sampled",
+                                 "straggler": None, "ranks": []},
+    }))  # fmt: skip
+    even = Slowest(rank=3, node="n2", step_s=0.105, median_s=0.1)
+    model = replace(build_report(run.path), slowest=even)
+    assert model.profile is not None and not model.profile.complete
+    html = render_html(model)
+    assert ">step times set no rank apart: the slowest, rank 3 on n2" in html
+    assert "no rank stands apart" not in html
 
 
 def test_raw_logs_pulled_back_are_linked_relatively(run):

@@ -76,5 +76,6 @@ def test_a_node_that_cannot_be_profiled_is_said_and_nothing_raises(tmp_path) -> 
     watch.tick(0.0, stepped=True, busy=False)
     watch.tick(FIRST_AFTER_S, stepped=True, busy=False)
     [said] = _said(watch)
-    assert said.startswith("profile: no rank stands apart: fewer than two ranks were sampled")
+    # Not "no rank stands apart": the rank not read may be the one the others wait for.
+    assert said.startswith("profile: incomplete, no rank named (n2")
     assert len(list((run.path / "stacks").glob("*.json"))) == 1
