@@ -99,12 +99,16 @@ class Profile:
     taken_at: str
     seconds: float | None
     verdict: str
-    straggler: str | None  # "rank 3 on n2", None when no rank stands apart
-    straggler_at: tuple[int, str] | None  # its (rank, node)
+    straggler_at: tuple[int, str] | None  # (rank, node); None when no rank stands apart
     taken_by: str  # "orch stacks --profile", or orch while the job ran
     complete: bool  # every node and rank was read: "no rank stands apart" can be said
     hottest: str | None  # the straggler's hottest frame of the user's code
     ranks: tuple[tuple[int, str, float], ...]  # (rank, node, share of samples waiting)
+
+    @property
+    def straggler(self) -> str | None:
+        """"rank 3 on n2", or None."""
+        return None if self.straggler_at is None else "rank {} on {}".format(*self.straggler_at)
 
     @property
     def waited_for(self) -> str | None:
@@ -142,10 +146,6 @@ class Slowest:
     @property
     def stands_apart(self) -> bool:
         return self.ratio >= SLOWEST_RATIO
-
-    @property
-    def words(self) -> str:
-        return self.said(profiled=True)
 
     def said(self, profiled: bool) -> str:
         """In words; `profiled`: a profile found no rank the others wait for. Without one,

@@ -289,7 +289,6 @@ def read_profile(run: RunDir, relative: str | None) -> Profile | None:
         return Profile(
             path=relative, taken_at=str(doc.get("taken_at", "")),
             seconds=None if seconds is None else float(seconds), verdict=str(profile["verdict"]),
-            straggler=f"rank {straggler['rank']} on {straggler['node']}" if straggler else None,
             straggler_at=(int(straggler["rank"]), str(straggler["node"])) if straggler else None,
             taken_by=str(doc.get("taken_by") or "orch stacks --profile"),
             complete=doc.get("ok") is True,

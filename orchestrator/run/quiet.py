@@ -10,7 +10,6 @@ answer is said in the finding; the look never raises.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Sequence
 
@@ -21,6 +20,7 @@ from orchestrator.outcome.quiet import QuietFinding, RankSample, judge
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import look_command
 from orchestrator.plan.launch_plan import LaunchPlan
+from orchestrator.run.background import OneAtATime
 from orchestrator.ssh import CommandResult
 from orchestrator.stacks.model import RankStacks, node_report
 
@@ -32,26 +32,17 @@ class QuietLook:
 
     def __init__(self, plan: LaunchPlan, seconds: float, timeout: float) -> None:
         self.plan, self.seconds, self.timeout = plan, seconds, timeout
-        self._done: list[QuietLooked] = []
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._looks: OneAtATime[QuietLooked] = OneAtATime()
 
     def start(self, asked_at: float) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-
-        def work() -> None:
+        def work() -> QuietLooked:
             finding = look_at_ranks(self.plan, self.seconds, self.timeout)
-            with self._lock:
-                self._done.append(QuietLooked(finding, asked_at, time.monotonic()))
+            return QuietLooked(finding, asked_at, time.monotonic())
 
-        self._thread = threading.Thread(target=work, daemon=True)
-        self._thread.start()
+        self._looks.start(work)
 
     def events(self) -> list[QuietLooked]:
-        with self._lock:
-            done, self._done = self._done, []
-        return done
+        return self._looks.results()
 
 
 def look_at_ranks(

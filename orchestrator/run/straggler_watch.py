@@ -14,7 +14,6 @@ never raised.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from orchestrator.errors import OrchError
@@ -22,6 +21,7 @@ from orchestrator.nodes.transport import plan_transport
 from orchestrator.plan.launch_plan import LaunchPlan
 from orchestrator.records.job import now_iso
 from orchestrator.records.rundir import RunDir
+from orchestrator.run.background import OneAtATime
 from orchestrator.run.stacks import gather_stacks, save_stacks
 from orchestrator.stacks.model import NodeReport
 from orchestrator.stacks.report import analyse, profile_words, result_json
@@ -48,38 +48,28 @@ class StragglerWatch:
     def __init__(self, job_id: str, take: Callable[[], list[NodeReport]], run: RunDir,
                  taken_at: Callable[[], str]) -> None:  # fmt: skip
         self.job_id, self.take, self.run, self.taken_at = job_id, take, run, taken_at
-        self.stepped_at: float | None = None
-        self.next_at: float | None = None
-        self._said: list[str] = []
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.next_at: float | None = None  # None: no rank has shown a step yet
+        self._profiles: OneAtATime[str] = OneAtATime()
 
     def tick(self, now: float, stepped: bool, busy: bool) -> None:
         """Start a profile when one is due; `busy`: the job is stopping or torn down."""
-        if stepped and self.stepped_at is None:
-            self.stepped_at, self.next_at = now, now + FIRST_AFTER_S
+        if stepped and self.next_at is None:
+            self.next_at = now + FIRST_AFTER_S
         if busy or self.next_at is None or now < self.next_at:
             return
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self.next_at = now + EVERY_S
-        self._thread = threading.Thread(target=self._profile, daemon=True)
-        self._thread.start()
+        if self._profiles.start(self._profile):
+            self.next_at = now + EVERY_S
 
-    def _profile(self) -> None:
+    def _profile(self) -> str:
         try:
             result = analyse(self.job_id, self.taken_at(), PROFILE_S, self.take())
             save_stacks(self.run, {**result_json(result), "taken_by": TAKEN_BY})
-            said = profile_words(result)
+            return profile_words(result)
         except (OrchError, OSError) as err:  # a profile is a help: what it meets is said
-            said = f"profile: could not be taken ({err})"
-        with self._lock:
-            self._said.append(said)
+            return f"profile: could not be taken ({err})"
 
     def said(self) -> list[str]:
-        with self._lock:
-            done, self._said = self._said, []
-        return done
+        return self._profiles.results()
 
 
 def straggler_watch_for(plan: LaunchPlan, run: RunDir) -> StragglerWatch:

@@ -29,18 +29,19 @@ def test_the_slowest_rank_is_named_in_words(run):
     slowest = build_report(run.path).slowest
     assert slowest is not None and (slowest.rank, slowest.node) == (STRAGGLER, "n1")
     assert slowest.stands_apart
-    assert slowest.words == (
+    assert slowest.said(profiled=False) == (
         "slowest: rank 2 on n1, 3.0x the median step time (300 ms per step against 100 ms)"
     )
     html = render_html(build_report(run.path))
     found = re.search(r'<p id="slowest"[^>]*data-rank="2"[^>]*>([^<]*)</p>', html)
-    assert found is not None and found.group(1) == slowest.words
+    assert found is not None and found.group(1) == slowest.said(profiled=False)
 
 
 def test_ranks_that_keep_pace_have_no_straggler_but_the_slowest_is_still_said():
     even = Slowest(rank=3, node="n2", step_s=0.105, median_s=0.1)
     assert not even.stands_apart
-    assert even.words.startswith("no rank stands apart: the slowest, rank 3 on n2, takes 1.05x")
+    said = even.said(profiled=True)
+    assert said.startswith("no rank stands apart: the slowest, rank 3 on n2, takes 1.05x")
 
 
 def test_step_time_counts_only_steps_made_not_a_bar_that_starts_again():
