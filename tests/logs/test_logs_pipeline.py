@@ -39,6 +39,13 @@ NODE_PROGRAM = Path(__file__).resolve().parents[1] / "_lognode.py"
 LINES = 100_000
 
 
+@pytest.fixture(scope="module")
+def sandbox(sandbox_factory):
+    """Two nodes of one slot (conftest's has 4): every line of two nodes interleaving in one
+    fan-out is the path's test; each node more only repeats it, at the CPU's cost."""
+    return sandbox_factory(2, 1)
+
+
 def start_pdsh(nodes: list[str], raw_dir: Path, lines: int, pause: float = 0.0):
     command = " ".join(
         [sys.executable, str(NODE_PROGRAM), str(REPO), str(raw_dir), "%h", str(lines), str(pause)]

@@ -9,6 +9,12 @@ from launch_support import job_ids, job_json, launch_args, run_orch
 pytestmark = pytest.mark.sandbox
 
 
+@pytest.fixture(scope="module")
+def sandbox(sandbox_factory):
+    """2 nodes x 2 ranks (conftest's has 4 nodes): rank 3 raises on the second node."""
+    return sandbox_factory(2, 2)
+
+
 def test_the_raising_ranks_traceback_comes_before_the_cascade(sandbox, hostfile, tmp_path):
     runs = tmp_path / "runs"
     result = run_orch(launch_args(hostfile, "pdsh", "--raise-rank", "3", nproc=2), runs)

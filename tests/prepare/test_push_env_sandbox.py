@@ -1,7 +1,7 @@
 """`orch launch --push-env` on sandbox nodes that have none of the job's environment: a real
 virtual environment (torch, deepspeed, accelerate: this project's own packages, hard-linked)
 at a path that is empty on every node. The pre-flight finds it missing, the head's is pushed,
-the pre-flight passes, and a 3-node x 2-rank torchrun training job runs in it; its record
+the pre-flight passes, and a 3-node x 1-rank torchrun training job runs in it; its record
 says which environment every node ran, and afterwards the doctor passes and another push
 sends next to nothing."""
 
@@ -24,7 +24,7 @@ from orchestrator.sandbox.state import SandboxState
 
 pytestmark = pytest.mark.sandbox
 
-NODES, SLOTS = 3, 2
+NODES, SLOTS = 3, 1
 TRAIN = str(REPO / "tests" / "jobs" / "env_train.py")
 
 

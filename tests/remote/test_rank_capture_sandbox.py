@@ -47,7 +47,7 @@ pytestmark = pytest.mark.sandbox
 
 CHATTER = str(REPO / "tests" / "jobs" / "rank_chatter.py")
 LAUNCHERS = ("pdsh", "standard", "torchrun")
-NODES, SLOTS = 3, 2
+NODES, SLOTS = 2, 2
 LINES = 200  # per stream and rank (rank_chatter.py's CHATTER_LINES)
 BAR_EVERY, BAR_FRAMES = 25, 5  # as rank_chatter.py draws its bars
 NODE_RUNS = Path(runs_root(os.getuid()))  # where the agents keep a job's node-local files

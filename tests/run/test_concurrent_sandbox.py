@@ -21,7 +21,7 @@ STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 
 @pytest.fixture(scope="module")
 def cluster(sandbox_factory):
-    return sandbox_factory(3, 2)
+    return sandbox_factory(2, 1)
 
 
 class _Job:

@@ -29,6 +29,14 @@ from orchestrator.run.collect import fetch_command
 pytestmark = pytest.mark.sandbox
 
 
+@pytest.fixture(scope="module")
+def sandbox(sandbox_factory):
+    """The module's 3-node, 2-slot sandbox (conftest's has 4 nodes): each job of one rank per
+    node starts a torchrun and a rank on each node, so every node more costs two processes
+    that import torch."""
+    return sandbox_factory(3, 2)
+
+
 def _names(state) -> list[str]:
     return [n.name for n in state.nodes]
 
@@ -189,8 +197,8 @@ def test_dead_head_nodes_clean_up_by_themselves(sandbox, hostfile, tmp_path):
         assert wait_for(lambda node=node: job_processes(node, job_id) == [], 60), node
 
 
-def test_uneven_slots_run_each_nodes_own_count(sandbox_factory, tmp_path):
-    _box, state = sandbox_factory(3, 2)
+def test_uneven_slots_run_each_nodes_own_count(sandbox, tmp_path):
+    _box, state = sandbox
     names = _names(state)
     hostfile = tmp_path / "uneven"
     hostfile.write_text("".join(f"{n} slots={k}\n" for n, k in zip(names, (2, 1, 2), strict=True)))

@@ -27,7 +27,7 @@ STAGGERED = str(REPO / "tests" / "jobs" / "staggered.py")
 
 @pytest.fixture(scope="module")
 def shared(sandbox_factory):
-    return sandbox_factory(3, 2, shared_pids=True)
+    return sandbox_factory(2, 2, shared_pids=True)
 
 
 @pytest.mark.parametrize("launcher", ["pdsh", "torchrun", "standard"])
@@ -38,7 +38,7 @@ def test_the_first_node_to_finish_leaves_the_others_running(shared, tmp_path, la
                        "--main-port", str(free_port()), "--no-doctor", STAGGERED, "2"],
                       tmp_path, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    for rank in range(6):
+    for rank in range(4):
         assert f"result of rank {rank}: ok" in result.stdout
     [job_id] = job_ids(tmp_path)
     record = job_json(tmp_path, job_id)
@@ -62,12 +62,12 @@ def test_stacks_and_kill_address_each_node_alone(shared, tmp_path):
         assert wait_for(lambda: job_ids(tmp_path), 60), (tmp_path / "launch.out").read_text()
         [job_id] = job_ids(tmp_path)
         up = lambda: sum(log_text(tmp_path, job_id, n).count(" up on ") for n in names)  # noqa: E731
-        assert wait_for(lambda: up() == 6, 180), (tmp_path / "launch.out").read_text()
+        assert wait_for(lambda: up() == 4, 180), (tmp_path / "launch.out").read_text()
 
         stacks = run_orch(["stacks", job_id, "--json"], tmp_path, timeout=120)
         assert stacks.returncode == 0, stacks.stderr
         doc = json.loads(stacks.stdout)
-        # Each node answers for its own two ranks, though all six are in every node's /proc.
+        # Each node answers for its own two ranks, though all four are in every node's /proc.
         per_node = {node["node"]: sorted(r["rank"] for r in node["ranks"]) for node in doc["nodes"]}
         assert per_node == {name: [2 * i, 2 * i + 1] for i, name in enumerate(names)}, per_node
 

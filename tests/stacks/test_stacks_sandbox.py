@@ -1,4 +1,4 @@
-"""`orch stacks` on a real sandbox: 3 nodes x 2 torch ranks (gloo) launched with torchrun.
+"""`orch stacks` on a real sandbox: 2 nodes x 2 torch ranks (gloo) launched with torchrun.
 Every rank's stack, folded; a node that cannot be reached or has no py-spy named beside the
 others; the job unharmed; and a profile that names the one slow rank as the straggler."""
 
@@ -28,12 +28,12 @@ from launch_support import (
 pytestmark = pytest.mark.sandbox
 
 STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
-RANKS = list(range(6))
+RANKS = list(range(4))
 
 
 @pytest.fixture(scope="module")
 def cluster(sandbox_factory):
-    return sandbox_factory(3, 2)
+    return sandbox_factory(2, 2)
 
 
 def _launch_args(hostfile: str, *script_args: str, options: tuple[str, ...] = ()) -> list[str]:
@@ -111,7 +111,7 @@ def test_stacks_shows_every_rank_folded_and_the_job_ends_normally(running_job, t
 
     text = run_orch(["stacks", job_id], runs, timeout=120)
     assert text.returncode == 0, text.stderr
-    assert f"job {job_id}: 6 rank(s) on 3 node(s)" in text.stdout
+    assert f"job {job_id}: 4 rank(s) on 2 node(s)" in text.stdout
     assert "all_reduce" in text.stdout and "stepping.py" in text.stdout
 
     as_json = run_orch(["stacks", job_id[:15], "--json"], runs, timeout=120)
@@ -132,8 +132,8 @@ def test_stacks_shows_every_rank_folded_and_the_job_ends_normally(running_job, t
     partial = run_orch(["stacks", job_id, "--json", "--timeout", "10"], elsewhere, timeout=120)
     assert partial.returncode == 1, partial.stderr
     doc = json.loads(partial.stdout)
-    assert [node["ok"] for node in doc["nodes"]] == [True, True, True, False]
-    assert "127.0.0.1:1" in doc["nodes"][3]["error"] and doc["nodes"][3]["hint"]
+    assert [node["ok"] for node in doc["nodes"]] == [True, True, False]
+    assert "127.0.0.1:1" in doc["nodes"][2]["error"] and doc["nodes"][2]["hint"]
     assert _folded_ranks(doc) == RANKS
 
     # Without ptrace: every rank dumps its own stack on a signal, and runs on.
@@ -184,7 +184,7 @@ def test_profile_names_the_slow_rank_and_only_it(running_job):
     assert "stepping.py" in straggler["hottest_user_frame"]
     assert "compute" in straggler["hottest_user_frame"]
     others = [rank for rank in profile["ranks"] if rank["rank"] != 3]
-    assert len(others) == 5
+    assert len(others) == 3
     for rank in others:  # every other rank waits for it, by more than the margin
         assert rank["comm_share"] - straggler["comm_share"] >= profile["margin"]
 
@@ -283,7 +283,7 @@ def test_a_crash_keeps_where_the_survivors_stood(running_job, tmp_path):
     record = json.loads((runs / job_id / "job.json").read_text())
     assert record["first_failure"]["rank"] == 3
     kept = json.loads((runs / job_id / record["teardown_stacks"]).read_text())
-    survivors = [0, 1, 4, 5]  # rank 3's node stopped its other rank when it failed
+    survivors = [0, 1]  # rank 3's node stopped its other rank when it failed
     assert set(survivors) <= set(_folded_ranks(kept)) and 3 not in _folded_ranks(kept)
     functions = {f["function"] for b in kept["stacks"]["blocks"] for t in b["threads"]
                  for f in t["frames"]}  # fmt: skip
