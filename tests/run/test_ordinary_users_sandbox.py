@@ -179,7 +179,7 @@ class User:
     def launch_args(self, *script_args: str, launcher: str = "pdsh",
                     options: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
         return ["launch", "--hostfile", str(self.hostfile), "--launcher", launcher,
-                "--nproc-per-node", "2", "--main-port", str(free_port()), "--no-doctor",
+                "--nproc-per-node", "1", "--main-port", str(free_port()), "--no-doctor",
                 *options, ALLREDUCE, "--", *script_args]  # fmt: skip
 
     def jobs(self) -> list[str]:
@@ -226,18 +226,18 @@ def test_doctor_and_a_job_as_an_ordinary_user_after_root_ran_one(victim, shared_
 
 def test_a_crash_as_an_ordinary_user_names_the_rank_and_its_code(victim, tmp_path):
     before = set(victim.jobs())
-    result = victim.orch(*victim.launch_args("--steps", "2", "--fail-rank", "3"))
+    result = victim.orch(*victim.launch_args("--steps", "2", "--fail-rank", "1"))
     assert result.returncode == 7, result.stderr[-3000:]
-    assert "rank 3: exited with code 7" in result.stderr
+    assert "rank 1: exited with code 7" in result.stderr
     [job_id] = set(victim.jobs()) - before
-    assert victim.record(job_id)["first_failure"]["rank"] == 3
+    assert victim.record(job_id)["first_failure"]["rank"] == 1
 
 
 def test_a_hang_as_an_ordinary_user_keeps_every_ranks_stack(victim):
     before = set(victim.jobs())
-    args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "2",
+    args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "1",
             "--main-port", str(free_port()), "--no-doctor", "--hang-timeout", "10", STEPPING,
-            "--", "--compute", "0", "--lead-pause", "0.05", "--stall-rank", "3",
+            "--", "--compute", "0", "--lead-pause", "0.05", "--stall-rank", "1",
             "--stall-after", "3", "--max-seconds", "120"]  # fmt: skip
     result = victim.orch(*args)
     assert result.returncode == 124, result.stderr[-3000:]
@@ -245,9 +245,9 @@ def test_a_hang_as_an_ordinary_user_keeps_every_ranks_stack(victim):
     record = victim.record(job_id)
     kept = json.loads((victim.runs / job_id / record["teardown_stacks"]).read_text())
     first = record["first_failure"]
-    assert first["kind"] == "hang" and first["rank"] == 3, (first, kept["nodes"], kept["stacks"])
+    assert first["kind"] == "hang" and first["rank"] == 1, (first, kept["nodes"], kept["stacks"])
     ranks = sorted(r for block in kept["stacks"]["blocks"] for r in block["ranks"])
-    assert ranks == [0, 1, 2, 3]
+    assert ranks == [0, 1]
 
 
 def test_two_users_share_the_nodes_and_killing_one_job_leaves_the_other(victim, attacker,
@@ -260,7 +260,7 @@ def test_two_users_share_the_nodes_and_killing_one_job_leaves_the_other(victim, 
     try:
         assert wait_for(lambda: set(attacker.jobs()) - theirs, 60)
         [job_id] = set(attacker.jobs()) - theirs
-        assert wait_for(lambda: "rank 3 step 1" in _logs(attacker, job_id), 120)
+        assert wait_for(lambda: "rank 1 step 1" in _logs(attacker, job_id), 120)
         # The attacker can neither read nor stop the victim's job.
         [victims_job] = set(victim.jobs()) - mine
         refused = attacker.orch("kill", victims_job, "--runs-dir", str(victim.runs))
@@ -371,7 +371,7 @@ def test_a_main_port_the_other_account_holds_is_refused_naming_it(victim, attack
     squatter = subprocess.Popen(attacker.argv("python3", "-c", listen), stdout=subprocess.PIPE)
     try:
         assert squatter.stdout is not None and squatter.stdout.readline() == b"listening\n"
-        args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "2",
+        args = ["launch", "--hostfile", str(victim.hostfile), "--nproc-per-node", "1",
                 "--main-port", str(port), "--no-doctor", ALLREDUCE, "--", "--steps", "1"]
         result = victim.orch(*args)
         assert result.returncode != 0
