@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from orchestrator.outcome.pace import PaceSeed
 from orchestrator.outcome.quiet import QuietFinding
 from orchestrator.outcome.states import StopCause
+from orchestrator.specs.hang import FLOOR_S, START_FLOOR_S
 from orchestrator.specs.stop import DEFAULT_STOP_GRACE_S
 
 
@@ -37,6 +38,8 @@ class WatchSettings:
     stop_grace: float = 3.0  # TERM -> KILL for the head's own fan-out process
     hang_timeout: float | None = None  # no rank's output this long: look for a hang
     hang_learned: bool = False  # no hang_timeout: learn it from the job's pace (outcome/pace.py)
+    hang_floors: tuple[float, float] = (FLOOR_S, START_FLOOR_S)  # learned: never less (before
+    # the first step: the second)
     pace_seed: PaceSeed = field(default_factory=PaceSeed)  # what an earlier attempt learned
     stacks_timeout: float = 3.0  # taking the stacks before a teardown (per node, doubled
     # at most by the connect): it never delays the teardown by more than that

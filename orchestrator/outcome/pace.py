@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-FLOOR_S = 120.0  # never less, whatever the pace
-START_FLOOR_S = 600.0  # before the job has shown a pace
+from orchestrator.specs.hang import FLOOR_S, START_FLOOR_S
+
 PACE_FACTOR = 10.0  # times the 95th percentile gap between outputs
 WORK_FACTOR = 1.5  # times the longest quiet spell a look found to be work
 MIN_GAPS = 20  # gaps between outputs before the pace counts
@@ -47,6 +47,8 @@ class HangPace:
 
     given: float | None = None  # --hang-timeout: fixed, nothing learned
     seed: PaceSeed = field(default_factory=PaceSeed)
+    floor: float = FLOOR_S  # never less, whatever the pace
+    start_floor: float = START_FLOOR_S  # before the job has shown a pace
     gaps: list[float] = field(default_factory=list)
     outputs: int = 0
     last_output_at: float | None = None
@@ -89,11 +91,11 @@ class HangPace:
             return Threshold(self.given, "given")
         p95 = self.gap_p95()
         if p95 is None:
-            candidates = [Threshold(START_FLOOR_S, "start-up floor")]
+            candidates = [Threshold(self.start_floor, "start-up floor")]
         else:
             own = len(self.gaps) >= MIN_GAPS
             learned = f"learned from {self.outputs} outputs" if own else "an earlier attempt's pace"
-            candidates = [Threshold(FLOOR_S, "floor"), Threshold(PACE_FACTOR * p95, learned)]
+            candidates = [Threshold(self.floor, "floor"), Threshold(PACE_FACTOR * p95, learned)]
         if self.longest_work:
             candidates.append(Threshold(WORK_FACTOR * self.longest_work, "quiet work seen"))
         return max(candidates, key=lambda t: t.seconds)

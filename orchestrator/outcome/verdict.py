@@ -119,7 +119,7 @@ class JobVerdict:
         self.stop: StopAsked | None = None  # the stop asked for, whatever came of it
         self.slurm_kills_at: float | None = None  # Slurm TERMed the head: its SIGKILL nears
         self._stop_begun = False
-        self.pace = HangPace(settings.hang_timeout, settings.pace_seed)
+        self.pace = HangPace(settings.hang_timeout, settings.pace_seed, *settings.hang_floors)
         self.look_asked_at: float | None = None  # a look at the quiet job is under way
         self._look_wanted = False
         self.hung_finding: QuietLooked | None = None  # the look that found no rank working

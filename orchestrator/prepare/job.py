@@ -25,7 +25,7 @@ from orchestrator.plan.launch_plan import HeadContext, LaunchPlan, Placement
 from orchestrator.plan.request import HostsRequest, JobRequest
 from orchestrator.prepare.ports import plan_with_main_port
 from orchestrator.records.job import new_job_id, runs_root
-from orchestrator.specs.hang import HANG_AUTO
+from orchestrator.specs.hang import learned_floors
 from orchestrator.specs.inventory import (
     Hostfile,
     expand_nodeset,
@@ -182,10 +182,12 @@ def pipeline_options(request: JobRequest) -> PipelineOptions:
     """The request's options for the steps before the job and for watching it."""
     watch = request.watch
     heartbeat, hang = watch.heartbeat_timeout, request.hang_timeout
+    floors = learned_floors(hang)
     settings = WatchSettings(
         heartbeat_timeout=WatchSettings.heartbeat_timeout if heartbeat is None else heartbeat,
         hang_timeout=hang if isinstance(hang, float) else None,
-        hang_learned=hang == HANG_AUTO, rank_grace=request.spec.stop.grace,
+        hang_learned=floors is not None, hang_floors=floors or WatchSettings.hang_floors,
+        rank_grace=request.spec.stop.grace,
         time_limit=request.time_limit,
     )
     return PipelineOptions(sync=watch.sync, preflight=watch.preflight,

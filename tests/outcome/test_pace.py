@@ -10,7 +10,7 @@ from orchestrator.outcome.events import NodeHeard, QuietLooked, RankOutput, Tick
 from orchestrator.outcome.pace import FLOOR_S, START_FLOOR_S, HangPace, PaceSeed
 from orchestrator.outcome.quiet import Activity, QuietFinding, RankFinding
 from orchestrator.outcome.verdict import JobVerdict
-from orchestrator.specs.hang import hang_timeout_value
+from orchestrator.specs.hang import hang_timeout_value, learned_floors
 from orchestrator.specs.recipe import Recipe
 
 
@@ -105,9 +105,47 @@ def test_a_bad_hang_timeout_says_what_it_takes():
     with pytest.raises(UsageError) as caught:
         hang_timeout_value("sometimes")
     assert caught.value.message == "--hang-timeout 'sometimes' is neither auto, off nor a duration"
-    assert "auto (learned from the job's pace), off, 600 or 10m" in caught.value.hint
+    assert "auto (learned from the job's pace), auto:1m:20m, off, 600 or 10m" in caught.value.hint
     with pytest.raises(UsageError):
         hang_timeout_value("0.5")
     recipe = {"name": "t", "script": "t.py"}
     assert Recipe.model_validate({**recipe, "hang_timeout": "15m"}).hang_timeout == 900.0
     assert Recipe.model_validate({**recipe, "hang_timeout": "off"}).hang_timeout == "off"
+
+
+@pytest.mark.parametrize(("typed", "value", "floors"), [
+    ("auto", "auto", (FLOOR_S, START_FLOOR_S)),
+    ("auto:30s", "auto:30:600", (30.0, 600.0)),
+    ("AUTO:1m:20m", "auto:60:1200", (60.0, 1200.0)),
+    ("auto:15m", "auto:900:900", (900.0, 900.0)),  # the start-up floor is never the lower
+    ("600", 600.0, None), ("off", "off", None),
+])  # fmt: skip
+def test_auto_takes_its_floors_and_keeps_them_in_one_word(typed, value, floors):
+    assert hang_timeout_value(typed) == value
+    assert learned_floors(value) == floors
+    assert hang_timeout_value(value) == value  # as the batch script says it again
+
+
+@pytest.mark.parametrize("typed", ["auto:", "auto:1m:2m:3m", "auto:soon", "auto:0.5"])
+def test_floors_that_are_not_durations_are_refused(typed):
+    with pytest.raises(UsageError) as caught:
+        hang_timeout_value(typed)
+    assert caught.value.message.startswith(f"--hang-timeout {typed!r}: ")
+    assert "auto:1m:20m" in caught.value.hint
+
+
+def test_the_verdict_looks_at_the_floors_it_was_given():
+    settings = WatchSettings(hang_learned=True, hang_floors=(10.0, 30.0))
+    verdict = JobVerdict(("n1",), settings, head_launcher=False)
+    verdict.feed(NodeHeard("n1", 0.0))
+    assert verdict.hang_threshold.to_json() == {"seconds": 30.0, "source": "start-up floor"}
+    looks = []
+    for at in range(0, 40):  # a job that prints nothing: the start-up floor holds
+        decisions = [verdict.feed(NodeHeard("n1", float(at))), verdict.feed(Tick(float(at)))]
+        looks += [at for d in decisions if d.look]
+    assert looks[:1] == [31]  # quiet beyond 30 s since the node was first heard
+    stepping = JobVerdict(("n1",), settings, head_launcher=False)
+    for at in range(0, 30):
+        stepping.feed(NodeHeard("n1", float(at)))
+        stepping.feed(RankOutput(float(at) * 0.1, stepping=True))
+    assert stepping.hang_threshold.to_json() == {"seconds": 10.0, "source": "floor"}

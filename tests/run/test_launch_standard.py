@@ -1,10 +1,12 @@
 """The standard launcher: one accelerate config per machine rank, `accelerate launch` on
-every node through pdsh and the agent, workers started once the main port answers."""
+every node through pdsh and the agent, workers started once the main port answers. Its
+failing rank (exit code, named, nothing left) is tests/run/test_first_failure_sandbox.py's,
+with every launcher's."""
 
 from __future__ import annotations
 
 import pytest
-from launch_support import job_ids, job_json, job_processes, launch_args, log_text, run_orch
+from launch_support import job_ids, job_json, launch_args, log_text, run_orch
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -29,15 +31,3 @@ def test_standard_launcher_runs_every_rank_with_its_machine_rank(pair, tmp_path)
     assert "machine_rank: 1" in (run / "nodes" / names[1] / "accelerate-rank1.yaml").read_text()
     assert job_json(tmp_path, job_id)["node_exit_codes"] == dict.fromkeys(names, 0)
 
-
-def test_standard_launcher_failing_rank_sets_exit_code_and_leaves_nothing(pair, tmp_path):
-    _box, state = pair
-    names = [n.name for n in state.nodes]
-    args = launch_args(state.hostfile, "standard", "--steps", "2", "--fail-rank", "1",
-                       "--exit-code", "7", nproc=2)  # fmt: skip
-    result = run_orch(args, tmp_path, timeout=600)
-    assert result.returncode == 7, result.stderr[-3000:]
-    assert f"first failure: {names[0]} rank 1" in result.stderr
-    [job_id] = job_ids(tmp_path)
-    for node in names:
-        assert job_processes(node, job_id) == [], f"job left running on {node}"

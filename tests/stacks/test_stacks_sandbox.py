@@ -203,8 +203,11 @@ def _nothing_left(nodes: list[str], job_id: str) -> None:
 
 def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path):
     start, _stop, runs, nodes = running_job
-    job_id, head = start("--compute", "0", "--lead-pause", "0.05", "--stall-rank", "3",
-                         "--stall-after", "3", options=("--hang-timeout", "30"))  # fmt: skip
+    # Rank 0 prints every step: orch learns the pace (far under the floor given here, 20 s in
+    # place of 2 minutes), then rank 3 stalls.
+    job_id, head = start("--compute", "0", "--lead-pause", "0.05", "--print-every", "1",
+                         "--stall-rank", "3", "--stall-after", "3",
+                         options=("--hang-timeout", "auto:20s:60s"))  # fmt: skip
     assert wait_for(lambda: "rank 3 stalls" in "".join(log_text(runs, job_id, n) for n in nodes),
                     60)  # fmt: skip
     stalled_at = time.monotonic()
@@ -212,7 +215,7 @@ def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path)
     assert time.monotonic() - stalled_at < 75
     said = (tmp_path / "launch.out").read_text()
     assert code == 124, said
-    assert "hang: no rank wrote anything for 3" in said
+    assert re.search(r"hang: no rank wrote anything for \d+ s \(beyond 20 s: floor\)", said), said
     assert "rank 3 on" in said and "next_batch_that_never_comes" in said
     own = [line for line in said.splitlines() if not line.startswith(tuple(nodes))]
     assert not [line for line in own if "Traceback" in line], said  # orch's own lines
@@ -220,6 +223,7 @@ def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path)
 
     record = json.loads((runs / job_id / "job.json").read_text())
     assert (record["state"], record["exit_code"]) == ("failed", 124)
+    assert (record["hang_watch"]["seconds"], record["hang_watch"]["source"]) == (20, "floor")
     failure = record["first_failure"]
     assert (failure["kind"], failure["rank"], failure["node"]) == ("hang", 3, nodes[1])
     kept = json.loads((runs / job_id / record["teardown_stacks"]).read_text())
@@ -231,9 +235,12 @@ def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path)
 def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(running_job,
                                                                               tmp_path):
     start, _stop, runs, _nodes = running_job
-    # Rank 3 computes 30 s in its first step, silently, while the others wait in all_reduce.
+    # Rank 3 computes 30 s in its first step, silently, while the others wait in all_reduce:
+    # a job that prints nothing but its ranks' start, a start-up beyond the start-up floor
+    # (8 s given here in place of 10 minutes), decided by the look alone.
     job_id, head = start("--compute", "0.05", "--slow-rank", "3", "--slow-factor", "600",
-                         "--max-seconds", "1", options=("--hang-timeout", "8"))  # fmt: skip
+                         "--max-seconds", "1",
+                         options=("--hang-timeout", "auto:8s:8s"))  # fmt: skip
     code = head.wait(150)
     said = (tmp_path / "launch.out").read_text()
     assert code == 0, said
@@ -243,6 +250,7 @@ def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(r
                      said)  # fmt: skip
     record = json.loads((runs / job_id / "job.json").read_text())
     assert record["state"] == "succeeded"
+    assert record["hang_watch"]["source"] == "quiet work seen"  # the look raised it
     lines = (runs / job_id / "moments.jsonl").read_text().splitlines()
     kinds = [json.loads(line)["kind"] for line in lines]
     assert "quiet" in kinds and "hang" not in kinds
@@ -259,7 +267,7 @@ def _on_node(node: str, script: str) -> str:
 def test_a_rank_stopped_by_sigstop_is_a_hang_and_named(running_job, tmp_path):
     start, _stop, runs, nodes = running_job
     job_id, head = start("--compute", "0", "--lead-pause", "0.05",
-                         options=("--hang-timeout", "8"))  # fmt: skip
+                         options=("--hang-timeout", "auto:8s:8s"))  # fmt: skip
     find = (f"from orchestrator.remote.procs import job_ranks; "
             f"print(dict(job_ranks({job_id!r}, {nodes[1]!r}))[3])")  # fmt: skip
     pid = int(_on_node(nodes[1], find))
@@ -268,6 +276,8 @@ def test_a_rank_stopped_by_sigstop_is_a_hang_and_named(running_job, tmp_path):
     said = (tmp_path / "launch.out").read_text()
     assert code == 124, said
     assert "and none is working (" in said and "rank 3 stopped (state T)" in said
+    # Nothing printed after the ranks' start: the start-up floor, then the look, decided.
+    assert "(beyond 8 s: start-up floor)" in said
     failure = json.loads((runs / job_id / "job.json").read_text())["first_failure"]
     assert (failure["kind"], failure["rank"], failure["node"]) == ("hang", 3, nodes[1])
     _nothing_left(nodes, job_id)

@@ -206,13 +206,13 @@ _HEARTBEAT_TIMEOUT = typer.Option(
 _HANG_TIMEOUT = typer.Option(
     None,
     "--hang-timeout",
-    metavar="auto|off|SECONDS",
+    metavar="auto[:FLOOR[:START]]|off|SECONDS",
     help="How long the job may be quiet (no rank's line or progress) before orch looks at "
     "every rank: when none is working (no CPU, no storage I/O, or waiting in a collective) "
     f"the job hung: every rank's stack is taken, the job torn down, exit code "
     f"{HANG_EXIT_CODE}. auto (the default): learned from the job's own pace, at least 2 "
-    "minutes (10 before its first steps); a number (600, 10m) fixes it; off: never. "
-    "Recipe: hang_timeout.",
+    "minutes (10 before its first steps); auto:1m:20m sets those floors; a number (600, "
+    "10m) fixes it; off: never. Recipe: hang_timeout.",
     rich_help_panel=STOPS_PANEL,
 )
 _STOP_SIGNAL = typer.Option(
