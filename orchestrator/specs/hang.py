@@ -56,7 +56,7 @@ def _learned_value(word: str, given: str | float, what: str) -> str:
         raise UsageError(f"{what} {given!r}: a floor of at least 1 second", _EXAMPLES)
     floor = floors[0]
     start = floors[1] if len(floors) > 1 else max(floor, START_FLOOR_S)
-    return f"{HANG_AUTO}:{floor:g}:{start:g}"
+    return f"{HANG_AUTO}:{floor:.12g}:{start:.12g}"
 
 
 def learned_floors(value: HangTimeout) -> tuple[float, float] | None:
