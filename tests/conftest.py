@@ -129,18 +129,18 @@ _TIER_COST = {"slow": 60.0, "sandbox": 8.0, "process": 1.0, "fast": 0.05}
 # The modules that took longest in a parallel run of the whole suite (seconds, rounded):
 # measured, since a module's few tests may each run a job for minutes. Only an order.
 _MEASURED = {
-    "tests/run/test_stop_sandbox.py": 370, "tests/stacks/test_stacks_sandbox.py": 320,
-    "tests/run/test_requeue_slurm_sandbox.py": 350,
-    "tests/run/test_ordinary_users_sandbox.py": 290, "tests/run/test_recovery_sandbox.py": 220,
-    "tests/run/test_slurm_sandbox.py": 200, "tests/run/test_launch_torchrun.py": 200,
-    "tests/run/test_first_failure_sandbox.py": 190, "tests/prepare/test_push_env_sandbox.py": 250,
-    "tests/run/test_stop_slurm_sandbox.py": 170,
-    "tests/checkpoint_copies/test_checkpoints_follow_sandbox.py": 330,
-    "tests/cli/test_doctor_sandbox.py": 110, "tests/run/test_slurm_nossh_sandbox.py": 100,
-    "tests/run/test_shared_kernel_sandbox.py": 90, "tests/run/test_launch_pdsh.py": 90,
-    "tests/logs/test_logs_pipeline.py": 80, "tests/remote/test_rank_capture_sandbox.py": 60,
-    "tests/envpush/test_push_sandbox.py": 60, "tests/run/test_concurrent_sandbox.py": 50,
-    "tests/envpush/test_relay_sandbox.py": 50,
+    "tests/run/test_requeue_slurm_sandbox.py": 320, "tests/run/test_stop_sandbox.py": 310,
+    "tests/checkpoint_copies/test_checkpoints_follow_sandbox.py": 290,
+    "tests/run/test_slurm_sandbox.py": 270, "tests/stacks/test_stacks_sandbox.py": 250,
+    "tests/run/test_ordinary_users_sandbox.py": 240, "tests/run/test_recovery_sandbox.py": 200,
+    "tests/run/test_stop_slurm_sandbox.py": 180, "tests/run/test_launch_torchrun.py": 170,
+    "tests/prepare/test_push_env_sandbox.py": 150, "tests/report/test_report_sandbox.py": 140,
+    "tests/cli/test_doctor_sandbox.py": 110, "tests/run/test_first_failure_sandbox.py": 90,
+    "tests/run/test_slurm_nossh_sandbox.py": 80, "tests/run/test_launch_pdsh.py": 70,
+    "tests/run/test_shared_kernel_sandbox.py": 60, "tests/remote/test_rank_capture_sandbox.py": 60,
+    "tests/run/test_concurrent_sandbox.py": 50, "tests/envpush/test_push_refusals_sandbox.py": 45,
+    "tests/logs/test_logs_pipeline.py": 45, "tests/run/test_head_load_sandbox.py": 40,
+    "tests/envpush/test_relay_sandbox.py": 40, "tests/run/test_hardened_sandbox.py": 40,
 }  # fmt: skip
 
 
