@@ -16,7 +16,8 @@ a collective, at little cost to the cores the tests share).
 `--print-every N`: rank 0 prints a line every N steps (a job that shows its pace).
 `--quiet-rank R --quiet-at S --quiet-for D`: once, after S seconds, rank R computes for D
 seconds without a word (an evaluation) while the others wait; `--quiet-rank -2`: every
-rank writes a file for D seconds instead (a checkpoint).
+rank writes a file for D seconds instead (a checkpoint), a MiB every `--write-pause`
+seconds (0: as fast as the disk takes it).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def next_batch_that_never_comes() -> None:
         time.sleep(0.5)
 
 
-def save_checkpoint(seconds: float, rank: int) -> None:
-    """Writes to a file of its own for `seconds`, synced as it goes (storage I/O, no word)."""
+def save_checkpoint(seconds: float, rank: int, pause: float) -> None:
+    """Writes to a file of its own for `seconds`, synced as it goes (storage I/O, no word),
+    idling `pause` seconds after each MiB."""
     end = time.perf_counter() + seconds
     block = os.urandom(1 << 20)
     with tempfile.TemporaryFile(prefix=f"ckpt-{rank}-") as file:
@@ -65,6 +67,7 @@ def save_checkpoint(seconds: float, rank: int) -> None:
             file.write(block)
             file.flush()
             os.fsync(file.fileno())
+            time.sleep(pause)
 
 
 def should_stop(args: argparse.Namespace, started: float) -> bool:
@@ -92,6 +95,7 @@ def main() -> int:
     parser.add_argument("--quiet-rank", type=int, default=-1)
     parser.add_argument("--quiet-at", type=float, default=0.0)
     parser.add_argument("--quiet-for", type=float, default=0.0)
+    parser.add_argument("--write-pause", type=float, default=0.0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # several ranks share few cores
@@ -108,7 +112,7 @@ def main() -> int:
         if not quiet_done and elapsed >= args.quiet_at:
             quiet_done = True
             if args.quiet_rank == -2:
-                save_checkpoint(args.quiet_for, rank)
+                save_checkpoint(args.quiet_for, rank, args.write_pause)
             elif rank == args.quiet_rank:
                 compute(args.quiet_for)
         if rank == args.stall_rank and elapsed >= args.stall_after:

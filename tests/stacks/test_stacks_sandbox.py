@@ -256,6 +256,29 @@ def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(r
     assert "quiet" in kinds and "hang" not in kinds
 
 
+def test_every_rank_writing_a_checkpoint_without_a_word_is_not_a_hang(running_job, tmp_path):
+    start, _stop, runs, _nodes = running_job
+    # Rank 0 prints every step (orch learns the pace; the floor is 8 s here in place of 2
+    # minutes); after 5 s every rank writes a checkpoint for 25 s without a word, a MiB
+    # synced every 50 ms (storage I/O: little of the shared disk). The look finds them
+    # writing, orch waits on, and the job goes on to its end.
+    job_id, head = start("--compute", "0", "--lead-pause", "0.05", "--print-every", "1",
+                         "--quiet-rank", "-2", "--quiet-at", "5", "--quiet-for", "25",
+                         "--write-pause", "0.05", "--max-seconds", "34",
+                         options=("--hang-timeout", "auto:8s:60s"))  # fmt: skip
+    code = head.wait(150)
+    said = (tmp_path / "launch.out").read_text()
+    assert code == 0, said
+    writing = r"quiet, working: .*reading or writing storage in save_checkpoint \("
+    assert re.search(writing, said), said
+    record = json.loads((runs / job_id / "job.json").read_text())
+    assert record["state"] == "succeeded"
+    assert record["hang_watch"]["source"] == "quiet work seen"  # the look raised it
+    lines = (runs / job_id / "moments.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert "quiet" in kinds and "hang" not in kinds
+
+
 def _on_node(node: str, script: str) -> str:
     """A Python script run on `node` over plain ssh, with this checkout importable."""
     code = f"import sys; sys.path.insert(0, {str(REPO)!r}); {script}"
