@@ -232,6 +232,17 @@ def test_a_stalled_rank_is_a_hang_named_with_its_function(running_job, tmp_path)
     _nothing_left(nodes, job_id)
 
 
+def _succeeded_after_quiet_work(runs: Path, job_id: str) -> None:
+    """The record: the job succeeded, a quiet was seen and no hang, and the look's finding
+    of work raised the threshold."""
+    record = json.loads((runs / job_id / "job.json").read_text())
+    assert record["state"] == "succeeded"
+    assert record["hang_watch"]["source"] == "quiet work seen"  # the look raised it
+    lines = (runs / job_id / "moments.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert "quiet" in kinds and "hang" not in kinds
+
+
 def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(running_job,
                                                                               tmp_path):
     start, _stop, runs, _nodes = running_job
@@ -248,12 +259,7 @@ def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(r
     # The others wait (how many a look read depends on the load; each that did, in all_reduce).
     assert re.search(r"quiet, working: rank 3 computing in compute \(.*; \d ranks? in all_reduce",
                      said)  # fmt: skip
-    record = json.loads((runs / job_id / "job.json").read_text())
-    assert record["state"] == "succeeded"
-    assert record["hang_watch"]["source"] == "quiet work seen"  # the look raised it
-    lines = (runs / job_id / "moments.jsonl").read_text().splitlines()
-    kinds = [json.loads(line)["kind"] for line in lines]
-    assert "quiet" in kinds and "hang" not in kinds
+    _succeeded_after_quiet_work(runs, job_id)
 
 
 def test_every_rank_writing_a_checkpoint_without_a_word_is_not_a_hang(running_job, tmp_path):
@@ -271,12 +277,7 @@ def test_every_rank_writing_a_checkpoint_without_a_word_is_not_a_hang(running_jo
     assert code == 0, said
     writing = r"quiet, working: .*reading or writing storage in save_checkpoint \("
     assert re.search(writing, said), said
-    record = json.loads((runs / job_id / "job.json").read_text())
-    assert record["state"] == "succeeded"
-    assert record["hang_watch"]["source"] == "quiet work seen"  # the look raised it
-    lines = (runs / job_id / "moments.jsonl").read_text().splitlines()
-    kinds = [json.loads(line)["kind"] for line in lines]
-    assert "quiet" in kinds and "hang" not in kinds
+    _succeeded_after_quiet_work(runs, job_id)
 
 
 def _on_node(node: str, script: str) -> str:
