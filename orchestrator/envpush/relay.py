@@ -6,9 +6,9 @@ tells each node where its stream comes from (the head's channel for the first, t
 for the others) and where to pass it on, with each link's two secrets (a Hop, on both
 nodes' stdin: the sender presents one, the receiver answers the other, so neither takes
 another's word for the node the head put at the link's other end), and sends the stream
-once: the head's manifest, then every file some node of the
-chain needs. Each node keeps its own files (checked against the manifest, whose sha256
-came on the head's own channel) and passes every byte on as it arrives. So the head's
+once: the head's manifest, then every file some node of the chain needs and the head's
+bytecode of those files. Each node keeps its own files (checked against the manifest, whose
+sha256 came on the head's own channel) and passes every byte on as it arrives. So the head's
 bytes do not grow with the number of nodes, and a chain moves at its slowest link.
 
 A node whose upstream did not pass the whole stream on (a node before it lost, or cut off
@@ -18,6 +18,7 @@ node stays that node's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -25,12 +26,13 @@ import os
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from orchestrator.nodes.transport import NodeTransport, StartedCommand
 from orchestrator.pernode import NodeResult, failed, for_each_node, succeeded
 from orchestrator.remote import owned
-from orchestrator.remote.envpush_manifest import STREAM_MANIFEST, pack
+from orchestrator.remote.envpush_manifest import STREAM_CACHES, STREAM_MANIFEST, caches_of, pack
 from orchestrator.remote.envpush_relay import Hop
 
 Bytes = Callable[[str, int], None]  # (node, bytes just sent)
@@ -54,14 +56,19 @@ class Received:
 
 @dataclass(frozen=True)
 class Stream:
-    """What one round sends: the head's manifest and the files of `rels`, from `root`."""
+    """What one round sends: the head's manifest and the files of `rels`, from `root`, then
+    the head's bytecode of them (listed with their hashes in the manifest sent)."""
 
     root: str
     manifest: Mapping[str, list[Any]]
     rels: tuple[str, ...]
 
+    @cached_property
+    def caches(self) -> dict[str, list[Any]]:
+        return caches_of(self.root, self.rels)
+
     def manifest_bytes(self) -> bytes:
-        return pack(dict(self.manifest)).encode()
+        return pack({**self.manifest, STREAM_CACHES: ["c", 0, self.caches, 0]}).encode()
 
 
 class NodeGone(Exception):
@@ -85,6 +92,9 @@ def write_stream(stream: Stream, manifest_bytes: bytes, out: Any) -> None:
                 tar.add(os.path.join(stream.root, rel), arcname=rel, recursive=False)
             except OSError as err:
                 raise HeadFileChanged(f"{rel} changed on the head during the push ({err})") from err
+        for rel in sorted(stream.caches):
+            with contextlib.suppress(OSError):  # gone meanwhile: the node compiles the file
+                tar.add(os.path.join(stream.root, rel), arcname=rel, recursive=False)
 
 
 class _Counted:

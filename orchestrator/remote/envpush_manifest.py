@@ -1,6 +1,7 @@
 """`orch env push`'s manifests: what an environment holds (relative path -> [kind, size,
 sha256 or link target, mode], the root itself as "."), what a node lacks of the head's (the
-delta), the mode a node gives each directory, and the record of the last push a node keeps
+delta), the head's bytecode of the files it sends, the mode a node gives each directory, and
+the record of the last push a node keeps
 in its root so that its next look hashes only what changed (trusted only when it and the
 root are the user's own). The head plans with these, each node builds with them. STANDARD
 LIBRARY ONLY, shipped beside remote/envpush.py (as orch_envpush_manifest).
@@ -14,7 +15,7 @@ import json
 import os
 import stat
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 try:  # on a node, loaded beside the program
@@ -27,7 +28,11 @@ ROOT = "."  # the root's own entry: its mode travels with the rest
 MANIFEST_NAME = ".orch-manifest.json"  # kept in the root: the last push's, with mtimes
 STREAM_MANIFEST = ".orch-push-manifest"  # the stream's first member: the head's manifest
 MARKER_PREFIX = ".orch-push-marker-"  # a push's shared-filesystem check: not the environment's
-SKIPPED_DIRS = ("__pycache__",)
+# In the stream's manifest only: the head's bytecode of the files sent (relative path ->
+# [size, sha256]), not part of the environment (its fingerprint and records leave it out).
+STREAM_CACHES = ".orch-push-caches"
+CACHE_DIR = "__pycache__"
+SKIPPED_DIRS = (CACHE_DIR,)
 # Every directory a node builds keeps u+rwx, so that the next push can build and remove it;
 # its root is writable by the user alone (a root others can write is refused).
 OWNER_BITS = 0o700
@@ -70,6 +75,55 @@ def manifest(
                 check()
             found[rel] = _entry(os.path.join(top, name), previous.get(rel), owner, stats, rel)
     return found
+
+
+def cache_source(rel: str) -> str | None:
+    """The source file whose bytecode `rel` is (`d/__pycache__/m.cpython-311.pyc` -> `d/m.py`,
+    any interpreter's tag), or None when `rel` is no bytecode cache."""
+    directory, _, name = rel.rpartition("/")
+    top, _, last = directory.rpartition("/")
+    stem, dot, _tag = name.partition(".")
+    if last != CACHE_DIR or not name.endswith(".pyc") or not stem or not dot:
+        return None
+    return f"{top}/{stem}.py" if top else f"{stem}.py"
+
+
+def caches_of(root: str, sources: Iterable[str]) -> dict[str, list[Any]]:
+    """The bytecode `root` holds of `sources` (relative paths; the .py files count), for
+    any interpreter: relative path -> [size, sha256], regular files only. Sent with the
+    files, it spares each node compiling them again in every process that imports them
+    wherever bytecode is not written (PYTHONDONTWRITEBYTECODE, a read-only environment)."""
+    wanted = {rel for rel in sources if rel.endswith(".py")}
+    found: dict[str, list[Any]] = {}
+    for directory in sorted({_cache_dir(rel) for rel in wanted}):
+        try:
+            names = sorted(os.listdir(os.path.join(root, directory)))
+        except OSError:
+            continue  # none: the node compiles them
+        for name in names:
+            rel = f"{directory}/{name}"
+            if cache_source(rel) not in wanted:
+                continue
+            path = os.path.join(root, rel)
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode):
+                    found[rel] = [info.st_size, digest.sha256_of(path)]
+    return found
+
+
+def _cache_dir(source: str) -> str:
+    top = source.rpartition("/")[0]
+    return f"{top}/{CACHE_DIR}" if top else CACHE_DIR
+
+
+def take_caches(head: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The head's bytecode listed in the stream's manifest, taken out of it (what is left
+    is the environment's manifest)."""
+    entry = head.pop(STREAM_CACHES, None)
+    if not entry or entry[0] != "c" or not isinstance(entry[2], dict):
+        return {}
+    return entry[2]
 
 
 def _entry(

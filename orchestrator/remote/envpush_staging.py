@@ -179,6 +179,30 @@ def _receive_file(
     return os.lstat(target)
 
 
+def _receive_cache(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, path: str, rel: str, want: list[Any]
+) -> None:
+    """The head's bytecode of a file this node was sent (`want`: [size, sha256, the file's
+    mode]), in its directory's __pycache__: kept if it is what the head's manifest lists,
+    else dropped (a cache: the interpreter compiles the file itself)."""
+    target = os.path.join(path, rel)
+    directory = os.path.dirname(target)
+    try:
+        if not os.path.lexists(directory):
+            parent = os.lstat(os.path.dirname(directory))
+            os.mkdir(directory, 0o700)
+            mode = stat.S_IMODE(parent.st_mode) | envpush_manifest.OWNER_BITS
+            os.chmod(directory, mode & ~envpush_manifest.ROOT_NOT_WRITABLE)
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return  # the head's file of that name is there: no cache
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)  # the old environment's, carried: not the new file's
+        _receive_file(tar, member, target, ["f", want[0], want[1], want[2] & 0o755 | 0o600])
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+
+
 def _lay_out(
     path: str, root: str, head: dict[str, list[Any]], send: dict[str, Any]
 ) -> dict[str, bool]:
@@ -299,6 +323,7 @@ def build(staging: Staging, want_sha256: str, stream: IO[bytes]) -> Built:
     root = staging.root
     with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
         head = read_head_manifest(tar, want_sha256)
+        caches = envpush_manifest.take_caches(head)
         seen: dict[str, os.stat_result] = {}
         have = (
             envpush_manifest.manifest(root, envpush_manifest.recorded(root),
@@ -315,6 +340,9 @@ def build(staging: Staging, want_sha256: str, stream: IO[bytes]) -> Built:
             rel = _safe(member.name)
             want = send.get(rel)
             if want is None:
+                source = envpush_manifest.cache_source(rel)
+                if rel in caches and source in send and member.isfile():
+                    _receive_cache(tar, member, staging.path, rel, caches[rel] + [send[source][3]])
                 continue  # another node's: passed on, not kept
             target = os.path.join(staging.path, rel)
             if member.issym() and want[0] == "l":

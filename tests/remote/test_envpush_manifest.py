@@ -30,6 +30,39 @@ def test_the_manifest_names_directories_links_and_files_and_skips_caches(tmp_pat
     }
 
 
+def test_a_bytecode_cache_names_its_source_whatever_the_interpreter() -> None:
+    assert em.cache_source("pkg/__pycache__/a.cpython-311.pyc") == "pkg/a.py"
+    assert em.cache_source("x/pkg/__pycache__/a.cpython-310.opt-1.pyc") == "x/pkg/a.py"
+    assert em.cache_source("__pycache__/a.pypy39.pyc") == "a.py"
+    for not_a_cache in ("pkg/a.pyc", "pkg/__pycache__/a.py", "pkg/__pycache__/.pyc",
+                        "pkg/cache/a.cpython-311.pyc", "a.cpython-311.pyc"):  # fmt: skip
+        assert em.cache_source(not_a_cache) is None, not_a_cache
+
+
+def test_the_heads_bytecode_is_listed_for_the_files_sent_only(tmp_path: Path) -> None:
+    root = environment(tmp_path / "env", {
+        "pkg/a.py": "a\n", "pkg/b.py": "b\n", "top.py": "t\n", "data.txt": "d\n",
+        "pkg/__pycache__/a.cpython-311.pyc": "a311", "pkg/__pycache__/a.cpython-310.pyc": "a310",
+        "pkg/__pycache__/b.cpython-311.pyc": "b311", "pkg/__pycache__/ab.cpython-311.pyc": "ab",
+        "__pycache__/top.cpython-311.pyc": "top",
+    })  # fmt: skip
+    (root / "pkg/__pycache__/a.cpython-39.pyc").symlink_to("a.cpython-311.pyc")
+    found = em.caches_of(str(root), ["pkg/a.py", "top.py", "data.txt", "missing/c.py"])
+    assert found == {
+        "pkg/__pycache__/a.cpython-311.pyc": [4, hashlib.sha256(b"a311").hexdigest()],
+        "pkg/__pycache__/a.cpython-310.pyc": [4, hashlib.sha256(b"a310").hexdigest()],
+        "__pycache__/top.cpython-311.pyc": [3, hashlib.sha256(b"top").hexdigest()],
+    }  # b.py not sent, ab is another module's, the link is no regular file
+
+
+def test_the_stream_lists_the_caches_apart_from_the_environment() -> None:
+    head = {".": ["d", 0, "", 0o755], "a.py": ["f", 2, "h", 0o644]}
+    sent = {**head, em.STREAM_CACHES: ["c", 0, {"__pycache__/a.cpython-311.pyc": [3, "s"]}, 0]}
+    assert em.take_caches(sent) == {"__pycache__/a.cpython-311.pyc": [3, "s"]}
+    assert sent == head
+    assert em.take_caches(dict(head)) == {}  # a stream with none
+
+
 def test_the_record_of_the_last_push_spares_hashing_unchanged_files(tmp_path: Path) -> None:
     root = environment(tmp_path / "env", {"a.py": "a\n", "b.py": "b\n"})
     assert em.recorded(str(root)) == {}

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import py_compile
 import signal
 import stat
 from pathlib import Path
@@ -98,6 +99,48 @@ def test_a_link_to_a_directory_stays_a_link_with_its_target(tmp_path: Path) -> N
     answer = _push(head, root)  # a second push finds nothing to send, nothing to fix
     assert answer["ok"] is True and answer["received"] == 0
     assert (root / "lib64").is_symlink() and _tree(root) == _tree(head)
+
+
+def _pyc_validates(pyc: Path, source: Path) -> bool:
+    """Whether an interpreter takes `pyc` for `source` as it stands (a timestamp pyc: the
+    source's mtime and size in its header)."""
+    header, info = pyc.read_bytes()[4:16], os.stat(source)
+    flags, mtime, size = (int.from_bytes(header[i:i + 4], "little") for i in (0, 4, 8))
+    return flags == 0 and mtime == int(info.st_mtime) & 0xFFFFFFFF and size == info.st_size
+
+
+@pytest.mark.process
+def test_the_heads_bytecode_of_the_files_sent_arrives_and_is_valid_there(tmp_path: Path) -> None:
+    """Every process the job starts would compile what it imports where bytecode is not
+    written (PYTHONDONTWRITEBYTECODE): the head's comes with the files, checked by hash."""
+    site = "lib/python3/site-packages/pkg"
+    head = _venv(tmp_path / "head", {f"{site}/mod.py": "VALUE = 1\n"})
+    cache = head / site / "__pycache__"
+    py_compile.compile(str(head / site / "mod.py"), cfile=str(cache / "mod.cpython-311.pyc"))
+    (cache / "mod.cpython-310.pyc").write_bytes(b"another interpreter's")
+    (cache / "gone.cpython-311.pyc").write_bytes(b"the bytecode of no file")
+    root = tmp_path / "node" / "env"
+
+    def altered(stream: io.BytesIO) -> io.BytesIO:  # on its way: that cache is dropped
+        return io.BytesIO(stream.getvalue().replace(b"interpreter's", b"interpreter!s"))
+
+    assert _push(head, root, stream_of=altered)["ok"] is True
+    assert sorted(p.name for p in (root / site / "__pycache__").iterdir()) == [
+        "mod.cpython-311.pyc"]  # fmt: skip
+
+    (head / site / "mod.py").write_text("VALUE = 2\n")  # changed: sent again, with its own
+    os.utime(head / site / "mod.py", (1_700_000_000, 1_700_000_000))
+    py_compile.compile(str(head / site / "mod.py"), cfile=str(cache / "mod.cpython-311.pyc"))
+    answer = _push(head, root)
+    assert answer["ok"] is True and answer["received"] == 1
+    got = root / site / "__pycache__"
+    assert sorted(p.name for p in got.iterdir()) == ["mod.cpython-310.pyc", "mod.cpython-311.pyc"]
+    assert (got / "mod.cpython-311.pyc").read_bytes() == (
+        cache / "mod.cpython-311.pyc").read_bytes()  # fmt: skip
+    assert _pyc_validates(got / "mod.cpython-311.pyc", root / site / "mod.py")
+    assert _tree(root) == _tree(head)  # bytecode is no part of the environment
+    recorded = json.loads((root / envpush_manifest.MANIFEST_NAME).read_text())
+    assert not [rel for rel in recorded if "__pycache__" in rel]
 
 
 @pytest.mark.process
