@@ -52,6 +52,14 @@ LINE_KINDS: dict[str, str] = {
 FIRST_FAILURE = "first-failure"
 
 
+def _past(label: str, detail: str) -> str:
+    """The moment's words after the word its label already says (the live view's "profile:
+    no rank stands apart" after "profiled +40s")."""
+    first, space, rest = detail.partition(" ")
+    word = first.rstrip(":,")
+    return rest if space and word and label.startswith(word) else detail
+
+
 @dataclass(frozen=True)
 class Cell:
     x: float
@@ -204,7 +212,7 @@ def _lines(model: ReportModel, scale: Scale) -> tuple[Line, ...]:
         if moment.kind == MomentKind.STOP and model.stop is not None:
             continue  # the stop's own band says when it was asked, each rank's row when signalled
         if label is not None:
-            what = f": {moment.detail}" if moment.detail else ""
+            what = f": {_past(label, moment.detail)}" if moment.detail else ""
             title = f"{label} {since(model.start, moment.t)}{what}"
             lines.append(Line(scale.x(moment.t), moment.kind, label, title))
     return tuple(lines)

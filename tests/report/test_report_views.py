@@ -212,6 +212,21 @@ def test_each_moment_of_the_whole_job_is_a_line_across_every_lane(run, kind, lab
     assert html.count(f'class="moment m-{kind}"') == 2 * lanes  # each lane's row and ranks
 
 
+@pytest.mark.parametrize(
+    ("kind", "detail", "title"),
+    [(MomentKind.PROFILE, "profile: no rank stands apart", "profiled +12.0s: no rank stands apart"),
+     (MomentKind.QUIET, "quiet, working: rank 3 computing",
+      "quiet +12.0s: working: rank 3 computing"),
+     (MomentKind.HANG, "no rank wrote anything", "hang detected +12.0s: no rank wrote anything")],
+)  # fmt: skip
+def test_a_moment_s_title_does_not_say_its_label_twice(run, kind, detail, title):
+    append_moments(run, [Moment(T0 + 9.0, kind, detail=detail)])
+    drawn = timeline(build_report(run.path))
+    assert drawn is not None
+    line = drawn.line(kind)
+    assert line is not None and line.title == title
+
+
 def test_a_hang_s_first_failure_is_when_it_was_seen_and_its_rank_is_at_fault(tmp_path):
     """A hung rank ends only when the teardown kills it: the first failure is when the head
     saw the hang, and the hung rank (a consequence of the teardown by its end) is at fault."""
