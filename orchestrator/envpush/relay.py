@@ -18,7 +18,6 @@ node stays that node's.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -92,9 +91,24 @@ def write_stream(stream: Stream, manifest_bytes: bytes, out: Any) -> None:
                 tar.add(os.path.join(stream.root, rel), arcname=rel, recursive=False)
             except OSError as err:
                 raise HeadFileChanged(f"{rel} changed on the head during the push ({err})") from err
-        for rel in sorted(stream.caches):
-            with contextlib.suppress(OSError):  # gone meanwhile: the node compiles the file
-                tar.add(os.path.join(stream.root, rel), arcname=rel, recursive=False)
+        for rel, want in sorted(stream.caches.items()):
+            _add_cache(tar, os.path.join(stream.root, rel), rel, want[1])
+
+
+def _add_cache(tar: tarfile.TarFile, path: str, rel: str, sha256: str) -> None:
+    """A bytecode cache, read whole before any of it is written: one gone or rewritten
+    since it was listed is left out (the node compiles its file), and never half-written
+    into the stream, whose next members would then be misread."""
+    try:
+        with open(path, "rb") as handle:
+            data, mtime = handle.read(), os.fstat(handle.fileno()).st_mtime
+    except OSError:
+        return
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return
+    info = tarfile.TarInfo(rel)
+    info.size, info.mode, info.mtime = len(data), 0o644, int(mtime)
+    tar.addfile(info, io.BytesIO(data))
 
 
 class _Counted:

@@ -4,17 +4,19 @@ a job started from the environment since the look."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
+import tarfile
 from pathlib import Path
 
 from _envpush_stream import environment
 
 from orchestrator.envpush.push import EnvSource, push_environment
-from orchestrator.envpush.relay import Stream, relay_round
+from orchestrator.envpush.relay import Stream, relay_round, write_stream
 from orchestrator.nodes.fake import FakeNode, FakeStarted, FakeTransport, Reply
 from orchestrator.probe.facts import Environment
-from orchestrator.remote.envpush_manifest import manifest
+from orchestrator.remote.envpush_manifest import STREAM_CACHES, manifest, unpack
 
 HEAD = Environment("f" * 16, "cpython", "3.11.7", "cpython-311-x86_64-linux-gnu", "debian 12",
                    "glibc 2.36", "x86_64", {})  # fmt: skip
@@ -98,3 +100,27 @@ def test_a_node_that_refuses_its_swap_is_refused_with_why_and_the_fix(tmp_path, 
     assert node.hint == "wait for the job to end (or `orch kill j-1`) and push again"
     assert len(fake.started) == 1  # not sent again
     assert json.loads(fake.started[0].sent.split(b"\n", 1)[0])["force"] is False
+
+
+def test_a_cache_rewritten_after_it_was_listed_is_left_out_of_a_stream_still_whole(
+    tmp_path: Path,
+) -> None:
+    """The stream lists the head's bytecode with its hashes before the files go; a cache
+    written meanwhile (a process on the head compiling) is not sent, and every member after
+    it still reads whole."""
+    head = environment(tmp_path / "head", {
+        "a.py": "a\n", "b.py": "b\n", "__pycache__/a.cpython-311.pyc": "old a",
+        "__pycache__/b.cpython-311.pyc": "b bytecode",
+    })  # fmt: skip
+    stream = Stream(str(head), manifest(str(head)), ("a.py", "b.py"))
+    listed = unpack(stream.manifest_bytes().decode())[STREAM_CACHES][2]
+    assert sorted(listed) == ["__pycache__/a.cpython-311.pyc", "__pycache__/b.cpython-311.pyc"]
+    (head / "__pycache__/a.cpython-311.pyc").write_text("new a, longer than it was")
+    out = io.BytesIO()
+    write_stream(stream, stream.manifest_bytes(), out)
+    out.seek(0)
+    with tarfile.open(fileobj=out, mode="r|") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    assert members["__pycache__/b.cpython-311.pyc"] == b"b bytecode"
+    assert "__pycache__/a.cpython-311.pyc" not in members
+    assert members["a.py"] == b"a\n" and members["b.py"] == b"b\n"
