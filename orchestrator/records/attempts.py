@@ -40,13 +40,11 @@ def keep_apart(run: RunDir, attempt: AttemptRecord) -> AttemptRecord:
     return replace(attempt, logs=str(where / LOGS_DIR), stacks=stacks)
 
 
-def with_attempt(run: RunDir, record: JobRecord, attempt: AttemptRecord, *,
-                 next_one: bool) -> JobRecord:  # fmt: skip
-    """The job's record with this attempt added; `next_one`: another attempt follows (its
-    state is "starting" meanwhile, so `orch status` does not call the job failed)."""
-    updated = replace(record, attempts=(*record.attempts, attempt))
-    if next_one:
-        updated = replace(updated, state=JobState.STARTING, attempt=attempt.number + 1)
+def with_attempt(run: RunDir, record: JobRecord, attempt: AttemptRecord) -> JobRecord:
+    """The job's record with this attempt added and the next one starting (its state is
+    "starting" meanwhile, so `orch status` does not call the job failed)."""
+    updated = replace(record, attempts=(*record.attempts, attempt), state=JobState.STARTING,
+                      attempt=attempt.number + 1)  # fmt: skip
     run.save(updated)
     return updated
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,13 @@ TAIL_BYTES = 64 * 1024  # a log's tail is read from its end: logs run to gigabyt
 RAW_FILES_SHOWN = 12  # links to a node's pulled-back raw logs, at most
 
 
-def build_report(run_dir: Path) -> ReportModel:
+def build_report(run_dir: Path, state: JobState | None = None) -> ReportModel:
+    """The job's page from its records; `state`: the ended attempt's, for its page between
+    two attempts (the record says "stopping" until the next one starts)."""
     run = RunDir(Path(run_dir))
     record = run.load()  # OrchError when missing or unreadable: no page without it
+    if state is not None:
+        record = replace(record, state=state)
     ranks = record.ranks
     cause = _cause(record.first_failure, ranks)
     nodes = tuple(_node_row(run, record, node, ranks, cause) for node in _node_names(record))

@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from orchestrator.errors import OrchError
+from orchestrator.outcome.states import JobState
 from orchestrator.records.job import REPORT_FILE
 from orchestrator.report.charts import progress_chart
 from orchestrator.report.clock import since
@@ -37,11 +38,11 @@ def render_html(model: ReportModel) -> str:
         raise OrchError(f"the report of job {model.job_id} could not be drawn ({err})") from err
 
 
-def write_report(run_dir: Path) -> Path:
+def write_report(run_dir: Path, state: JobState | None = None) -> Path:
     """runs/<job>/report.html, replaced whole (a reader never sees half a page), as private
-    as the rest of the job's directory."""
+    as the rest of the job's directory; `state` as build_report takes it."""
     path = Path(run_dir) / REPORT_FILE
-    html = render_html(build_report(Path(run_dir)))
+    html = render_html(build_report(Path(run_dir), state))
     tmp = path.with_name(f".{REPORT_FILE}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:

@@ -94,33 +94,35 @@ def _earlier_allocations(job: PreparedJob, run: RunDir) -> JobRecord | None:
     return carried_over(run, run.load())
 
 
-def _requeued(job: PreparedJob, run: RunDir, result: LaunchResult) -> LaunchResult:
+def _requeue_decision(job: PreparedJob, record: JobRecord,
+                      result: LaunchResult) -> RequeueDecision | None:  # fmt: skip
     """--requeue: whether the batch job goes on in another allocation (the pure decision,
-    outcome/requeue.py), carried out here: the record says so first (queued again), then
-    `scontrol requeue`. Done last: Slurm then ends this allocation at once, this process with
-    it once its KillWait is over."""
+    outcome/requeue.py, over what Slurm says of the job). None: no --requeue, not a batch job."""
     settings, slurm_job = job.request.requeue_settings, job.plan.job.slurm_job
     if not settings.requeue or not job.plan.slurm_batch or not slurm_job:
-        return result
-    record = run.load()
+        return None
     facts = RequeueFacts(
         state=result.state, stop_cause=result.stop.cause if result.stop is not None else None,
         allocation=record.allocation, restarts_at_start=restart_count(os.environ),
         slurm=slurm.job_view(slurm_job),
     )  # fmt: skip
-    decision = decide_requeue(facts, settings)
-    if decision is None:
+    return decide_requeue(facts, settings)
+
+
+def _requeued(job: PreparedJob, run: RunDir, result: LaunchResult) -> LaunchResult:
+    """The requeue the record already says, carried out: `scontrol requeue`. Done last: Slurm
+    then ends this allocation at once, this process with it once its KillWait is over."""
+    decision, slurm_job = result.requeue, job.plan.job.slurm_job
+    if decision is None or decision.by != RequeueBy.ORCH or not slurm_job:
         return result
-    record = replace(record, requeue=decision, attempts=_with_requeue(record.attempts, decision))
-    run.save(replace(record, state=JobState.QUEUED) if decision.goes_on else record)
-    if decision.by == RequeueBy.ORCH:
-        # Slurm TERMs the batch shell, which this process is, as it ends the allocation: the
-        # summary is still to be printed.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        answer = slurm.requeue(slurm_job)
-        if not answer.ok:
-            decision = requeue_failed(decision, answer.problem, slurm_job)
-            run.save(replace(record, requeue=decision))
+    # Slurm TERMs the batch shell, which this process is, as it ends the allocation: the
+    # summary is still to be printed.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    answer = slurm.requeue(slurm_job)
+    if answer.ok:
+        return result
+    decision = requeue_failed(decision, answer.problem, slurm_job)
+    run.save(replace(run.load(), requeue=decision))
     return replace(result, requeue=decision)
 
 
@@ -178,20 +180,20 @@ def _attempts(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
         if result.state == JobState.SUCCEEDED or result.first_failure is None:
             if keeper is not None and result.state == JobState.SUCCEEDED:
                 reporter.checkpoints(keeper.finish(_pool(job)))
-            return _ended(run, record, result, None)
+            return _ended(job, run, record, result, None)
         decision, excluded, nodes = state.after(job, record, result.first_failure,
                                                 result.progress)  # fmt: skip
         time_left = _time_left(job, first_started)
         if not decision.restart:  # nothing is dropped: no attempt follows
-            return _ended(run, record, result, decision)
+            return _ended(job, run, record, result, decision)
         if time_left is not None and time_left <= 0:
-            return _ended(run, record, result, replace(
+            return _ended(job, run, record, result, replace(
                 decision, restart=False, why=f"{decision.why}; but the time limit is reached"))
-        reporter.attempt_ended(run.path)  # its page, kept with its logs
+        reporter.attempt_ended(run.path, result.state)  # its page, kept with its logs
         attempt = keep_apart(run, attempt_record(record, decision, excluded))
         note_attempt(run, time.time(), attempt.number + 1, decision.why)
-        ended = replace(record, attempts=(*record.attempts, attempt))
-        earlier = with_attempt(run, record, attempt, next_one=True)
+        ended = replace(record, state=result.state, attempts=(*record.attempts, attempt))
+        earlier = with_attempt(run, record, attempt)
         pause = pause_before(record.attempt - 1 - state.before)
         following = job.on(nodes, record.attempt)
         reporter.restarting(attempt, job.plan, following.plan, pause)
@@ -208,9 +210,9 @@ def _attempts(job: PreparedJob, run: RunDir, earlier: JobRecord | None, *,
         except (OrchError, KeyboardInterrupt) as err:
             # The next attempt never started: the job ended with the one before, and so does
             # its exit code, whatever kept the next one from starting.
-            run.save(ended)
             if isinstance(err, KeyboardInterrupt):
-                return replace(result, attempts=ended.attempts)
+                return _saved_end(job, run, ended, result)
+            run.save(ended)
             raise RestartNotStarted(record.attempt, err, record.exit_code or 1) from err
 
 
@@ -314,11 +316,27 @@ def _healthy_start(job: PreparedJob, wanted: int, minimum: int) -> PreparedJob:
     return job if nodes.nodes == job.plan.hosts else job.on(nodes.nodes, 0)
 
 
-def _ended(run: RunDir, record: JobRecord, result: LaunchResult,
+def _ended(job: PreparedJob, run: RunDir, record: JobRecord, result: LaunchResult,
            decision: RestartDecision | None) -> LaunchResult:  # fmt: skip
-    """The last attempt into the record; the job's result is that attempt's."""
-    final = with_attempt(run, record, attempt_record(record, decision), next_one=False)
-    return replace(result, attempts=final.attempts)
+    """The job's end into the record in one write: its last attempt, its state and, for a
+    batch job with --requeue, whether it goes on (queued again). The job's result is that
+    attempt's."""
+    final = replace(record, state=result.state,
+                    attempts=(*record.attempts, attempt_record(record, decision)))  # fmt: skip
+    return _saved_end(job, run, final, result)
+
+
+def _saved_end(job: PreparedJob, run: RunDir, final: JobRecord,
+               result: LaunchResult) -> LaunchResult:  # fmt: skip
+    """`final`, the job's ended record, saved with its requeue decision (--requeue)."""
+    requeue = _requeue_decision(job, final, result)
+    if requeue is not None:
+        final = replace(final, requeue=requeue,
+                        attempts=_with_requeue(final.attempts, requeue))  # fmt: skip
+        if requeue.goes_on:
+            final = replace(final, state=JobState.QUEUED)
+    run.save(final)
+    return replace(result, attempts=final.attempts, requeue=requeue)
 
 
 class PipelineReporter(PrepareReporter, Protocol):
@@ -326,7 +344,7 @@ class PipelineReporter(PrepareReporter, Protocol):
 
     def started(self, plan: LaunchPlan, run: RunDir) -> None: ...
 
-    def attempt_ended(self, run_dir: Path) -> None: ...
+    def attempt_ended(self, run_dir: Path, state: JobState) -> None: ...
 
     def restarting(self, ended: AttemptRecord, plan: LaunchPlan, following: LaunchPlan,
                    pause: float) -> None: ...  # fmt: skip

@@ -15,11 +15,10 @@ heartbeats and an `exit` message; the watcher here turns them into one verdict:
 
 Any failure tears the job down on every node through a separate channel: a
 fresh pdsh running the agent's kill-by-job-id program, so it works even when the
-job's own channel is wedged. The record in runs/<id>/ is updated at each step.
-
-The plan's files are written by run/plan_files.py; what the job printed is kept by the
-output tracker (logs/tracker.py), which turns it into the verdict's events; a failure is
-explained from what it kept by outcome/explanation.py.
+job's own channel is wedged. The record in runs/<id>/ is updated at each step; the
+job's end is run/job.py's to write, with this attempt in it. The plan's files are written
+by run/plan_files.py; what the job printed is kept by the output tracker (logs/tracker.py),
+which turns it into the verdict's events; outcome/explanation.py explains a failure.
 """
 
 from __future__ import annotations
@@ -397,7 +396,7 @@ class JobRunner:
         stop = self.stop.summary(self.tracker, grace) if self.stop is not None else None
         self.record = finished(
             self.record,
-            state=outcome.state,
+            state=JobState.STOPPING,  # the job's end: run/job.py, with this attempt
             exit_code=outcome.exit_code,
             node_exit_codes=outcome.node_exit_codes,
             first_failure=first,

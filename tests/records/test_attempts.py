@@ -32,7 +32,7 @@ def test_an_attempts_logs_and_stacks_move_apart_and_are_found_by_number(tmp_path
     assert (kept.logs, kept.stacks) == ("attempts/1/logs", "attempts/1/stacks/s.json")
     assert (run.path / kept.logs / "n2.log").read_text() == "attempt one\n"
     assert not run.logs.exists()
-    record = with_attempt(run, _record(hosts=("n1", "n2")), kept, next_one=True)
+    record = with_attempt(run, _record(hosts=("n1", "n2")), kept)
     assert (record.state, record.attempt) == (JobState.STARTING, 2)
     again = run.load()
     assert again.attempts == (kept,)  # job.json keeps it as it was

@@ -11,6 +11,8 @@ import json
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -53,12 +55,40 @@ def _kill_node(box, name: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _run_and_kill(box, state, tmp_path: Path, victim: str, *more: str) -> tuple[int, str, Path]:
-    """Launch the resumable job on the sandbox, kill `victim` once it checkpointed step 3."""
+class _RecordSeen:
+    """Every (state, number of attempts) the job's record showed while orch ran, as a user
+    polling `orch status --json` sees them."""
+
+    def __init__(self, runs: Path, orch: subprocess.Popen) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self._runs, self._orch = runs, orch
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while self._orch.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                for path in self._runs.glob("*/job.json"):
+                    record = json.loads(path.read_text())
+                    seen = (record["state"], len(record.get("attempts", ())))
+                    if not self.seen or self.seen[-1] != seen:
+                        self.seen.append(seen)
+            time.sleep(0.02)
+
+    def states(self) -> list[tuple[str, int]]:
+        self._thread.join(timeout=10)
+        return self.seen
+
+
+def _run_and_kill(box, state, tmp_path: Path, victim: str,
+                  *more: str) -> tuple[int, str, Path, list[tuple[str, int]]]:  # fmt: skip
+    """Launch the resumable job on the sandbox, kill `victim` once it checkpointed step 3;
+    its exit code, its output, its runs directory and what its record showed meanwhile."""
     runs, checkpoint, log = tmp_path / "runs", tmp_path / "ckpt.json", tmp_path / "orch.log"
     args = _args(state.hostfile, checkpoint, "--max-restarts", "2", *more,
                  script=("--steps", "30", "--step-sleep", "0.3"))  # fmt: skip
     orch = start_orch(args, runs, log)
+    seen = _RecordSeen(runs, orch)
     try:
         assert wait_for(lambda: _step(checkpoint) >= 3, 120, 0.1), log.read_text()[-3000:]
         _kill_node(box, victim)
@@ -66,7 +96,7 @@ def _run_and_kill(box, state, tmp_path: Path, victim: str, *more: str) -> tuple[
     finally:
         if orch.poll() is None:
             orch.kill()
-    return code, log.read_text(), runs
+    return code, log.read_text(), runs, seen.states()
 
 
 def _attempts(runs: Path) -> tuple[str, list[dict]]:
@@ -78,10 +108,15 @@ def test_a_node_killed_mid_job_is_replaced_by_a_spare_and_the_job_resumes(sandbo
                                                                           tmp_path):  # fmt: skip
     box, state = sandbox_factory(3, 1)
     first, victim, spare = (n.name for n in state.nodes)
-    code, said, runs = _run_and_kill(box, state, tmp_path, victim, "--nodes", "2")
+    code, said, runs, seen = _run_and_kill(box, state, tmp_path, victim, "--nodes", "2")
     assert code == 0, said[-4000:]
     job_id, attempts = _attempts(runs)
     assert [a["number"] for a in attempts] == [1, 2]
+    # Polled meanwhile, the record never called the job ended before it had: not failed while
+    # the restart followed, not succeeded before the second attempt was in it.
+    ended = [(state, count) for state, count in seen if state in ("failed", "succeeded")]
+    assert ended == [("succeeded", 2)], seen
+    assert ("starting", 1) in seen, seen
     assert attempts[0]["nodes"] == [first, victim] and attempts[1]["nodes"] == [first, spare]
     assert attempts[0]["cause"]["class"] == "node-lost"
     assert victim in attempts[0]["cause"]["message"] and attempts[0]["excluded"] == [victim]
@@ -110,7 +145,7 @@ def test_a_node_killed_mid_job_is_replaced_by_a_spare_and_the_job_resumes(sandbo
 def test_without_a_spare_the_job_goes_on_smaller_down_to_min_nodes(sandbox_factory, tmp_path):
     box, state = sandbox_factory(3, 1)
     names = [n.name for n in state.nodes]
-    code, said, runs = _run_and_kill(box, state, tmp_path, names[2], "--min-nodes", "2")
+    code, said, runs, _seen = _run_and_kill(box, state, tmp_path, names[2], "--min-nodes", "2")
     assert code == 0, said[-4000:]
     _job_id, attempts = _attempts(runs)
     assert attempts[1]["nodes"] == names[:2]

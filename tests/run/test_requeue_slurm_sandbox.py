@@ -89,10 +89,15 @@ def _output(runs: Path, job_id: str) -> str:
     return path.read_text(errors="replace") if path.exists() else "(no sbatch.out)"
 
 
-def _succeeded(runs: Path, job_id: str) -> dict:
-    assert wait_for(lambda: job_json(runs, job_id)["state"] in ("succeeded", "failed",
-                                                                   "stopped"), 240)  # fmt: skip
+def _succeeded(state, runs: Path, job_id: str) -> dict:
+    ended = wait_for(lambda: job_json(runs, job_id)["state"] in ("succeeded", "failed",
+                                                                    "stopped"), 240)  # fmt: skip
     record = job_json(runs, job_id)
+    if not ended:  # what Slurm and the record say of a job that did not end in time
+        queue = _slurm(state, "scontrol", "show", "job", "-o", record["slurm_job_id"]).stdout
+        queue += _slurm(state, "sinfo", "-N", "-h", "-o", "%N %T %E").stdout
+        raise AssertionError(f"state {record['state']}, requeue {record.get('requeue')}\n"
+                             f"{queue}\n{_output(runs, job_id)[-4000:]}")  # fmt: skip
     assert record["state"] == "succeeded", _output(runs, job_id)[-4000:]
     # The summary follows the record's end.
     assert wait_for(lambda: f"job {job_id} succeeded" in _output(runs, job_id), 30)
@@ -118,7 +123,7 @@ def test_a_job_stopped_at_its_time_limit_saves_and_goes_on_in_the_next_allocatio
     _started_again(state, runs, job_id, slurm_job, "TimeLimit=10")
     saved = json.loads((tmp_path / "step.json").read_text())["step"]
     assert 0 <= saved < 100  # 0 only when Slurm's warning came before the first step
-    record = _succeeded(runs, job_id)
+    record = _succeeded(state, runs, job_id)
     text = _output(runs, job_id)
     assert "2 of 2 ranks exited by themselves" in text
     assert "requeued (`scontrol requeue`), it goes on in allocation 2 (requeue 1 of at most " \
@@ -157,7 +162,7 @@ def test_a_script_that_requeues_itself_is_not_requeued_twice(slurm_box, tmp_path
     warned = _slurm(state, "scancel", "--batch", "--signal=USR1", slurm_job)
     assert warned.returncode == 0, warned.stderr
     _started_again(state, runs, job_id, slurm_job)
-    record = _succeeded(runs, job_id)
+    record = _succeeded(state, runs, job_id)
     text = _output(runs, job_id)
     assert "rank 0 requeued Slurm job" in text or "rank 0 requeued Slurm job" in (
         runs / job_id / "attempts" / "1" / "logs" / f"{names[0]}.log").read_text()
@@ -192,7 +197,7 @@ def test_a_preempted_job_saves_in_slurms_grace_and_goes_on_after_the_preemptor(s
                     "--output", "/dev/null", "--wrap", "sleep 5")  # fmt: skip
     assert urgent.returncode == 0, urgent.stderr
     _started_again(state, runs, job_id, slurm_job)
-    record = _succeeded(runs, job_id)
+    record = _succeeded(state, runs, job_id)
     text = _output(runs, job_id)
     assert "stopped by Slurm (its warning, or a preemption): 2 of 2 ranks exited by " \
         "themselves" in text, text[-4000:]  # fmt: skip

@@ -116,11 +116,12 @@ def print_summary(result: LaunchResult, *, restarts: bool = False) -> None:
     print_report(err, result.run_dir)
 
 
-def print_report(err: Console, run_dir: Path) -> None:
-    """The job's page, written as it ends. Whatever goes wrong there is one line: the
-    job's own outcome and exit code are what matter."""
+def print_report(err: Console, run_dir: Path, state: JobState | None = None) -> None:
+    """The job's page, written as it ends (`state`: an attempt's, as write_report takes it).
+    Whatever goes wrong there is one line: the job's own outcome and exit code are what
+    matter."""
     try:
-        path = write_report(run_dir)
+        path = write_report(run_dir, state)
     except Exception as problem:  # whatever it is, the job's end stands: one line, no traceback
         why = str(problem) or type(problem).__name__
         err.print(f"[yellow]report not written[/]: {escape(why)}")
@@ -168,9 +169,9 @@ class PipelinePrinter:
             f"job {plan.job_id}{attempt}: {plan.launcher} on {plan.shape_text}; record {run.path}"
         )
 
-    def attempt_ended(self, run_dir: Path) -> None:
+    def attempt_ended(self, run_dir: Path, state: JobState) -> None:
         """The ended attempt's page, before its files move to attempts/<n>/."""
-        print_report(err_console(), run_dir)
+        print_report(err_console(), run_dir, state)
 
     def restarting(self, ended: AttemptRecord, plan: LaunchPlan, following: LaunchPlan,
                    pause: float) -> None:  # fmt: skip
