@@ -21,7 +21,7 @@ from orchestrator.sandbox.nodes import (
     wait_ready,
 )
 from orchestrator.sandbox.ports import pick_ssh_port, port_open, ports_claimed
-from orchestrator.sandbox.processes import kill_processes_with_env, node_pids, pid_alive
+from orchestrator.sandbox.processes import kill_processes_with_env, node_pids, still_ours
 from orchestrator.sandbox.render import (
     GUESTS_DIR,
     SANDBOX_ENV,
@@ -120,7 +120,7 @@ class Sandbox:
                 guests.hand_to(state, guest)
         except BaseException:
             for node in started:
-                stop_node(node.pid)
+                stop_node(node.pid, self.directory)
             raise
         return state
 
@@ -141,7 +141,7 @@ class Sandbox:
                 name=n.name,
                 address=n.address,
                 port=n.port,
-                process_alive=pid_alive(n.pid),
+                process_alive=still_ours(n.pid, state.directory),
                 port_open=port_open(n.address, n.port, 0.5),
             )
             for n in state.nodes
@@ -159,9 +159,9 @@ class Sandbox:
             return None
         for guest in state.guests:
             guests.release(state, guest)
-        slurm_daemons.stop(state.slurm_pids)
+        slurm_daemons.stop(state.slurm_pids, self.directory)
         for node in state.nodes:
-            stop_node(node.pid)
+            stop_node(node.pid, self.directory)
         shutil.rmtree(slurm_daemons.slurm_dir(self.directory), ignore_errors=True)
         # Whatever a session started and moved out of the node's reach (or every
         # session, without a PID namespace per node) still carries the sandbox id.

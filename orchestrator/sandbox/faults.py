@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from orchestrator.errors import SandboxError
-from orchestrator.sandbox.processes import namespace_init, node_pids
+from orchestrator.sandbox.processes import namespace_init, node_pids, still_ours
 from orchestrator.sandbox.render import node_dir
 from orchestrator.sandbox.state import SandboxState
 
@@ -38,7 +38,8 @@ def _mount_in_node(state: SandboxState, name: str, *mount_args: str) -> int:
     if not state.namespaces:
         raise SandboxError("node-local files need the nodes' own mount namespaces",
                            "run the sandbox as root, with unshare available")  # fmt: skip
-    holder = namespace_init(state.node(name).pid)
+    pid = state.node(name).pid
+    holder = namespace_init(pid) if still_ours(pid, state.directory) else None
     if holder is None:
         raise SandboxError(f"sandbox node {name} is not running", "run `orch sandbox up`")
     subprocess.run(["nsenter", "--target", str(holder), "--mount", "--", "mount", *mount_args],

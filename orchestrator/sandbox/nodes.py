@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox.ports import port_open
-from orchestrator.sandbox.processes import children, namespace_init, pid_alive
+from orchestrator.sandbox.processes import children, namespace_init, pid_alive, still_ours
 from orchestrator.sandbox.render import hosts_file, node_dir, write_sshd_config
 from orchestrator.sandbox.state import SandboxState
 
@@ -122,8 +122,11 @@ def wait_ready(state: SandboxState) -> None:
         )
 
 
-def stop_node(holder_pid: int) -> None:
-    """SIGKILL the node: its PID 1 (ending its PID namespace) and every descendant."""
+def stop_node(holder_pid: int, directory: Path) -> None:
+    """SIGKILL the node: its PID 1 (ending its PID namespace) and every descendant. A node
+    already gone (a test killed it) is left alone: its pid may be another process's now."""
+    if not still_ours(holder_pid, str(directory)):
+        return
     init = namespace_init(holder_pid)
     victims = [p for p in (init, holder_pid) if p is not None]
     # The node's processes without a PID namespace of its own are the sshd's descendants.

@@ -16,8 +16,9 @@ def node_pids(state: SandboxState, name: str) -> list[int]:
     """Every process running on a node (its sshd included): its PID namespace's, or where
     the nodes share one, those whose sessions sshd marked with the node's name."""
     node = state.node(name)
+    holder = still_ours(node.pid, state.directory)
     if state.own_pid_namespaces:
-        init = namespace_init(node.pid)
+        init = namespace_init(node.pid) if holder else None
         if init is None:
             return []
         target = _pid_namespace(init)
@@ -27,7 +28,7 @@ def node_pids(state: SandboxState, name: str) -> list[int]:
         for pid in all_pids()
         if _environ(pid).get(NODE_ENV) == name
         and _environ(pid).get(SANDBOX_ENV) == state.sandbox_id
-    ] + [node.pid]
+    ] + ([node.pid] if holder else [])
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -62,6 +63,19 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def still_ours(pid: int, marker: str) -> bool:
+    """Whether the process a saved pid named still runs, told by `marker` (the sandbox's
+    directory) in its command line: once it has ended, the kernel may give its pid to any
+    new process, another test's or another user's, which a signal must never reach."""
+    if not pid_alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return os.fsencode(marker) in argv
 
 
 def namespace_init(holder_pid: int) -> int | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from orchestrator.errors import SandboxError
 from orchestrator.nodes.slurm import node_states
 from orchestrator.sandbox.ports import pick_slurm_ports
-from orchestrator.sandbox.processes import namespace_init
+from orchestrator.sandbox.processes import namespace_init, pid_alive, still_ours
 from orchestrator.sandbox.state import SandboxState
 
 PARTITION = "sandbox"
@@ -205,7 +205,7 @@ def start(sandbox_dir: Path, nodes: Sequence[SlurmNode], node_inits: Sequence[in
         env = slurm_environment(conf)
         _wait_for(lambda: _all_idle(env, len(nodes)), _READY_TIMEOUT_S, "Slurm's nodes", d)
     except BaseException:
-        stop(pids)
+        stop(pids, sandbox_dir)
         raise
     return SlurmDaemons(conf=str(conf), controller_port=controller_port, pids=tuple(pids))
 
@@ -225,21 +225,20 @@ def _wait_for(ready, timeout: float, what: str, logs: Path) -> None:
                        f"see the logs under {logs}")  # fmt: skip
 
 
-def stop(pids: Sequence[int]) -> None:
-    """Stop the daemons (a node's slurmd also ends with its node's namespace)."""
-    for pid in pids:
+def stop(pids: Sequence[int], sandbox_dir: Path) -> None:
+    """Stop the daemons (a node's slurmd also ends with its node's namespace). Each group is
+    signalled only while its leader is still ours (alive, or our unreaped child): a daemon
+    that ended and was reaped has left its pid, and so its group's id, to any process."""
+    ours = [pid for pid in pids if still_ours(pid, str(sandbox_dir))]
+    for pid in ours:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
-    for pid in pids:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    break
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+    while any(pid_alive(pid) for pid in ours) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in ours:
+        # Alive, or a zombie of our own: either way the pid is still this daemon's.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
