@@ -96,13 +96,17 @@ def job_processes(node: str, job_id: str) -> list[str]:
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.1) -> bool:
-    """Whether `predicate` holds within `timeout` seconds, asked every `step` seconds: the
-    one way the tests wait for something to happen (never a fixed sleep)."""
+    """Whether `predicate` holds within `timeout` seconds, asked every `step` seconds at
+    first, then less often, up to every half second: the one way the tests wait for
+    something to happen (never a fixed sleep). A wait of minutes (a job's end, a Slurm
+    allocation) asks a few hundred times, not thousands: the suite is bound by the CPU."""
     deadline = time.monotonic() + timeout
+    pause = step
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(step)
+        time.sleep(pause)
+        pause = min(pause * 1.25, max(step, 0.5))
     return bool(predicate())
 
 
