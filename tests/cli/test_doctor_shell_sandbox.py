@@ -21,7 +21,9 @@ pytestmark = pytest.mark.sandbox
 
 ORCH = str(Path(sys.executable).with_name("orch"))
 PYENV = "pyenv: cannot rehash: couldn't acquire lock /root/.pyenv/shims/.pyenv-shim for 60 seconds"
-SLEEP_S = 3
+# Far from the timeouts each test gives: a healthy node under the suite's load may take
+# seconds to log in and answer; the slow one always takes SLEEP_S more.
+SLEEP_S = 10
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def _doctor(state: SandboxState, *extra: str) -> subprocess.CompletedProcess[str
 
 def test_doctor_names_a_slow_shell_and_what_it_printed(slow_shell) -> None:
     state, slow = slow_shell
-    done = _doctor(state, "--json")
+    done = _doctor(state, "--json", "--timeout", "40")
     report = json.loads(done.stdout)
     assert done.returncode == 0, report["findings"]  # a slow shell is a warning
     [finding] = [f for f in report["findings"] if f["node"] == slow]
@@ -53,7 +55,7 @@ def test_doctor_names_a_slow_shell_and_what_it_printed(slow_shell) -> None:
     assert "~/.bashrc" in finding["fix"]
     for node in report["nodes"]:
         assert node["checks"]["shell"] == ("warning" if node["node"] == slow else "ok")
-    text = _doctor(state).stdout
+    text = _doctor(state, "--timeout", "40").stdout
     assert f"the shell on {slow} takes" in text and "pyenv: cannot rehash" in text
 
 
@@ -68,12 +70,12 @@ def test_a_command_that_times_out_says_what_the_node_printed_on_stderr(slow_shel
 
 def test_doctor_whose_probe_times_out_names_the_shell(slow_shell) -> None:
     state, slow = slow_shell
-    done = _doctor(state, "--json", "--timeout", "2", "--probe-timeout", "2")
+    done = _doctor(state, "--json", "--timeout", "6", "--probe-timeout", "6")
     report = json.loads(done.stdout)
     assert done.returncode == 1
     [finding] = [f for f in report["findings"] if f["node"] == slow]
     assert finding["problem"] == (
-        f"{slow}: command did not finish within 2s; the node printed on stderr: {PYENV}"
+        f"{slow}: command did not finish within 6s; the node printed on stderr: {PYENV}"
     )
     assert "~/.bashrc" in finding["fix"]
     assert [f for f in report["findings"] if f["node"] != slow] == []
