@@ -360,6 +360,7 @@ class Supervisor:
     def _finish(self, code: int, error: str | None = None, unfinished: int = 0) -> int:
         # Nothing of the job may outlive its command on this node.
         stopped = self._sweep()
+        self.ranks.scan()  # the ranks the sweeps ended: seen gone before the ends are told
         if self.env_hold is not None:  # the job is gone: a push may swap its environment
             os.close(self.env_hold)
             self.env_hold = None
