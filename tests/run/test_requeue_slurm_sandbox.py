@@ -240,6 +240,8 @@ def test_a_job_the_user_cancels_saves_within_slurms_kill_wait_and_is_not_requeue
     # The ranks, saving for 40 s, are killed when the grace Slurm leaves is over.
     assert f"killed at the end of the {cut:.0f} s grace (cut from 120 s: Slurm ends the job " \
         f"{KILL_WAIT_S} s after its SIGTERM, its KillWait)" in text, text[-4000:]  # fmt: skip
-    assert record["stop"]["grace"] == cut and record["stop"]["ending"] == "grace-over"
+    # The stop may begin a moment before the head's own SIGTERM (a node's agent told of
+    # Slurm's first): the grace in force is then that moment longer.
+    assert cut <= record["stop"]["grace"] < cut + 1 and record["stop"]["ending"] == "grace-over"
     assert "requeue: Slurm is ending the job itself" in text
     assert _restarts(state, slurm_job) in (0, None)  # not requeued, by orch nor by Slurm
