@@ -122,7 +122,8 @@ def _requeued(job: PreparedJob, run: RunDir, result: LaunchResult) -> LaunchResu
     if answer.ok:
         return result
     decision = requeue_failed(decision, answer.problem, slurm_job)
-    run.save(replace(run.load(), requeue=decision))
+    # Not queued after all: the job ends with this allocation's last attempt.
+    run.save(replace(run.load(), requeue=decision, state=result.state))
     return replace(result, requeue=decision)
 
 

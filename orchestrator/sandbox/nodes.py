@@ -125,7 +125,7 @@ def wait_ready(state: SandboxState) -> None:
 def stop_node(holder_pid: int, directory: Path) -> None:
     """SIGKILL the node: its PID 1 (ending its PID namespace) and every descendant. A node
     already gone (a test killed it) is left alone: its pid may be another process's now."""
-    if not still_ours(holder_pid, str(directory)):
+    if not still_ours(holder_pid, directory):
         return
     init = namespace_init(holder_pid)
     victims = [p for p in (init, holder_pid) if p is not None]

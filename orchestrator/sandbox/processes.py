@@ -58,14 +58,23 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie is not alive for our purposes.
+    return _stat_state(pid) not in (None, "Z")
+
+
+def is_zombie(pid: int) -> bool:
+    """Ended and not reaped yet: its pid is still its own."""
+    return _stat_state(pid) == "Z"
+
+
+def _stat_state(pid: int) -> str | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
 
 
-def still_ours(pid: int, marker: str) -> bool:
+def still_ours(pid: int, marker: str | os.PathLike[str]) -> bool:
     """Whether the process a saved pid named still runs, told by `marker` (the sandbox's
     directory) in its command line: once it has ended, the kernel may give its pid to any
     new process, another test's or another user's, which a signal must never reach."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from orchestrator.errors import SandboxError
 from orchestrator.nodes.slurm import node_states
 from orchestrator.sandbox.ports import pick_slurm_ports
-from orchestrator.sandbox.processes import namespace_init, pid_alive, still_ours
+from orchestrator.sandbox.processes import is_zombie, namespace_init, pid_alive, still_ours
 from orchestrator.sandbox.state import SandboxState
 
 PARTITION = "sandbox"
@@ -229,7 +229,7 @@ def stop(pids: Sequence[int], sandbox_dir: Path) -> None:
     """Stop the daemons (a node's slurmd also ends with its node's namespace). Each group is
     signalled only while its leader is still ours (alive, or our unreaped child): a daemon
     that ended and was reaped has left its pid, and so its group's id, to any process."""
-    ours = [pid for pid in pids if still_ours(pid, str(sandbox_dir))]
+    ours = [pid for pid in pids if still_ours(pid, sandbox_dir)]
     for pid in ours:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
@@ -237,8 +237,10 @@ def stop(pids: Sequence[int], sandbox_dir: Path) -> None:
     while any(pid_alive(pid) for pid in ours) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in ours:
-        # Alive, or a zombie of our own: either way the pid is still this daemon's.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        # Still running, or our own child not reaped yet: the pid is still this daemon's. A
+        # daemon of an earlier `orch sandbox up` that ended was reaped by init: its pid is free.
+        if still_ours(pid, sandbox_dir) or is_zombie(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
