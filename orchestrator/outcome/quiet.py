@@ -31,6 +31,7 @@ from orchestrator.stacks.model import Frame, RankStacks, short_path
 BUSY_SHARE = 0.05
 # Where a rank's innermost frame is when it waits for the others.
 _WAIT_PLACES = ("torch/distributed/", "deepspeed/comm/", "colossalai/cluster/")
+_IMPORTING = "<frozen importlib._bootstrap"  # py-spy's file name of the import machinery
 
 
 class Activity(StrEnum):
@@ -65,16 +66,44 @@ class RankFinding:
 
 
 @dataclass(frozen=True)
+class LauncherSample:
+    """A node where no rank runs: what the job's other processes there (the launcher, still
+    importing torch on a crowded node before it starts a rank) did over `seconds`."""
+
+    node: str
+    seconds: float
+    cpu: float | None
+    io: int | None
+    processes: int
+
+    @property
+    def working(self) -> bool:
+        return bool(self.io) or _busy(self.cpu, self.seconds)
+
+    def said(self) -> str:
+        doing = "reading or writing storage" if self.io else "computing"
+        return f"{self.node}: no rank yet, its launcher {doing}"
+
+
+def _busy(cpu: float | None, seconds: float) -> bool:
+    return cpu is not None and cpu >= BUSY_SHARE * max(seconds, 0.001)
+
+
+@dataclass(frozen=True)
 class QuietFinding:
-    """A look at a quiet job. `problem`: why some or all of it could not be read."""
+    """A look at a quiet job. `problem`: why some or all of it could not be read;
+    `launchers`: the nodes where no rank ran, with what their launcher did."""
 
     ranks: tuple[RankFinding, ...]
     seconds: float = 0.0
     problem: str | None = None
+    launchers: tuple[LauncherSample, ...] = ()
 
     @property
     def working(self) -> bool:
-        return any(rank.activity == Activity.WORKING for rank in self.ranks)
+        return any(rank.activity == Activity.WORKING for rank in self.ranks) or any(
+            launcher.working for launcher in self.launchers
+        )
 
     @property
     def culprits(self) -> tuple[RankFinding, ...]:
@@ -92,6 +121,7 @@ class QuietFinding:
         """One line: each rank not waiting on its own, the waiting ones counted by place
         (`rank 0 computing in evaluate (train.py:88); 5 ranks in barrier`)."""
         parts = [_said(r) for r in self.ranks if r.activity != Activity.WAITING]
+        parts += [launcher.said() for launcher in self.launchers if launcher.working]
         places = Counter(r.why for r in self.ranks if r.activity == Activity.WAITING)
         for why, count in places.most_common():
             parts.append(f"{count} rank{'s' if count > 1 else ''} {why}")
@@ -108,10 +138,11 @@ def _said(rank: RankFinding) -> str:
     return f"{said} in {where.function} ({short_path(where.file)}:{where.line})"
 
 
-def judge(samples: Sequence[RankSample], problem: str | None = None) -> QuietFinding:
-    seconds = max((sample.seconds for sample in samples), default=0.0)
+def judge(samples: Sequence[RankSample], problem: str | None = None,
+          launchers: Sequence[LauncherSample] = ()) -> QuietFinding:  # fmt: skip
+    seconds = max((sample.seconds for sample in (*samples, *launchers)), default=0.0)
     ranks = tuple(judge_rank(sample) for sample in sorted(samples, key=lambda s: s.rank))
-    return QuietFinding(ranks, seconds, problem)
+    return QuietFinding(ranks, seconds, problem, tuple(launchers))
 
 
 def judge_rank(sample: RankSample) -> RankFinding:
@@ -125,7 +156,7 @@ def judge_rank(sample: RankSample) -> RankFinding:
         return found(Activity.STOPPED, f"stopped (state {sample.state})", _user_frame(last))
     if sample.io:
         return found(Activity.WORKING, "reading or writing storage", _user_frame(last))
-    busy = sample.cpu is not None and sample.cpu >= BUSY_SHARE * max(sample.seconds, 0.001)
+    busy = _busy(sample.cpu, sample.seconds)
     if waits_at is not None:
         return found(Activity.WAITING, f"in {waits_at.function}", None)
     if busy:
@@ -157,4 +188,6 @@ def _wait_frame(rank: RankStacks | None) -> Frame | None:
     if main is None or not main.frames:
         return None
     innermost = main.frames[0]
+    if innermost.function == "<module>" or any(_IMPORTING in f.file for f in main.frames):
+        return None  # a module of torch.distributed being imported: busy, not waiting
     return innermost if any(place in innermost.file for place in _WAIT_PLACES) else None

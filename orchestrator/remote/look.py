@@ -109,6 +109,22 @@ def activity(ranks: list[tuple[int, int]], seconds: float,
     return results
 
 
+def launcher_activity(job_id: str, node: str, seconds: float,
+                      proc: str = procs.PROC) -> dict:  # fmt: skip
+    """With no rank yet (or none left): what the job's other processes here (its launcher
+    starting, importing torch on a crowded node) did over `seconds`, summed."""
+    pids = set(procs.job_pids(job_id, node, proc))
+    roots = [pid for pid in sorted(pids) if procs.parent_of(pid, proc) not in pids]
+    if not roots:
+        return {"processes": 0, "seconds": 0.0, "cpu": None, "io": None}
+    found = activity(list(enumerate(roots)), seconds, proc)
+    cpu = [item["cpu"] for item in found if item["cpu"] is not None]
+    io = [item["io"] for item in found if item["io"] is not None]
+    return {"processes": sum(item["tree"] for item in found),
+            "seconds": found[0]["seconds"],
+            "cpu": sum(cpu) if cpu else None, "io": sum(io) if io else None}  # fmt: skip
+
+
 def look(job_id: str, node: str, job_python: str, seconds: float, root: str = "") -> dict:
     """The activity over `seconds` between two dumps of every rank's stack: a rank whose
     stack is read by its own faulthandler writes it to a file, which must not count as
@@ -117,6 +133,7 @@ def look(job_id: str, node: str, job_python: str, seconds: float, root: str = ""
     doc: dict = {"node": node, "job_id": job_id, "seconds": seconds}
     if not ranks:
         doc.update(error=f"no rank of job {job_id} runs on this node", kind=stacks.NO_RANKS)
+        doc["launcher"] = launcher_activity(job_id, node, seconds)
         return doc
     first = stacks.report(job_id, node, job_python, 0.0, 0, "auto", root, ranks)
     doc["ranks"] = activity(ranks, seconds)

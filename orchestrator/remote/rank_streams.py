@@ -109,6 +109,10 @@ class RankChannels:
             self.server.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+        own_dir = os.path.dirname(self.path)
+        if own_dir != str(self.directory):  # socket_path's private directory: nothing else in it
+            with contextlib.suppress(OSError):
+                os.rmdir(own_dir)
         deadline = time.monotonic() + timeout
         with self._lock:
             pumps = list(self.pumps)

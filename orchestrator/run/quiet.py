@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from orchestrator.errors import OrchError
 from orchestrator.nodes.transport import NodeTransport, plan_transport
 from orchestrator.outcome.events import QuietLooked
-from orchestrator.outcome.quiet import QuietFinding, RankSample, judge
+from orchestrator.outcome.quiet import LauncherSample, QuietFinding, RankSample, judge
 from orchestrator.pernode import NodeResult
 from orchestrator.plan.agent_command import look_command
 from orchestrator.plan.launch_plan import LaunchPlan
@@ -69,6 +69,7 @@ def findings_of(
 ) -> QuietFinding:
     """Every node's look document as one judgement; what could not be read, said."""
     samples: list[RankSample] = []
+    launchers: list[LauncherSample] = []
     problems: list[str] = []
     for answer in answers:
         if not answer.ok or answer.value is None or answer.value.exit_code != 0:
@@ -77,9 +78,19 @@ def findings_of(
         try:
             doc = json.loads(answer.value.stdout.decode(errors="replace"))
             samples += node_samples(answer.node, doc, python, job_id, seconds)
+            launchers += node_launcher(answer.node, doc)
         except (ValueError, KeyError, TypeError) as err:
             problems.append(f"{answer.node}: unreadable look ({err})")
-    return judge(samples, "; ".join(problems) or None)
+    return judge(samples, "; ".join(problems) or None, launchers)
+
+
+def node_launcher(node: str, doc: dict) -> list[LauncherSample]:
+    """A node with no rank: what its launcher did, when the look read it."""
+    found = doc.get("launcher")
+    if not isinstance(found, dict) or not found.get("processes"):
+        return []
+    return [LauncherSample(node, float(found.get("seconds") or 0.0), found.get("cpu"),
+                           found.get("io"), int(found["processes"]))]  # fmt: skip
 
 
 def node_samples(node: str, doc: dict, python: str, job_id: str,

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from orchestrator.outcome.events import NodeHeard, QuietLooked, RankOutput, Tick, WatchSettings
-from orchestrator.outcome.quiet import Activity, QuietFinding, RankSample, judge
+from orchestrator.outcome.quiet import Activity, LauncherSample, QuietFinding, RankSample, judge
 from orchestrator.outcome.states import FailureKind
 from orchestrator.outcome.verdict import Decision, JobVerdict
-from orchestrator.stacks.model import RankStacks, thread_from_dump
+from orchestrator.stacks.model import Frame, RankStacks, ThreadStack, thread_from_dump
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 HOSTS = ("n1", "n2")
@@ -75,6 +75,36 @@ def test_without_stacks_the_cpu_and_io_decide_and_a_problem_is_said():
     assert finding.working
     assert finding.summary() == "rank 0 computing; rank 1 idle; n2 did not answer"
     assert finding.culprits == ()  # no rank waits: nothing tells the idle one apart
+
+
+def _importing(rank: int, cpu: float) -> RankSample:
+    """A rank still importing torch.distributed (a crowded node takes long): module code of
+    torch/distributed innermost, under the import machinery."""
+    frames = (
+        Frame("<module>", "/venv/lib/python3.11/site-packages/torch/distributed/fsdp/api.py", 9),
+        Frame("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+        Frame("<module>", "/home/alice/train/train.py", 3),
+    )
+    main = ThreadStack("MainThread", 41, idle=False, main=True, frames=frames)
+    stack = RankStacks(rank, "n2", 41, (main,))
+    return RankSample(rank, "n2", 3.0, cpu, 0, "R", (stack, stack))
+
+
+def test_a_rank_importing_torch_distributed_is_working_not_waiting():
+    finding = judge([_waiting(0), _importing(1, cpu=2.5)])
+    assert finding.working
+    assert finding.ranks[1].activity == Activity.WORKING
+    assert finding.summary().startswith("rank 1 computing in <module> (/home/alice/train/train")
+
+
+def test_a_node_whose_launcher_still_starts_is_working_and_an_idle_one_is_not():
+    starting = LauncherSample("n2", 3.0, 1.8, 0, processes=1)
+    finding = judge([_waiting(0)], None, [starting])
+    assert finding.working
+    assert finding.summary() == "n2: no rank yet, its launcher computing; 1 rank in all_reduce"
+    idle = LauncherSample("n2", 3.0, 0.01, 0, processes=1)
+    assert not judge([_waiting(0)], None, [idle]).working  # every rank waits on it: hung
+    assert not judge([], None, []).working  # no process of the job anywhere
 
 
 # ----- the verdict asks for a look before it calls silence a hang -----------------------

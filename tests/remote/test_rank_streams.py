@@ -103,3 +103,22 @@ def test_the_agent_ends_while_a_rank_connects(tmp_path: Path, monkeypatch) -> No
         assert starting.wait(10), "the agent never took the connection in"
         assert channels.close(5.0) == 0
     assert (tmp_path / "rank0.stdout.raw").read_bytes() == b"last words\n"
+
+
+def test_a_node_directory_too_deep_for_a_socket_leaves_no_directory_behind(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = rank_streams.socket_path(deep)
+    assert not path.startswith(str(deep))  # too long for AF_UNIX: a private directory instead
+    channels = RankChannels(RecordingHead(), deep, "n1", path, lambda *_: None)  # type: ignore[arg-type]
+    assert channels.close(5.0) == 0
+    assert not os.path.exists(os.path.dirname(path))
+    assert deep.is_dir()  # the node directory itself stays
+
+
+def test_a_socket_in_the_node_directory_leaves_the_directory(tmp_path: Path) -> None:
+    path = rank_streams.socket_path(tmp_path)
+    assert path == str(tmp_path / rank_streams.RANK_SOCKET)
+    channels = RankChannels(RecordingHead(), tmp_path, "n1", path, lambda *_: None)  # type: ignore[arg-type]
+    assert channels.close(5.0) == 0
+    assert tmp_path.is_dir() and not os.path.exists(path)
