@@ -16,8 +16,9 @@ The rules:
   before it reported: that node failed;
 - the head launcher's output ends before every node reported: the first node missing
   (once any node was heard), else the head launcher itself, failed;
-- no rank wrote anything (a line or a progress frame) for `hang_timeout` seconds, while
-  every node still answers: the job hung (exit code HANG_EXIT_CODE);
+- no rank wrote anything (a line or a progress frame) beyond the hang threshold while
+  every node still answers, and a look finds no rank working: the job hung (exit code
+  HANG_EXIT_CODE; outcome/hang_watch.py);
 - a stop (the first SIGINT on the head, `orch stop`, `time_limit` seconds after the first
   event): every rank is sent the stop signal (`begin_stop`) and the job waits: nothing a
   node does then is a failure, until every node exited (the stop's outcome: interrupted
@@ -48,11 +49,10 @@ from orchestrator.outcome.events import (
     Tick,
     WatchSettings,
 )
-from orchestrator.outcome.hang import hang_found
-from orchestrator.outcome.pace import HangPace, Threshold
+from orchestrator.outcome.hang_watch import HangWatch
+from orchestrator.outcome.pace import HangPace
 from orchestrator.outcome.rank_ends import ended_by
 from orchestrator.outcome.states import (
-    HANG_EXIT_CODE,
     REMOTE_COMMAND_FAILED,
     SSH_LOST,
     Failure,
@@ -119,13 +119,7 @@ class JobVerdict:
         self.stop: StopAsked | None = None  # the stop asked for, whatever came of it
         self.slurm_kills_at: float | None = None  # Slurm TERMed the head: its SIGKILL nears
         self._stop_begun = False
-        self.pace = HangPace(settings.hang_timeout, settings.pace_seed, *settings.hang_floors)
-        self.look_asked_at: float | None = None  # a look at the quiet job is under way
-        self._look_wanted = False
-        self.hung_finding: QuietLooked | None = None  # the look that found no rank working
-        self._inconclusive = 0  # looks in a row that could not read the whole job
-        self._next_look_at = 0.0  # an inconclusive look is taken again after a pause
-        self.quiet_work: list[QuietLooked] = []  # looks that found a quiet job working
+        self.hangs = HangWatch(settings)
 
     # -- events ---------------------------------------------------------------------
     def feed(self, event: Event) -> Decision:
@@ -148,7 +142,7 @@ class JobVerdict:
                     self.first_heard_at = event.at
         elif isinstance(event, RankOutput):
             self.last_output_at = event.at
-            self.pace.output(event.at, stepping=event.stepping)
+            self.hangs.output(event.at, stepping=event.stepping)
         elif isinstance(event, NodeExited):
             self._record_exit(event)
         elif isinstance(event, SshEnded):
@@ -164,7 +158,8 @@ class JobVerdict:
             if self._may_stop():
                 self.stop = event
         elif isinstance(event, QuietLooked):
-            self._record_look(event)
+            quiet_since = self.last_output_at or self.first_heard_at
+            self.hangs.looked(event, self.last_output_at, quiet_since)
         elif isinstance(event, TeardownDone):
             self.teardown_done_at = event.at
             self.teardown_unanswered = event.unanswered
@@ -213,23 +208,6 @@ class JobVerdict:
             )
         )
 
-    def _record_look(self, event: QuietLooked) -> None:
-        self.look_asked_at = None
-        if self.last_output_at is not None and self.last_output_at > event.asked_at:
-            return  # a rank spoke meanwhile: the quiet it looked at is over
-        if not event.finding.working and event.finding.problem and self._inconclusive < 2:
-            self._inconclusive += 1  # part of the job unread: a rank there may be working
-            self._next_look_at = event.at + self.settings.look_again_after
-            return
-        self._inconclusive = 0
-        if event.finding.working:
-            # Busy, not hung: the silence counts again from here, a whole timeout long.
-            self.quiet_work.append(event)
-            quiet_since = self.last_output_at or self.first_heard_at or event.asked_at
-            self.pace.worked(event.at - quiet_since)
-        else:
-            self.hung_finding = event
-
     # -- decisions ------------------------------------------------------------------
     def _may_stop(self) -> bool:
         return self.stop is None and self.failure is None and self.interrupt is None
@@ -249,7 +227,7 @@ class JobVerdict:
         if self.failure is None:
             self.failure = self._find_failure(now)
             tear_down = self.failure
-        look, self._look_wanted = self._look_wanted, False
+        look, self.hangs.look_wanted = self.hangs.look_wanted, False
         return Decision(tear_down=tear_down, stop_reading=self._should_stop(now),
                         begin_stop=begin, look=look)  # fmt: skip
 
@@ -335,47 +313,18 @@ class JobVerdict:
         return _head_failed(self.head_code)
 
     @property
-    def hang_threshold(self) -> Threshold | None:
-        """How long the job may be quiet before a look, and where that came from; None
-        when hangs are not looked for."""
-        if self.settings.hang_timeout is None and not self.settings.hang_learned:
-            return None
-        return self.pace.threshold()
+    def pace(self) -> HangPace:
+        return self.hangs.pace
 
     def hang_watch(self) -> dict[str, object] | None:
-        """For the record: the hang threshold in force at the end, where it came from, and
-        what the looks that found a quiet job working saw (the last few)."""
-        threshold = self.hang_threshold
-        if threshold is None:
-            return None
-        work = [looked.finding.summary() for looked in self.quiet_work[-5:]]
-        return {**threshold.to_json(), "quiet_work": work}
+        """For the record: the hang threshold in force at the end (outcome/hang_watch.py)."""
+        return self.hangs.record()
 
     def _hung(self, now: float) -> Failure | None:
-        threshold = self.hang_threshold
-        limit = threshold.seconds if threshold is not None else None
         quiet_since = self.last_output_at
         if quiet_since is None:  # nothing written yet: quiet since the job started
             quiet_since = self.first_heard_at
-        if limit is None or quiet_since is None:
-            return None
-        # A look that found a rank working counts the silence again from there.
-        worked_at = max((looked.at for looked in self.quiet_work), default=quiet_since)
-        if now - max(quiet_since, worked_at) <= limit or self.all_exited():
-            return None  # not quiet long enough, or every rank is done: quiet, not hung
-        quiet = f"hang: no rank wrote anything for {now - quiet_since:.0f} s{_beyond(threshold)}"
-        if self.settings.look_seconds <= 0:
-            return Failure("", quiet, HANG_EXIT_CODE, kind=FailureKind.HANG)
-        if self.hung_finding is not None:
-            return hang_found(quiet, self.hung_finding.finding)
-        if self.look_asked_at is None:
-            if now >= self._next_look_at:
-                self.look_asked_at, self._look_wanted = now, True
-        elif now - self.look_asked_at > self.settings.look_timeout:
-            waited = now - self.look_asked_at
-            reason = f"{quiet}; a look at the ranks gave no answer in {waited:.0f} s"
-            return Failure("", reason, HANG_EXIT_CODE, kind=FailureKind.HANG)
-        return None
+        return self.hangs.hung(now, quiet_since, finished=self.all_exited())
 
     def _every_answering_node_exited(self) -> bool:
         failure = self.failure
@@ -415,13 +364,6 @@ class JobVerdict:
 
 
 _ENDED_BY = {FailureKind.SIGNAL: JobState.INTERRUPTED, FailureKind.KILLED: JobState.KILLED}
-
-
-def _beyond(threshold: Threshold | None) -> str:
-    """Which threshold the silence went beyond, when it was not given."""
-    if threshold is None or threshold.source == "given":
-        return ""
-    return f" (beyond {threshold.seconds:.0f} s: {threshold.source})"
 
 
 def _interrupted(event: Interrupted) -> Failure:

@@ -132,25 +132,25 @@ def test_silence_beyond_the_timeout_asks_for_one_look_and_tears_down_nothing_yet
     _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), RankOutput(0))
     decisions = _quiet_until(verdict, 20)
     assert [d.tear_down for d in decisions if d.tear_down] == []
-    assert sum(d.look for d in decisions) == 1  # asked at 11 s, once
-    assert verdict.look_asked_at == 11
+    assert sum(d.look for d in decisions) == 1  # once, a second before the 10 s (its lead)
+    assert verdict.hangs.look_asked_at == 10
 
 
 def test_a_look_that_finds_work_restarts_the_count_and_one_that_finds_none_is_a_hang():
     verdict = _verdict()
     _feed(verdict, NodeHeard("n1", 0), NodeHeard("n2", 0), RankOutput(0))
-    _quiet_until(verdict, 11)
-    _feed(verdict, QuietLooked(WORKING, asked_at=11, at=14))
-    decisions = _quiet_until(verdict, 24)
-    assert [d for d in decisions if d.tear_down or d.look] == []  # quiet counts from 14
-    decisions = _quiet_until(verdict, 25)
+    _quiet_until(verdict, 10)
+    _feed(verdict, QuietLooked(WORKING, asked_at=10, at=13))
+    decisions = _quiet_until(verdict, 22)
+    assert [d for d in decisions if d.tear_down or d.look] == []  # quiet counts from 13
+    decisions = _quiet_until(verdict, 23)
     assert sum(d.look for d in decisions) == 1
-    [failure] = [d.tear_down for d in _feed(verdict, QuietLooked(HUNG, asked_at=25, at=28))
+    [failure] = [d.tear_down for d in _feed(verdict, QuietLooked(HUNG, asked_at=23, at=26))
                  if d.tear_down]  # fmt: skip
     assert failure.kind == FailureKind.HANG and (failure.node, failure.rank) == ("n2", 1)
-    assert failure.reason.startswith("hang: no rank wrote anything for 28 s and none is "
+    assert failure.reason.startswith("hang: no rank wrote anything for 26 s and none is "
                                      "working (rank 1 idle, stuck in compute")  # fmt: skip
-    assert [looked.at for looked in verdict.quiet_work] == [14]
+    assert [looked.at for looked in verdict.hangs.quiet_work] == [13]
 
 
 def test_a_look_overtaken_by_output_counts_for_nothing():
@@ -178,13 +178,47 @@ def test_a_look_that_could_not_read_every_node_is_taken_again_before_a_hang():
     for at in range(1, 120):  # heartbeats go on; each look answers 3 s after it was asked
         decisions = _feed(verdict, *(NodeHeard(h, at) for h in HOSTS), Tick(at))
         asked += [at for d in decisions if d.look]
-        if asked and verdict.look_asked_at == at - 3:
+        if asked and verdict.hangs.look_asked_at == at - 3:
             decisions = _feed(verdict, QuietLooked(partial, asked_at=at - 3, at=at))
             teardowns += [(at, d.tear_down) for d in decisions if d.tear_down]
-    assert asked == [11, 44, 77]  # a pause of 30 s after each look that read part of the job
+    assert asked == [10, 43, 76]  # a pause of 30 s after each look that read part of the job
     [(at, failure)] = teardowns  # the third in a row
-    assert at == 80
+    assert at == 79
     assert failure.reason.endswith("(1 rank in all_reduce; n2 did not answer (timed out))")
+
+
+def _learned(hosts: tuple[str, ...] = HOSTS) -> JobVerdict:
+    """A verdict that has learned a pace of a step a second: the floor of 120 s holds."""
+    verdict = JobVerdict(hosts, WatchSettings(hang_learned=True), head_launcher=False)
+    for at in range(0, 60):
+        _feed(verdict, *(NodeHeard(h, float(at)) for h in hosts), RankOutput(float(at), True))
+    return verdict
+
+
+def _quiet_from(verdict: JobVerdict, start: int, end: int) -> list[tuple[int, Decision]]:
+    return [(at, d) for at in range(start, end + 1)
+            for d in _feed(verdict, *(NodeHeard(h, float(at)) for h in HOSTS), Tick(float(at)))]
+
+
+def test_the_look_comes_before_the_threshold_so_the_hang_is_decided_at_it():
+    verdict = _learned()
+    asked = [at for at, d in _quiet_from(verdict, 60, 174) if d.look]
+    assert asked == [174]  # 59 s + 120 s, less the look's lead of 6 s (its 3 s and 3 more)
+    assert _feed(verdict, QuietLooked(HUNG, asked_at=174, at=177))[0].tear_down is None
+    ended = [(at, d.tear_down) for at, d in _quiet_from(verdict, 178, 185) if d.tear_down]
+    [(at, failure)] = ended[:1]
+    assert at == 180  # the first moment beyond 120 s of quiet, not a look later
+    assert failure.reason.startswith("hang: no rank wrote anything for 121 s (beyond 120 s: "
+                                     "floor) and none is working (")  # fmt: skip
+
+
+def test_a_rank_that_speaks_after_a_look_found_none_working_is_not_hung():
+    verdict = _learned()
+    _quiet_from(verdict, 60, 174)
+    _feed(verdict, QuietLooked(HUNG, asked_at=174, at=177), RankOutput(178.0, True))
+    decisions = _quiet_from(verdict, 178, 300)
+    assert [d.tear_down for _at, d in decisions if d.tear_down] == []
+    assert [at for at, d in decisions if d.look] == [293]  # the quiet counts from 178 again
 
 
 def test_a_stopped_rank_is_named_before_a_rank_whose_stack_could_not_be_read():

@@ -207,9 +207,10 @@ _HANG_TIMEOUT = typer.Option(
     None,
     "--hang-timeout",
     metavar="auto[:FLOOR[:START]]|off|SECONDS",
-    help="How long the job may be quiet (no rank's line or progress) before orch looks at "
-    "every rank: when none is working (no CPU, no storage I/O, or waiting in a collective) "
-    f"the job hung: every rank's stack is taken, the job torn down, exit code "
+    help="How long the job may be quiet (no rank's line or progress) with no rank working: "
+    "orch looks at every rank as the quiet nears it, and when none is working (no CPU, no "
+    "storage I/O, or waiting in a collective) the job hung: every rank's stack is taken, the "
+    "job torn down, exit code "
     f"{HANG_EXIT_CODE}. auto (the default): learned from the job's own pace, at least 2 "
     "minutes (10 before its first steps); auto:1m:20m sets those floors; a number (600, "
     "10m) fixes it; off: never. Recipe: hang_timeout.",
