@@ -17,7 +17,11 @@ a collective, at little cost to the cores the tests share).
 `--quiet-rank R --quiet-at S --quiet-for D`: once, after S seconds, rank R computes for D
 seconds without a word (an evaluation) while the others wait; `--quiet-rank -2`: every
 rank writes a file for D seconds instead (a checkpoint), a MiB every `--write-pause`
-seconds (0: as fast as the disk takes it).
+seconds (0: as fast as the disk takes it). `--quiet R:S:D` adds another such spell (any
+number). `--duty F`: a quiet computation computes F of its time and idles the rest (a rank
+busy on a tenth of a core still counts as computing, and leaves the cores to the others).
+`--startup S`: before the first step every rank prepares for S seconds without a word
+(a little computing, a file written now and then): a long start-up.
 """
 
 from __future__ import annotations
@@ -34,13 +38,38 @@ import torch
 import torch.distributed as dist
 
 
-def compute(seconds: float) -> None:
+def compute(seconds: float, duty: float = 1.0) -> None:
     """Busy for `seconds` of wall-clock time, in the user's code (bounded by the clock, so
-    the step takes as long whatever else shares the cores)."""
+    the step takes as long whatever else shares the cores); with `duty` below 1, only that
+    share of each tenth of a second."""
     matrix = torch.ones(32, 32)
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        matrix = torch.mm(matrix, matrix).clamp_(max=1.0)
+        burst = time.perf_counter() + 0.1 * duty
+        while time.perf_counter() < min(burst, end):
+            matrix = torch.mm(matrix, matrix).clamp_(max=1.0)
+        if duty < 1.0:
+            time.sleep(max(0.0, min(0.1 * (1.0 - duty), end - time.perf_counter())))
+
+
+def prepare_data(seconds: float, rank: int) -> None:
+    """A start-up without a word: every 5 seconds a MiB prepared and written (a hundredth of
+    a core: the tests share two)."""
+    end = time.perf_counter() + seconds
+    with tempfile.TemporaryFile(prefix=f"data-{rank}-") as file:
+        while time.perf_counter() < end:
+            file.write(os.urandom(1 << 20))
+            file.flush()
+            compute(min(5.0, end - time.perf_counter()), 0.01)
+
+
+def quiet_spells(args: argparse.Namespace) -> list[tuple[int, float, float]]:
+    """(rank, at, for) of every quiet spell asked for, by when it starts."""
+    spells = [(args.quiet_rank, args.quiet_at, args.quiet_for)] if args.quiet_rank != -1 else []
+    for spec in args.quiet:
+        rank, at, seconds = spec.split(":")
+        spells.append((int(rank), float(at), float(seconds)))
+    return sorted(spells, key=lambda spell: spell[1])
 
 
 def work(matmuls: int) -> None:
@@ -96,6 +125,9 @@ def main() -> int:
     parser.add_argument("--quiet-at", type=float, default=0.0)
     parser.add_argument("--quiet-for", type=float, default=0.0)
     parser.add_argument("--write-pause", type=float, default=0.0)
+    parser.add_argument("--quiet", action="append", default=[])  # R:AT:FOR, more spells
+    parser.add_argument("--duty", type=float, default=1.0)
+    parser.add_argument("--startup", type=float, default=0.0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # several ranks share few cores
@@ -104,17 +136,19 @@ def main() -> int:
     print(f"rank {rank}/{world} up on {socket.gethostname()}", flush=True)
     slower = args.slow_factor if rank == args.slow_rank else 1.0
     my_compute, my_pause = args.compute * slower, args.pause * slower
+    if args.startup:
+        prepare_data(args.startup, rank)
     started = time.monotonic()
     steps = 0
-    quiet_done = args.quiet_rank == -1
+    spells = quiet_spells(args)
     while True:
         elapsed = time.monotonic() - started
-        if not quiet_done and elapsed >= args.quiet_at:
-            quiet_done = True
-            if args.quiet_rank == -2:
-                save_checkpoint(args.quiet_for, rank, args.write_pause)
-            elif rank == args.quiet_rank:
-                compute(args.quiet_for)
+        if spells and elapsed >= spells[0][1]:
+            quiet_rank, _at, quiet_for = spells.pop(0)
+            if quiet_rank == -2:
+                save_checkpoint(quiet_for, rank, args.write_pause)
+            elif rank == quiet_rank:
+                compute(quiet_for, args.duty)
         if rank == args.stall_rank and elapsed >= args.stall_after:
             print(f"rank {rank} stalls after {steps} steps", flush=True)
             next_batch_that_never_comes()
