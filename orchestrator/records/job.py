@@ -233,6 +233,13 @@ class JobRecord:
     allocation: int = 1  # a batch job's Slurm allocation running it, or the last: 1 first
     # --requeue: whether the job went on in another allocation after this one, and why
     requeue: RequeueDecision | None = None
+    # the ORCH_NODE_ROOT it ran with ("": orch's own place; None: a record that does not say)
+    node_root: str | None = None
+
+    def node_root_or(self, here: str) -> str:
+        """Where the job's node directories are: under the ORCH_NODE_ROOT it ran with, or,
+        for a record that does not say, under `here` (this shell's setting)."""
+        return here if self.node_root is None else self.node_root
 
     @property
     def exit_code_from(self) -> str | None:
@@ -300,6 +307,7 @@ class JobRecord:
             checkpoints=_checkpoints_from_json(data.get("checkpoints")),
             allocation=int(data.get("allocation", 1)),
             requeue=RequeueDecision.from_json(data.get("requeue")),
+            node_root=data.get("node_root"),
         )
 
 

@@ -106,6 +106,7 @@ def prepare_run(plan: LaunchPlan, run: RunDir, earlier: JobRecord | None = None,
         transport=plan.transport,
         environment=environment,
         checkpoints=plan.checkpoints,
+        node_root=plan.job.node_root,
     )
     record = replace(record, attempt_started=record.started_at)
     if earlier is not None:

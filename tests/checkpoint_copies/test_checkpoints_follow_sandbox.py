@@ -84,7 +84,7 @@ def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
     env = _nothing_shared(box, names, tmp_path, runs)
     args = ["submit", RECIPE, "--hostfile", state.hostfile, "--no-doctor", "--checkpoint-dir",
             str(checkpoints), "--main-port", str(free_port()), "--hang-timeout", "off", "--",
-            "--steps", "900", "--save-every", "300", "--step-sleep", "0.1"]  # fmt: skip
+            "--steps", "450", "--save-every", "150", "--step-sleep", "0.2"]  # fmt: skip
     # Rank 0 (on the first node) writes the only checkpoint in place, every 30 s (twice
     # before the end: a loaded machine copies slowly; saved more often than the 15 s a file
     # must stay unchanged, it would never be copied); once another node holds a whole copy

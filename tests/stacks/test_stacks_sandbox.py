@@ -246,10 +246,11 @@ def _succeeded_after_quiet_work(runs: Path, job_id: str) -> None:
 def test_a_rank_computing_without_a_word_beyond_the_hang_timeout_is_not_a_hang(running_job,
                                                                               tmp_path):
     start, _stop, runs, _nodes = running_job
-    # Rank 3 computes 30 s in its first step, silently, while the others wait in all_reduce:
-    # a job that prints nothing but its ranks' start, a start-up beyond the start-up floor
-    # (8 s given here in place of 10 minutes), decided by the look alone.
-    job_id, head = start("--compute", "0.05", "--slow-rank", "3", "--slow-factor", "600",
+    # Rank 3 computes 30 s before its first step, silently, while the others wait in
+    # all_reduce: a job that prints nothing but its ranks' start, a start-up beyond the
+    # start-up floor (8 s given here in place of 10 minutes), decided by the look alone. On
+    # a fifth of a core: the look counts a twentieth as computing, and the suite shares two.
+    job_id, head = start("--compute", "0", "--quiet=3:0:30", "--duty", "0.2",
                          "--max-seconds", "1",
                          options=("--hang-timeout", "auto:8s:8s"))  # fmt: skip
     code = head.wait(150)

@@ -102,7 +102,7 @@ def _gather(job: JobRecord, record: CheckpointsRecord, dest: Path, name: str | N
 
     settings = CheckpointSettings(record.dir, record.copies, record.bandwidth)
     nodes = CheckpointNodes(reaching(job.transport, job.slurm_job_id), job.python, job.id,
-                            settings, owned.root_setting(os.environ))  # fmt: skip
+                            settings, job.node_root_or(owned.root_setting(os.environ)))  # fmt: skip
     hosts = tuple(dict.fromkeys((*job.hosts, *(n for a in job.attempts for n in a.nodes))))
     try:
         done = gather(nodes, record, hosts, dest, name)

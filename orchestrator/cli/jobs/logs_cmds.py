@@ -245,9 +245,11 @@ def logs(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if missing:
+        root = record.node_root_or(root_setting(os.environ))
+        node_dir = node_dir_shown(record.id, "<node>", root)
         hint = (
             "the node could not be reached when the job ended; its raw logs stay in "
-            f"{node_dir_shown(record.id, '<node>', root_setting(os.environ))}/ on the node "
+            f"{node_dir}/ on the node "
             "(<uid>: your uid there)"
             if raw
             else "the node printed nothing (or never started); see `orch status " + record.id + "`"

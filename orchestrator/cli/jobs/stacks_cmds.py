@@ -173,8 +173,8 @@ def stacks(
     transport = reaching(record.transport, record.slurm_job_id)
     reports = gather_stacks(
         record.hosts, record.id, record.python, timeout,
-        profile_seconds=float(profile) if profile else None, rate=DEFAULT_RATE,
-        method=method.value, transport=transport, node_root=root_setting(os.environ),
+        profile_seconds=float(profile) if profile else None, rate=DEFAULT_RATE, method=method.value,
+        transport=transport, node_root=record.node_root_or(root_setting(os.environ)),
     )  # fmt: skip
     result = analyse(record.id, now_iso(), float(profile) if profile else None, reports)
     document = result_json(result)
