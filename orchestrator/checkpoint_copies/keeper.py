@@ -36,6 +36,7 @@ from orchestrator.checkpoints.complete import (
     at_the_end,
     is_checkpoint_name,
     observe,
+    without_lost_parts,
 )
 from orchestrator.checkpoints.model import FileCopy, NodeScan, part_size, signature
 from orchestrator.checkpoints.placement import copy_orders, prune_orders
@@ -160,9 +161,12 @@ class CheckpointKeeper:
         scans = _answered(self.nodes.scan(hosts))
         now = time.time()
         with self._lock:
+            before = self.watched.checkpoints
             self.watched = observe(self.watched, scans, now, SETTLE_S)
-            for name in self.watched.checkpoints:
-                self.first_seen_attempt.setdefault(name, attempt)
+            for name, checkpoint in self.watched.checkpoints.items():
+                earlier = before.get(name)
+                if earlier is None or (earlier.gone and not checkpoint.gone):
+                    self.first_seen_attempt[name] = attempt  # new, or a name written again
             complete = [c for c in self.watched.complete() if not self._as_restored(c)]
         plan = copy_orders(complete, scans, hosts, self.nodes.settings.copies)
         for shortfall in plan.shortfalls:
@@ -234,6 +238,8 @@ class CheckpointKeeper:
         `following`; one line for the user saying what the restart resumes from."""
         if self.shared:
             return ""
+        with self._lock:
+            self.watched = without_lost_parts(self.watched, alive)
         scans = _answered(self.nodes.scan(list(dict.fromkeys([*alive, *following])),
                                           create=True))  # fmt: skip
         alive_scans = {n: s for n, s in scans.items() if n in alive}

@@ -14,7 +14,7 @@ gone (its writer deleted it). Pure: `observe` takes the last state and returns t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
@@ -40,6 +40,7 @@ NAMED_BY_DEEPSPEED = "DeepSpeed's latest names it"
 AT_NEXT_QUIET_SCAN = "complete once a scan finds every part unchanged"
 MOVED_INTO_PLACE = "renamed into place after its last write"
 AT_THE_END = "as the job left it when it succeeded"
+DELETED = "deleted from the checkpoint directory by its writer"
 
 
 def is_temporary(name: str) -> bool:
@@ -146,6 +147,24 @@ def at_the_end(state: Watched, now: float) -> Watched:
     return replace(state, checkpoints=judged)
 
 
+def without_lost_parts(state: Watched, alive: Collection[str]) -> Watched:
+    """Before a restart: an incomplete checkpoint's parts on nodes not `alive` are lost with
+    them. It can never be made whole, and one the next attempt writes under its name must
+    not take them in; with no part left it is gone. A complete checkpoint keeps them: their
+    copies are held by other nodes."""
+    judged: dict[str, Checkpoint] = {}
+    for name, checkpoint in state.checkpoints.items():
+        parts = {node: files for node, files in checkpoint.parts.items() if node in alive}
+        if checkpoint.complete or checkpoint.gone or len(parts) == len(checkpoint.parts):
+            judged[name] = checkpoint
+        elif parts:
+            judged[name] = replace(checkpoint, parts=parts)
+        else:
+            lost = f"lost with {', '.join(sorted(checkpoint.parts))}"
+            judged[name] = replace(checkpoint, parts={}, gone=True, quiet_scans=0, how=lost)
+    return replace(state, checkpoints=judged)
+
+
 # ----- pointers ------------------------------------------------------------------------
 def _pointers_of(scan: NodeScan) -> dict[str, PointerSeen]:
     found: dict[str, PointerSeen] = {}
@@ -243,7 +262,7 @@ def _follow(
         return _Followed(new, True, kinds)
     if not parts:
         gone = replace(previous, parts={}, changed_at=now, complete=False, complete_at=None,
-                       gone=True, quiet_scans=0)  # fmt: skip
+                       gone=True, quiet_scans=0, how=DELETED)  # fmt: skip
         return _Followed(gone, True, {})
     changed = _signatures(parts) != _signatures(previous.parts)
     after = replace(
@@ -270,9 +289,8 @@ def _judged(
     settle_s: float,
 ) -> Checkpoint:
     checkpoint = found.checkpoint
-    if checkpoint.gone:
-        how = "deleted from the checkpoint directory by its writer"
-        return replace(checkpoint, complete=False, complete_at=None, how=how)
+    if checkpoint.gone:  # deleted by its writer, or lost with its nodes: as it was said
+        return replace(checkpoint, complete=False, complete_at=None)
     complete, how = _verdict(found, followed, naming, renamed, now, settle_s)
     was = checkpoint.complete_at if checkpoint.complete and not found.changed_now else None
     return replace(

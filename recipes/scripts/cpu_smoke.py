@@ -6,7 +6,8 @@ training state (`accelerator.save_state`: with ZeRO each rank's optimizer shard 
 node) to `<checkpoint-dir>/step_<N>/`; restarted by orch (ORCH_RESTART_COUNT > 0), it loads
 the newest one there and goes on from its step. Switches let tests inject faults:
 `--fail-rank R --exit-code C` makes global rank R exit with C after a step,
-`--hang-after-steps N` makes one rank (default the last) stop answering.
+`--hang-after-steps N` makes one rank (default the last) stop answering, `--save-pause S`
+makes each file of a save take S seconds more (a slow disk: a node can die mid-save).
 """
 
 from __future__ import annotations
@@ -39,7 +40,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=0, help="steps between saves (0: none)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("ORCH_CHECKPOINT_DIR", ""),
                         help="where to save (default: orch's --checkpoint-dir)")
+    parser.add_argument("--save-pause", type=float, default=0.0,
+                        help="seconds after each file a save writes (a slow disk)")
     return parser.parse_args(argv)
+
+
+def slow_saves(pause: float) -> None:
+    """Every torch.save (accelerate's and DeepSpeed's) followed by a pause."""
+    save = torch.save
+
+    def slowly(*args: object, **kwargs: object) -> None:
+        save(*args, **kwargs)  # type: ignore[arg-type]
+        time.sleep(pause)
+
+    torch.save = slowly  # type: ignore[assignment]
 
 
 def make_loader(steps: int, batch_size: int, world: int) -> DataLoader:
@@ -79,6 +93,8 @@ def newest_saved(directory: str) -> tuple[str, int] | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pin_jit_build_tools()
+    if args.save_pause:
+        slow_saves(args.save_pause)
     process_group = InitProcessGroupKwargs(backend="gloo", timeout=timedelta(seconds=args.timeout))
     accelerator = Accelerator(kwargs_handlers=[process_group])
     set_seed(0)
@@ -114,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         if step % 10 == 0:
             accelerator.print(f"step {step} loss {loss_value:.4f}", flush=True)
         if args.save_every and step % args.save_every == 0 and args.checkpoint_dir:
+            if args.save_pause:
+                print(f"rank {rank}: saving step {step}", flush=True)
             accelerator.save_state(os.path.join(args.checkpoint_dir, f"step_{step}"))
         if args.fail_rank == rank and step >= args.fail_after_steps:
             print(f"rank {rank} on {node}: failing on purpose at step {step}", flush=True)

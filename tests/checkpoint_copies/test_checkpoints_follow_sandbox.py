@@ -9,8 +9,10 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,9 +48,11 @@ def _every_part_copied(runs: Path) -> str | None:
 
 
 def _run_and_kill(box, argv: list[str], env: dict[str, str], log: Path, runs: Path,
-                  victim: str) -> tuple[int, str, str | None]:  # fmt: skip
-    """orch started; once every part of a complete checkpoint is held by another node,
-    `victim` dies with its disk. (orch's exit code, what it printed, that checkpoint)."""
+                  victim: str, then: Callable[[str], object] | None = None,
+                  ) -> tuple[int, str, str | None]:  # fmt: skip
+    """orch started; once every part of a complete checkpoint is held by another node (and
+    `then(its name)` holds, when given), `victim` dies with its disk. (orch's exit code,
+    what it printed, that checkpoint)."""
     with log.open("wb") as out:
         orch = subprocess.Popen([*ORCH, *argv], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)  # fmt: skip
@@ -56,6 +60,9 @@ def _run_and_kill(box, argv: list[str], env: dict[str, str], log: Path, runs: Pa
         copied = wait_for(lambda: _every_part_copied(runs) or orch.poll() is not None, 300, 0.5)
         assert copied and orch.poll() is None, log.read_text()[-4000:]
         saved = _every_part_copied(runs)
+        if then is not None:
+            ready = wait_for(lambda: then(str(saved)) or orch.poll() is not None, 300, 0.2)
+            assert ready and orch.poll() is None, log.read_text()[-4000:]
         _kill_node(box, victim)
         code = orch.wait(timeout=400)
     finally:
@@ -125,9 +132,11 @@ def test_the_node_with_the_only_checkpoint_dies_and_the_spare_resumes_from_it(
 def test_accelerate_deepspeed_zero2_resumes_every_shard_after_a_node_dies(sandbox_factory,
                                                                           tmp_path):  # fmt: skip
     """The seeds' path (accelerate + DeepSpeed ZeRO-2 through DeepSpeed's pdsh launcher):
-    `accelerator.save_state` writes each rank's optimizer shard on its own node. The second
-    node dies with its shard; the next attempt (the spare in its place, rank 1 on another
-    node) loads every shard and goes on from the saved step."""
+    `accelerator.save_state` writes each rank's optimizer shard on its own node, each file
+    of it taking 2 s more (a slow disk). The second node dies with its shard while a newer
+    checkpoint is being written; that one is not staged (the survivors' parts of it are set
+    aside), and the next attempt (the spare in its place, rank 1 on another node) loads
+    every shard of the one before it and goes on from its step."""
     box, state = sandbox_factory(4, 1)
     names = [n.name for n in state.nodes]
     checkpoints, runs, log = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "orch.log"
@@ -135,13 +144,30 @@ def test_accelerate_deepspeed_zero2_resumes_every_shard_after_a_node_dies(sandbo
     args = ["submit", str(REPO / "recipes" / "cpu-smoke.yaml"), "--hostfile", state.hostfile,
             "--no-doctor", "--nodes", "3", "--max-restarts", "2", "--checkpoint-dir",
             str(checkpoints), "--hang-timeout", "off", "--",
-            "--steps", "150", "--step-sleep", "0.25", "--save-every", "30"]  # fmt: skip
-    code, said, saved = _run_and_kill(box, args, env, log, runs, names[1])
+            "--steps", "150", "--step-sleep", "0.25", "--save-every", "30",
+            "--save-pause", "2"]  # fmt: skip
+    writing: list[str] = []
+
+    def saving_a_newer_one(saved: str) -> bool:
+        """Rank 1 has begun to write a checkpoint newer than `saved`: its name, kept."""
+        said = "".join(log_text(runs, job_id, name) for name in names for job_id in job_ids(runs))
+        steps = [int(n) for n in re.findall(r"rank 1: saving step (\d+)", said)]
+        newer = [n for n in steps if n > int(saved.removeprefix("step_"))]
+        writing[:] = [f"step_{max(newer)}"] if newer else []
+        return bool(newer)
+
+    code, said, saved = _run_and_kill(box, args, env, log, runs, names[1], saving_a_newer_one)
     assert code == 0, said[-4000:]
     assert len(job_ids(runs)) == 1
     [restore] = _record(runs)["restores"]
-    assert restore["entry"] is not None, restore
-    assert int(restore["entry"].removeprefix("step_")) >= int(str(saved).removeprefix("step_"))
+    [being_written] = writing
+    # The checkpoint being written when the node died is not staged: the one before it is,
+    # and the survivors' parts of the other are moved out of the script's sight (it loads
+    # the newest step_N/ there); attempt 2 then writes its own under the same name.
+    assert restore["entry"] == saved != being_written, (restore, being_written)
+    assert restore["set_aside"] == [being_written], restore
+    assert (f"newer, not whole, moved to .orch-set-aside/ in the checkpoint directory: "
+            f"{being_written}") in said, said[-4000:]  # fmt: skip
     assert f"attempt 2 resumes from {restore['entry']}, staged on 3 of 3 nodes" in said, said
     # Every rank of attempt 2 loaded the state (its own shard among the others) and went on.
     step = restore["entry"].removeprefix("step_")

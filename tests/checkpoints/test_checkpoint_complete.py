@@ -21,6 +21,7 @@ from orchestrator.checkpoints.complete import (
     natural_key,
     newest_first,
     observe,
+    without_lost_parts,
 )
 from orchestrator.checkpoints.model import NodeScan
 
@@ -338,6 +339,34 @@ def test_a_name_written_again_after_it_was_deleted_is_a_new_checkpoint():
     state = _rounds((0, _trainer(500)), (5, _trainer(500)), (10, empty), (20, _trainer(500)))
     checkpoint = state.checkpoints["checkpoint-500"]
     assert (checkpoint.gone, checkpoint.complete, checkpoint.first_seen) == (False, False, 20)
+
+
+def test_a_checkpoint_being_written_when_its_node_died_is_lost_with_it_at_the_restart():
+    # global_step40 was being written (no latest names it) when node2 died; node1, node3
+    # and node4 go on, and the restart sets their parts of it aside.
+    writing = _deepspeed(20, 40, latest=20)
+    state = _rounds((0, writing), (5, _deepspeed(20, 40, latest=20, answering=("node1",))))
+    state = without_lost_parts(state, ("node1", "node3", "node4"))
+    step40, step20 = state.checkpoints["global_step40"], state.checkpoints["global_step20"]
+    assert set(step40.parts) == {"node1", "node3", "node4"} and not step40.complete
+    assert set(step20.parts) == set(NODES) and step20.complete  # its copies are elsewhere
+    set_aside = _deepspeed(20, latest=20, answering=("node1", "node3", "node4"))
+    state = observe(state, set_aside, 10, LONG)
+    assert state.checkpoints["global_step40"].gone
+    # The next attempt writes global_step40 again: a new checkpoint, none of node2's in it.
+    again = observe(state, _deepspeed(20, 40, latest=40, answering=("node1", "node3", "node4")),
+                    20, LONG)  # fmt: skip
+    step40 = again.checkpoints["global_step40"]
+    assert (set(step40.parts), step40.first_seen) == ({"node1", "node3", "node4"}, 20)
+
+
+def test_a_checkpoint_only_lost_nodes_had_is_gone_and_says_so():
+    state = _rounds((0, _deepspeed(40, answering=("node2",))))
+    state = without_lost_parts(state, ("node1", "node3"))
+    step40 = state.checkpoints["global_step40"]
+    assert (step40.gone, step40.parts, step40.how) == (True, {}, "lost with node2")
+    assert observe(state, _deepspeed(answering=("node1",)), 5, LONG).checkpoints[
+        "global_step40"].how == "lost with node2"  # fmt: skip
 
 
 # ----- newest first --------------------------------------------------------------------
