@@ -20,7 +20,9 @@ pytestmark = pytest.mark.sandbox
 
 STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 FLOOR_S = 120  # the learned threshold's floor: ten times a 0.1 s step is far less
-TICK_S = 5  # the head decides at its next look at the clock, and logs stamp to the ms
+# The look is asked for 6 s before the floor and the hang decided at it; on a loaded
+# machine the look itself (ssh, two stack dumps a rank) may take longer than that.
+LOOK_OVERRUN_S = 20
 
 
 def _stamp(line: str) -> float:
@@ -52,8 +54,8 @@ def test_a_stalled_rank_is_caught_as_the_quiet_reaches_the_learned_threshold(san
     moments = [json.loads(line) for line in
                (runs / job_id / "moments.jsonl").read_text().splitlines()]  # fmt: skip
     [hang] = [moment for moment in moments if moment["kind"] == "hang"]
-    # Caught as the quiet reached the floor, not a look (3 s and more) later.
-    assert FLOOR_S <= hang["t"] - last_word <= FLOOR_S + TICK_S, hang["t"] - last_word
+    # Caught as the quiet reached the floor (121 s alone), not minutes later.
+    assert FLOOR_S <= hang["t"] - last_word <= FLOOR_S + LOOK_OVERRUN_S, hang["t"] - last_word
     assert (hang["node"], hang["rank"]) == (nodes[1], 3)
     assert re.search(rf"hang: no rank wrote anything for \d+ s \(beyond {FLOOR_S} s: floor\)",
                      said), said[-3000:]  # fmt: skip
