@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,6 +114,11 @@ def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.1)
 def log_text(runs: Path, job_id: str, node: str) -> str:
     path = runs / job_id / "logs" / f"{node}.log"
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+def log_stamp(line: str) -> float:
+    """The time a line of a node's log (log_text) was written, in seconds since the epoch."""
+    return datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
 
 
 def all_ranks_up(runs: Path, job_id: str, nodes: list[str]) -> bool:

@@ -60,7 +60,7 @@ class HangWatch:
         if event.finding.working:
             # Busy, not hung: the silence counts again from here, a whole threshold long.
             self.quiet_work.append(event)
-            self.pace.worked(event.at - (quiet_since or event.asked_at))
+            self.pace.worked(event.at - (event.asked_at if quiet_since is None else quiet_since))
         else:
             self.hung_finding = event
 

@@ -158,8 +158,7 @@ class JobVerdict:
             if self._may_stop():
                 self.stop = event
         elif isinstance(event, QuietLooked):
-            quiet_since = self.last_output_at or self.first_heard_at
-            self.hangs.looked(event, self.last_output_at, quiet_since)
+            self.hangs.looked(event, self.last_output_at, self._quiet_since())
         elif isinstance(event, TeardownDone):
             self.teardown_done_at = event.at
             self.teardown_unanswered = event.unanswered
@@ -320,11 +319,12 @@ class JobVerdict:
         """For the record: the hang threshold in force at the end (outcome/hang_watch.py)."""
         return self.hangs.record()
 
+    def _quiet_since(self) -> float | None:
+        """When a rank last wrote something; before any did, when the job was first heard."""
+        return self.first_heard_at if self.last_output_at is None else self.last_output_at
+
     def _hung(self, now: float) -> Failure | None:
-        quiet_since = self.last_output_at
-        if quiet_since is None:  # nothing written yet: quiet since the job started
-            quiet_since = self.first_heard_at
-        return self.hangs.hung(now, quiet_since, finished=self.all_exited())
+        return self.hangs.hung(now, self._quiet_since(), finished=self.all_exited())
 
     def _every_answering_node_exited(self) -> bool:
         failure = self.failure

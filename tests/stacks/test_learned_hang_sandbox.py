@@ -11,10 +11,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from datetime import datetime
 
 import pytest
-from launch_support import REPO, free_port, job_ids, job_processes, log_text, start_orch
+from launch_support import (
+    REPO,
+    free_port,
+    job_ids,
+    job_processes,
+    log_stamp,
+    log_text,
+    start_orch,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -23,10 +30,6 @@ FLOOR_S = 120  # the learned threshold's floor: ten times a 0.1 s step is far le
 # The look is asked for 6 s before the floor and the hang decided at it; on a loaded
 # machine the look itself (ssh, two stack dumps a rank) may take longer than that.
 LOOK_OVERRUN_S = 20
-
-
-def _stamp(line: str) -> float:
-    return datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
 
 
 def test_a_stalled_rank_is_caught_as_the_quiet_reaches_the_learned_threshold(sandbox_factory,
@@ -54,7 +57,7 @@ def test_a_stalled_rank_is_caught_as_the_quiet_reaches_the_learned_threshold(san
                (runs / job_id / "moments.jsonl").read_text().splitlines()]  # fmt: skip
     [hang] = [moment for moment in moments if moment["kind"] == "hang"]
     # The ranks' last word before the hang (the teardown makes some speak again after it).
-    words = [_stamp(line) for line in logs if re.search(r" r\d/\d (out|err) ", line)]
+    words = [log_stamp(line) for line in logs if re.search(r" r\d/\d (out|err) ", line)]
     last_word = max(stamp for stamp in words if stamp <= hang["t"])
     # Caught as the quiet reached the floor (121 s alone), not minutes later.
     assert FLOOR_S <= hang["t"] - last_word <= FLOOR_S + LOOK_OVERRUN_S, hang["t"] - last_word
