@@ -337,7 +337,7 @@ class Supervisor:
     def _watch(self, child: subprocess.Popen[bytes]) -> int:
         while True:
             code = child.poll()
-            self.ranks.scan()
+            self.ranks.scan_if_due(time.monotonic())
             if code is not None:
                 return code
             if self.channel.gone():

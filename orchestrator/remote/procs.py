@@ -125,22 +125,28 @@ def owner_of(pid: int, proc: str = PROC) -> int | None:
         return None
 
 
-def job_pids(job_id: str, node: str | None, proc: str = PROC, uid: int | None = None) -> list[int]:
+def job_environs(job_id: str, node: str | None, proc: str = PROC,
+                 uid: int | None = None) -> dict[int, bytes]:  # fmt: skip
     """Every live process of the job started on this node (None: on any node of the job
     that shares this kernel) by this user (`uid`, this process's by default), this one
-    left out."""
+    left out: pid -> its environment as /proc has it (it changes when the process execs)."""
     needle = f"\0{JOB_ID_VAR}={job_id}\0".encode()
     me = os.getpid()
     user = os.getuid() if uid is None else uid
-    found = []
+    found = {}
     for pid in all_pids(proc):
         raw = _read_environ(pid, proc) if pid != me else None
         # Most processes are not the job's: look for its id before parsing anything.
         if raw is None or needle not in b"\0" + raw + b"\0":
             continue
         if started_for(parse_environ(raw), job_id, node) and owner_of(pid, proc) == user:
-            found.append(pid)
+            found[pid] = raw
     return found
+
+
+def job_pids(job_id: str, node: str | None, proc: str = PROC, uid: int | None = None) -> list[int]:
+    """The pids of job_environs."""
+    return list(job_environs(job_id, node, proc, uid))
 
 
 def stat_fields(pid: int, proc: str) -> list[str]:

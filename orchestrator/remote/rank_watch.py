@@ -50,31 +50,48 @@ class RankWatch:
     """
 
     _TIE_S = 0.3  # ranks that ended this close together are told apart by exit code
+    # A scan reads the environment of every process on the node. With pidfds it only finds
+    # new ranks (their ends wake the pidfd thread), so once a second is enough; without
+    # them it is how ends are seen.
+    _SCAN_WITH_PIDFDS_S, _SCAN_WITHOUT_S = 1.0, 0.2
 
-    def __init__(self, job_id: str, node: str) -> None:
+    def __init__(self, job_id: str, node: str, proc: str = procs.PROC) -> None:
         self.job_id = job_id
         self.node = node
+        self.proc = proc
         self.alive: dict[int, int] = {}  # pid -> rank
         self.ended: Ended = []
         self.reports: dict[int, dict] = {}  # rank -> its keeper's report, local rank added
         self._lock = threading.Lock()
         self._noted: set[int] = set()
-        self._not_ranks: set[int] = set()
+        # pid -> its environment when it was found not to be a rank. Decided again when the
+        # environment changes: a keeper's child between its fork and its exec still has the
+        # keeper's (not a rank's) and becomes the rank at the exec, under the same pid.
+        self._not_ranks: dict[int, bytes] = {}
         self._fds: dict[int, int] = {}  # pidfd -> pid
-        if hasattr(os, "pidfd_open"):
+        self._scanned_at: float | None = None
+        self._scan_every = self._SCAN_WITHOUT_S
+        if hasattr(os, "pidfd_open") and proc == procs.PROC:
+            self._scan_every = self._SCAN_WITH_PIDFDS_S
             threading.Thread(target=self._wait_for_exits, daemon=True).start()
 
+    def scan_if_due(self, now: float) -> None:
+        """Scan when the last one (monotonic clock) is old enough."""
+        if self._scanned_at is None or now - self._scanned_at >= self._scan_every:
+            self.scan()
+
     def scan(self) -> None:
+        self._scanned_at = time.monotonic()
         current = {}
-        for pid in procs.job_pids(self.job_id, self.node):
-            if pid in self._not_ranks:
+        for pid, environ in procs.job_environs(self.job_id, self.node, self.proc).items():
+            if self._not_ranks.get(pid) == environ:
                 continue
             rank = self.alive.get(pid)
             if rank is None:
-                # Decided once: a rank's child stays one when its rank is gone.
-                rank = procs.rank_at(pid)
+                # Decided once per environment: a rank's child stays one when its rank is gone.
+                rank = procs.rank_at(pid, self.proc)
                 if rank is None:
-                    self._not_ranks.add(pid)
+                    self._not_ranks[pid] = environ
                     continue
             current[pid] = rank
         with self._lock:
@@ -90,7 +107,7 @@ class RankWatch:
             self._fds[os.pidfd_open(pid)] = pid
 
     def _note(self, pid: int, rank: int) -> None:
-        code = procs.zombie_exit_code(pid)
+        code = procs.zombie_exit_code(pid, self.proc)
         with self._lock:
             if pid in self._noted:
                 return
