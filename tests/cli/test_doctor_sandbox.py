@@ -335,6 +335,15 @@ def wrapped_python(sandbox, tmp_path: Path) -> tuple[str, str, str]:
     return str(wrapper), odd, extra
 
 
+def _parity_finding(report: dict, node: str) -> dict:
+    """The node's one parity finding; beside it, on a loaded machine, at most a warning that
+    the node's shell started slowly."""
+    [finding] = [f for f in findings_for(report, node) if f["check"] == "parity"]
+    others = [f for f in findings_for(report, node) if f["check"] != "parity"]
+    assert all((f["check"], f["severity"]) == ("shell", "warning") for f in others), others
+    return finding
+
+
 def test_different_environment_on_two_nodes(sandbox, wrapped_python, tmp_path: Path) -> None:
     """The head (which runs the same interpreter path) is the reference; every difference
     is named by package, the launcher's first, and the node that has it."""
@@ -356,11 +365,11 @@ def test_different_environment_on_two_nodes(sandbox, wrapped_python, tmp_path: P
     prints = env["fingerprints"]
     assert len({prints["the head"], prints[odd], prints[extra]}) == 3
     assert prints[state.nodes[0].name] == prints[state.nodes[1].name] == prints["the head"]
-    [finding] = findings_for(report, odd)
-    assert finding["check"] == "parity" and finding["severity"] == "error"
+    finding = _parity_finding(report, odd)
+    assert finding["severity"] == "error"
     assert f"accelerate 0.0.1 ({version} on the head)" in finding["problem"]
     assert f"pip install accelerate=={version}" in finding["fix"]
-    [finding] = findings_for(report, extra)
+    finding = _parity_finding(report, extra)
     assert finding["severity"] == "warning" and "pip uninstall -y left-over" in finding["fix"]
     code, text, _ = doctor(hostfile, "--python", python, port=port, as_json=False)
     assert code == 1 and isinstance(text, str)
