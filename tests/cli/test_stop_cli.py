@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.jobs.job_printing import PipelinePrinter
 from orchestrator.outcome.states import JobState
 from orchestrator.records.job import JobRecord, finished, process_start_time
 from orchestrator.records.rundir import RunDir
@@ -154,3 +155,15 @@ def test_orch_status_says_why_the_job_stopped_and_how_each_rank_ended(
     assert "killed at the end of the 120 s grace: rank 1 on n1" in result.stdout
     doc = json.loads(orch_here(["status", "job-1", "--json"], runs).stdout)
     assert doc["stop"]["cause"] == "time-limit" and doc["stop"]["ranks"][1]["end"] == "killed"
+
+
+def test_an_allocation_ending_before_the_grace_fits_is_a_warning_with_the_numbers(capsys):
+    PipelinePrinter().slurm_limit(left=100.0, stop_after=0.0, grace=120.0)
+    said = capsys.readouterr().err
+    assert said.startswith("warning: the Slurm allocation ends in 100 s, less than the ranks' "
+                           "grace of 120 s and the teardown: they are asked to save at once")
+    assert "sbatch --time" in said and "--stop-grace" in said
+    PipelinePrinter().slurm_limit(left=3600.0, stop_after=3420.0, grace=120.0)
+    assert capsys.readouterr().err == ("the Slurm allocation ends in 3600 s: the ranks are "
+                                       "asked to save after 3420 s, their grace of 120 s "
+                                       "ending before it\n")

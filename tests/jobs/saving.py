@@ -4,38 +4,50 @@ all_reduce of the flag); each saves (`--save-seconds`, longer than a launcher's 
 limit), writes `<out>/rank<R>.saved`, and exits 0. With `--note-signal`,
 `<out>/rank<R>.signalled` holds the time its handler for the stop signal first ran.
 
-Each rank forks `--workers` children first, as a DataLoader does; a worker that gets a
-signal writes `<out>/worker<R>.<i>.<SIGNAL>` and goes on. `--slow-rank R`: rank R saves for
+Each rank reads its batches through a torch DataLoader with `--workers` worker processes
+(num_workers), as training does; a worker that gets a signal writes
+`<out>/worker<R>.<i>.<SIGNAL>` and goes on. `--slow-rank R`: rank R saves for
 `--slow-save-seconds` instead (longer than the grace).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
 
 
 def _note(path: Path) -> None:
     path.write_text(f"{time.time()}\n")
 
 
-def _worker(out: Path, rank: int, index: int) -> None:
-    """A DataLoader-like child: it notes every signal it gets, and lives until killed."""
+class _Batches(IterableDataset):
+    """One small batch after another, for as long as the rank asks."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while True:
+            yield torch.ones(4)
+
+
+def _noting_worker(out: Path, rank: int, index: int) -> None:
+    """The DataLoader's worker_init_fn: the worker notes every signal it gets and goes on
+    (a worker the stop signal ended would fail its rank's next batch)."""
+
     def noted(signum: int, _frame: object) -> None:
         _note(out / f"worker{rank}.{index}.{signal.Signals(signum).name}")
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, noted)
-    while True:
-        time.sleep(0.2)
 
 
 def main() -> int:
@@ -59,18 +71,16 @@ def main() -> int:
         asked.append(time.time())
 
     signal.signal(stop_signal, stop_asked)
-    workers = []
-    for index in range(args.workers):  # before the process group: nothing of it is copied
-        pid = os.fork()
-        if pid == 0:
-            _worker(args.out, rank, index)
-            os._exit(0)
-        workers.append(pid)
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    loader = DataLoader(_Batches(), batch_size=None, num_workers=args.workers,
+                        worker_init_fn=functools.partial(_noting_worker, args.out, rank),
+                        persistent_workers=args.workers > 0)  # fmt: skip
+    batches = iter(loader)
     world = dist.get_world_size()
     print(f"rank {rank}/{world} up, grace {os.environ.get('ORCH_STOP_GRACE')} s", flush=True)
     step = 0
     while True:
+        next(batches)
         flag = torch.tensor([1.0 if asked else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         if flag.item() > 0:
@@ -84,9 +94,7 @@ def main() -> int:
     time.sleep(args.slow_save_seconds if rank == args.slow_rank else args.save_seconds)
     _note(args.out / f"rank{rank}.saved")
     print(f"rank {rank} saved", flush=True)
-    for pid in workers:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    del batches  # its workers are told to end, and joined
     dist.destroy_process_group()
     return 0
 
