@@ -64,10 +64,10 @@ class RankWatch:
         self.reports: dict[int, dict] = {}  # rank -> its keeper's report, local rank added
         self._lock = threading.Lock()
         self._noted: set[int] = set()
-        # pid -> its environment when it was found not to be a rank. Decided again when the
-        # environment changes: a keeper's child between its fork and its exec still has the
-        # keeper's (not a rank's) and becomes the rank at the exec, under the same pid.
-        self._not_ranks: dict[int, bytes] = {}
+        # pid -> a hash of its environment when it was found not to be a rank. Decided again
+        # when the environment changes: a keeper's child between its fork and its exec still
+        # has the keeper's (not a rank's) and becomes the rank at the exec, under the same pid.
+        self._not_ranks: dict[int, int] = {}
         self._fds: dict[int, int] = {}  # pidfd -> pid
         self._scanned_at: float | None = None
         self._scan_every = self._SCAN_WITHOUT_S
@@ -83,15 +83,19 @@ class RankWatch:
     def scan(self) -> None:
         self._scanned_at = time.monotonic()
         current = {}
-        for pid, environ in procs.job_environs(self.job_id, self.node, self.proc).items():
-            if self._not_ranks.get(pid) == environ:
+        found = procs.job_environs(self.job_id, self.node, self.proc)
+        # Only the live ones are kept: a job that starts many short processes (a command
+        # run every step) must not grow the agent.
+        self._not_ranks = {pid: seen for pid, seen in self._not_ranks.items() if pid in found}
+        for pid, environ in found.items():
+            if self._not_ranks.get(pid) == hash(environ):
                 continue
             rank = self.alive.get(pid)
             if rank is None:
                 # Decided once per environment: a rank's child stays one when its rank is gone.
                 rank = procs.rank_at(pid, self.proc)
                 if rank is None:
-                    self._not_ranks[pid] = environ
+                    self._not_ranks[pid] = hash(environ)
                     continue
             current[pid] = rank
         with self._lock:

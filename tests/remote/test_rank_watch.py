@@ -62,9 +62,11 @@ def test_a_ranks_own_child_stays_none_of_the_ranks(tmp_path: Path) -> None:
     watch.scan()
     watch.scan()
     assert watch.alive == {102: 0}
+    assert set(watch._not_ranks) == {101, 103}
     _gone(proc, 103)
     watch.scan()
     assert watch.unreported() == []
+    assert set(watch._not_ranks) == {101}  # what it remembers of the others: live ones only
 
 
 def test_the_watch_loop_scans_only_when_the_last_scan_is_old_enough(tmp_path: Path) -> None:
