@@ -54,6 +54,7 @@ NODE_DIR_VAR = "ORCH_NODE_DIR"  # procs.NODE_DIR_VAR: this program runs alone on
 # rank (whose parent is that pid) from its keeper and from the rank's own children.
 KEEPER_VAR = "ORCH_RANK_KEEPER"
 CONNECT_TIMEOUT_S = 10.0
+SOCKET_PATH_MAX = 100  # rank_streams.SOCKET_PATH_MAX: AF_UNIX paths are capped at 108 bytes
 END_STREAM = "end"
 # What a launcher sends to stop its ranks, or a user to the launcher: passed on to the rank.
 FORWARDED = (
@@ -80,7 +81,14 @@ def rank_command(command: list[str], launcher_args: list[str]) -> list[str]:
 def _connect(path: str, header: dict[str, object]) -> socket.socket:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(CONNECT_TIMEOUT_S)
-    conn.connect(path)
+    if len(path.encode()) <= SOCKET_PATH_MAX:
+        conn.connect(path)
+    else:  # a node directory too deep for AF_UNIX: through a descriptor of it, as bound
+        where = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+        try:
+            conn.connect(f"/proc/self/fd/{where}/{os.path.basename(path)}")
+        finally:
+            os.close(where)
     conn.sendall(json.dumps(header).encode() + b"\n")
     conn.settimeout(None)
     conn.shutdown(socket.SHUT_RD)  # the agent never writes back

@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ except ImportError:
     from orchestrator.remote import channel, logwire
 
 RANK_SOCKET = "ranks.sock"
-_SOCKET_PATH_MAX = 100  # AF_UNIX paths are capped at 108 bytes
+SOCKET_PATH_MAX = 100  # AF_UNIX paths are capped at 108 bytes
 _HEADER_MAX = 4096
 _RAW_NAME = {"out": "stdout.raw", "err": "stderr.raw"}
 END_STREAM = "end"  # the keeper's report of its rank's end (remote/rank.py)
@@ -32,12 +31,19 @@ OnEnd = Callable[[int, int, dict], None]  # (rank, local rank, the keeper's repo
 
 
 def socket_path(directory: Path) -> str:
-    """Where the ranks reach the agent: in the node directory, or, when that path is too
-    long for a unix socket, a private directory of its own."""
-    path = str(directory / RANK_SOCKET)
-    if len(path.encode()) <= _SOCKET_PATH_MAX:
-        return path
-    return os.path.join(tempfile.mkdtemp(prefix="orch-"), RANK_SOCKET)
+    """Where the ranks reach the agent: in the node directory, however deep (unix_address)."""
+    return str(directory / RANK_SOCKET)
+
+
+def unix_address(path: str) -> tuple[str, int | None]:
+    """An AF_UNIX address for `path` (108 bytes at most): the path itself, or for a longer
+    one the same file through an open descriptor of its directory, /proc/self/fd/N/NAME
+    (the caller closes N once bound or connected). Nothing is made elsewhere, so nothing is
+    left behind by an agent that is killed; remote/rank.py connects the same way."""
+    if len(path.encode()) <= SOCKET_PATH_MAX:
+        return path, None
+    where = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{where}/{os.path.basename(path)}", where
 
 
 class RankChannels:
@@ -55,7 +61,12 @@ class RankChannels:
         self.node = node
         self.path = path
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(path)
+        address, where = unix_address(path)
+        try:
+            self.server.bind(address)
+        finally:
+            if where is not None:
+                os.close(where)
         os.chmod(path, 0o600)
         self.server.listen(256)
         self.pumps: list[threading.Thread] = []
@@ -109,10 +120,6 @@ class RankChannels:
             self.server.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-        own_dir = os.path.dirname(self.path)
-        if own_dir != str(self.directory):  # socket_path's private directory: nothing else in it
-            with contextlib.suppress(OSError):
-                os.rmdir(own_dir)
         deadline = time.monotonic() + timeout
         with self._lock:
             pumps = list(self.pumps)

@@ -16,6 +16,7 @@ import pytest
 from _agent_head import RecordingHead
 from launch_support import wait_for
 
+from orchestrator.remote import rank as rank_program
 from orchestrator.remote import rank_streams
 from orchestrator.remote.rank_streams import RankChannels
 
@@ -105,15 +106,30 @@ def test_the_agent_ends_while_a_rank_connects(tmp_path: Path, monkeypatch) -> No
     assert (tmp_path / "rank0.stdout.raw").read_bytes() == b"last words\n"
 
 
-def test_a_node_directory_too_deep_for_a_socket_leaves_no_directory_behind(tmp_path: Path) -> None:
+def test_a_node_directory_too_deep_for_a_socket_still_holds_it_and_nothing_is_made_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """Past AF_UNIX's 108 bytes the socket is bound, and a rank's keeper connects to it,
+    through a descriptor of the node directory: no private directory in /tmp, which an agent
+    that is killed would leave behind."""
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     path = rank_streams.socket_path(deep)
-    assert not path.startswith(str(deep))  # too long for AF_UNIX: a private directory instead
+    assert path == str(deep / rank_streams.RANK_SOCKET)
+    assert len(path.encode()) > rank_streams.SOCKET_PATH_MAX
+    before = set(os.listdir(tempfile.gettempdir()))
     channels = RankChannels(RecordingHead(), deep, "n1", path, lambda *_: None)  # type: ignore[arg-type]
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    header = {"rank": 0, "local_rank": 0, "pid": os.getpid(), "stream": "out"}
+    conn = rank_program._connect(path, header)
+    conn.sendall(b"from deep down\n")
+    conn.close()
+    raw = deep / "rank0.stdout.raw"
+    assert wait_for(lambda: raw.is_file() and raw.read_bytes() == b"from deep down\n", 10)
     assert channels.close(5.0) == 0
-    assert not os.path.exists(os.path.dirname(path))
-    assert deep.is_dir()  # the node directory itself stays
+    assert not os.path.exists(path) and deep.is_dir()
+    assert {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("orch-")} \
+        == set()  # fmt: skip
 
 
 def test_a_socket_in_the_node_directory_leaves_the_directory(tmp_path: Path) -> None:

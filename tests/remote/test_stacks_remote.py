@@ -223,7 +223,8 @@ def test_the_head_knows_every_kind_the_node_program_reports() -> None:
 
 def test_the_shipped_rank_programs_agree_on_their_names() -> None:
     # orch-rank and the ranks' sitecustomize each run alone (no orch to import from).
-    from orchestrator.remote import agent, procs, rank, rank_site
+    from orchestrator.remote import agent, procs, rank, rank_site, rank_streams
 
     assert rank.SITE_DIR_VAR == rank_site.SITE_DIR_VAR
     assert rank.NODE_DIR_VAR == rank_site.NODE_DIR_VAR == agent.NODE_DIR_VAR == procs.NODE_DIR_VAR
+    assert rank.SOCKET_PATH_MAX == rank_streams.SOCKET_PATH_MAX
