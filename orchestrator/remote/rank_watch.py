@@ -107,8 +107,12 @@ class RankWatch:
             self._note(pid, rank)
 
     def _watch(self, pid: int) -> None:
-        with contextlib.suppress(OSError, AttributeError):
+        try:
             self._fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            pass  # it has ended already: the scan sees it gone
+        except (OSError, AttributeError):
+            self._scan_every = self._SCAN_WITHOUT_S  # a kernel without pidfds (before 5.3)
 
     def _note(self, pid: int, rank: int) -> None:
         code = procs.zombie_exit_code(pid, self.proc)

@@ -4,6 +4,7 @@ keepers could not."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -82,3 +83,17 @@ def test_the_watch_loop_scans_only_when_the_last_scan_is_old_enough(tmp_path: Pa
     assert watch.alive == {}
     watch.scan_if_due(now + 0.5)
     assert watch.alive == {101: 0}
+
+
+def test_without_pidfds_in_the_kernel_the_scan_stays_five_times_a_second(monkeypatch) -> None:
+    """Python has os.pidfd_open, a kernel before 5.3 refuses it: ends are then seen by the
+    scan alone, which keeps its pace."""
+    watch = RankWatch(JOB, NODE)
+    assert watch._scan_every == RankWatch._SCAN_WITH_PIDFDS_S
+
+    def refused(_pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    watch._watch(os.getpid())
+    assert watch._scan_every == RankWatch._SCAN_WITHOUT_S
