@@ -131,7 +131,7 @@ _TIER_COST = {"slow": 60.0, "sandbox": 8.0, "process": 1.0, "fast": 0.05}
 _MEASURED = {
     "tests/stacks/test_quiet_work_sandbox.py": 700,
     "tests/stacks/test_learned_hang_sandbox.py": 200,
-    "tests/run/test_requeue_slurm_sandbox.py": 320, "tests/run/test_stop_sandbox.py": 310,
+    "tests/run/test_requeue_slurm_sandbox.py": 420, "tests/run/test_stop_sandbox.py": 310,
     "tests/checkpoint_copies/test_checkpoints_follow_sandbox.py": 290,
     "tests/run/test_slurm_sandbox.py": 270, "tests/stacks/test_stacks_sandbox.py": 250,
     "tests/run/test_ordinary_users_sandbox.py": 240, "tests/run/test_recovery_sandbox.py": 200,

@@ -114,15 +114,20 @@ def test_a_job_stopped_at_its_time_limit_saves_and_goes_on_in_the_next_allocatio
 ):
     state = slurm_box
     runs = tmp_path / "runs"
-    # Two minutes of allocation, a 10 s grace: the job is stopped at most 45 s after it
-    # started (the allocation's end less the grace and a minute; Slurm's warning may come
-    # sooner), long before its 100 steps of half a second are done.
-    recipe = _recipe(tmp_path, "--steps", "100", "--step-sleep", "0.5", time="2",
+    # Three minutes of allocation, a 10 s grace: the job is stopped at most 110 s after the
+    # allocation began (its end less the grace and a minute), or at Slurm's warning, which
+    # `--signal=B:USR1@70` asks for 70 s before the end and Slurm may send up to 60 s early:
+    # 50 s after the allocation began at the soonest, once the ranks run (with 2 minutes the
+    # warning could come before they had started, and nothing was saved). Long before
+    # its 240 steps of half a second are done.
+    recipe = _recipe(tmp_path, "--steps", "240", "--step-sleep", "0.5", time="3",
                      stop="stop_grace: 10\n")  # fmt: skip
     job_id, slurm_job = _submit(state, runs, recipe)
     _started_again(state, runs, job_id, slurm_job, "TimeLimit=10")
-    saved = json.loads((tmp_path / "step.json").read_text())["step"]
-    assert 0 <= saved < 100  # 0 only when Slurm's warning came before the first step
+    step_file = tmp_path / "step.json"
+    assert step_file.is_file(), _output(runs, job_id)[-3000:]
+    saved = json.loads(step_file.read_text())["step"]
+    assert 0 <= saved < 240
     record = _succeeded(state, runs, job_id)
     text = _output(runs, job_id)
     assert "2 of 2 ranks exited by themselves" in text
@@ -141,7 +146,7 @@ def test_a_job_stopped_at_its_time_limit_saves_and_goes_on_in_the_next_allocatio
     assert f"rank 0 saved at step {saved}" in first_log and " done: " not in first_log
     # ORCH_RESTART_COUNT counts on: the next allocation's ranks resume from the saved step.
     assert _resumed_at(runs, job_id, node) == f"restart 1 starts at step {saved}"
-    assert "rank 0 done: 100 steps, restart 1" in log_text(runs, job_id, node)
+    assert "rank 0 done: 240 steps, restart 1" in log_text(runs, job_id, node)
     assert record["requeue"]["by"] == "none"  # it succeeded: nothing more to requeue
     assert _restarts(state, slurm_job) == 1
     status = run_orch(["status", job_id], runs).stdout
