@@ -71,9 +71,17 @@ log "installing orch and its dependencies"
 # into the cache recipes/scripts/cpu_smoke.py uses, with the venv's ninja.
 if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     log "building DeepSpeed's CPU communication op (once per machine)"
-    PATH="$PWD/.venv/bin:$PATH" DS_ACCELERATOR=cpu \
-        TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/orch/torch_extensions}" \
-        .venv/bin/python -c 'from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)' \
+    ext_dir="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/orch/torch_extensions}"
+    # A build killed half-way leaves torch's lock file behind, and every later build (this
+    # one, a rank's) waits on it forever. A build under way holds the file open.
+    for lock in "$ext_dir"/*/*/lock; do
+        [ -e "$lock" ] || continue
+        if [ -z "$(find /proc/[0-9]*/fd -lname "$lock" 2>/dev/null | head -n 1)" ]; then
+            rm -f "$lock" && log "removed $lock, left by a build that did not finish"
+        fi
+    done
+    PATH="$PWD/.venv/bin:$PATH" DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$ext_dir" \
+        timeout 1800 .venv/bin/python -c 'from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)' \
         >/dev/null 2>&1 || log "warning: prebuilding the op failed; the first training run will build it"
 fi
 log "ready: $(.venv/bin/orch --version 2>/dev/null || echo orch) in .venv (activate: source .venv/bin/activate)"
