@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fake_proc import fake_process
 from launch_support import wait_for
 
 from orchestrator.plan.agent_command import kill_command
@@ -67,14 +68,6 @@ def test_environ_entries_are_split_at_the_first_equals_sign():
     assert procs.parse_environ(raw) == {"A": "1", "B": "x=y", "EMPTY": ""}
 
 
-def _process(proc: Path, pid: int, parent: int, env: dict[str, str], state: str = "S") -> None:
-    where = proc / str(pid)
-    where.mkdir()
-    where.joinpath("environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in env.items()))
-    rest = " ".join(["0"] * 48)  # 52 fields in all, as Linux writes them
-    where.joinpath("stat").write_text(f"{pid} (python3 x) {state} {parent} {rest}\n")
-
-
 def _job(node: str, **more: str) -> dict[str, str]:
     return {"ORCH_JOB_ID": JOB, "ORCH_NODE": node, "PATH": "/usr/bin", **more}
 
@@ -85,15 +78,15 @@ def shared_proc(tmp_path: Path) -> str:
     loader worker of rank 0; n2's launcher (200) with ranks 2 and 3; another job's rank."""
     proc = tmp_path / "proc"
     proc.mkdir()
-    _process(proc, 1, 0, {})
-    _process(proc, 100, 1, _job("n1"))
-    _process(proc, 101, 100, _job("n1", RANK="0"))
-    _process(proc, 102, 100, _job("n1", RANK="1"))
-    _process(proc, 103, 101, _job("n1", RANK="0"))  # rank 0's worker
-    _process(proc, 200, 1, _job("n2"))
-    _process(proc, 201, 200, _job("n2", RANK="2"))
-    _process(proc, 202, 200, _job("n2", RANK="3"))
-    _process(proc, 300, 1, {"ORCH_JOB_ID": "other", "ORCH_NODE": "n1", "RANK": "0"})
+    fake_process(proc, 1, 0, {})
+    fake_process(proc, 100, 1, _job("n1"))
+    fake_process(proc, 101, 100, _job("n1", RANK="0"))
+    fake_process(proc, 102, 100, _job("n1", RANK="1"))
+    fake_process(proc, 103, 101, _job("n1", RANK="0"))  # rank 0's worker
+    fake_process(proc, 200, 1, _job("n2"))
+    fake_process(proc, 201, 200, _job("n2", RANK="2"))
+    fake_process(proc, 202, 200, _job("n2", RANK="3"))
+    fake_process(proc, 300, 1, {"ORCH_JOB_ID": "other", "ORCH_NODE": "n1", "RANK": "0"})
     (proc / "self").mkdir()  # not a pid
     return str(proc)
 
@@ -107,7 +100,7 @@ def test_each_node_finds_only_its_own_processes_of_the_job(shared_proc):
 def test_another_users_process_with_the_jobs_id_is_not_the_jobs(shared_proc):
     # An agent running as root, and another user's process that carries the job's id and a
     # RANK: it is neither the job's process nor one of its ranks.
-    _process(Path(shared_proc), 400, 1, _job("n1", RANK="5"))
+    fake_process(Path(shared_proc), 400, 1, _job("n1", RANK="5"))
     Path(shared_proc, "400", "status").write_text("Name:\tx\nUid:\t65534\t65534\t65534\t65534\n")
     assert sorted(procs.job_pids(JOB, "n1", shared_proc)) == [100, 101, 102, 103]
     assert procs.job_ranks(JOB, "n1", shared_proc) == [(0, 101), (1, 102)]
@@ -127,13 +120,13 @@ def test_each_node_finds_only_its_own_ranks(shared_proc):
 def test_an_ended_rank_s_exit_code_is_read_until_it_is_reaped(tmp_path):
     proc = tmp_path / "proc"
     proc.mkdir()
-    _process(proc, 5, 1, {}, state="Z")
+    fake_process(proc, 5, 1, {}, state="Z")
     stat = proc / "5" / "stat"
     for status, code in ((7 << 8, 7), (15, -15), (0, 0)):
         fields = stat.read_text().split()
         stat.write_text(" ".join([*fields[:-1], str(status)]) + "\n")
         assert procs.zombie_exit_code(5, str(proc)) == code
-    _process(proc, 6, 1, {})
+    fake_process(proc, 6, 1, {})
     assert procs.zombie_exit_code(6, str(proc)) is None  # still running
     assert procs.zombie_exit_code(7, str(proc)) is None  # reaped
 

@@ -8,18 +8,12 @@ import os
 import time
 from pathlib import Path
 
+from _fake_proc import fake_process
+
 from orchestrator.remote import procs
 from orchestrator.remote.rank_watch import RankWatch
 
 JOB, NODE = "job-1", "n1"
-
-
-def _process(proc: Path, pid: int, parent: int, env: dict[str, str]) -> None:
-    where = proc / str(pid)
-    where.mkdir(exist_ok=True)
-    where.joinpath("environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in env.items()))
-    rest = " ".join(["0"] * 48)
-    where.joinpath("stat").write_text(f"{pid} (python3) S {parent} {rest}\n")
 
 
 def _env(**more: str) -> dict[str, str]:
@@ -38,13 +32,13 @@ def test_a_keepers_child_seen_before_its_exec_is_its_rank_after_it(tmp_path: Pat
     is killed with its keeper (no report from it), its end is still told."""
     proc = tmp_path / "proc"
     proc.mkdir()
-    _process(proc, 100, 1, _env())  # the launcher
-    _process(proc, 101, 100, _env(RANK="2"))  # rank 2's keeper
-    _process(proc, 102, 101, _env(RANK="2"))  # its child, not exec'd yet
+    fake_process(proc, 100, 1, _env())  # the launcher
+    fake_process(proc, 101, 100, _env(RANK="2"))  # rank 2's keeper
+    fake_process(proc, 102, 101, _env(RANK="2"))  # its child, not exec'd yet
     watch = RankWatch(JOB, NODE, str(proc))
     watch.scan()
     assert watch.alive == {}
-    _process(proc, 102, 101, _env(RANK="2", **{procs.KEEPER_VAR: "101"}))  # the exec
+    fake_process(proc, 102, 101, _env(RANK="2", **{procs.KEEPER_VAR: "101"}))  # the exec
     watch.scan()
     assert watch.alive == {102: 2}
     _gone(proc, 102)
@@ -56,9 +50,9 @@ def test_a_keepers_child_seen_before_its_exec_is_its_rank_after_it(tmp_path: Pat
 def test_a_ranks_own_child_stays_none_of_the_ranks(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     proc.mkdir()
-    _process(proc, 101, 1, _env(RANK="0"))
-    _process(proc, 102, 101, _env(RANK="0", **{procs.KEEPER_VAR: "101"}))
-    _process(proc, 103, 102, _env(RANK="0", **{procs.KEEPER_VAR: "101"}))  # a data loader
+    fake_process(proc, 101, 1, _env(RANK="0"))
+    fake_process(proc, 102, 101, _env(RANK="0", **{procs.KEEPER_VAR: "101"}))
+    fake_process(proc, 103, 102, _env(RANK="0", **{procs.KEEPER_VAR: "101"}))  # a data loader
     watch = RankWatch(JOB, NODE, str(proc))
     watch.scan()
     watch.scan()
@@ -78,7 +72,7 @@ def test_the_watch_loop_scans_only_when_the_last_scan_is_old_enough(tmp_path: Pa
     watch = RankWatch(JOB, NODE, str(proc))
     now = time.monotonic()
     watch.scan_if_due(now)
-    _process(proc, 101, 1, _env(RANK="0", **{procs.KEEPER_VAR: "1"}))
+    fake_process(proc, 101, 1, _env(RANK="0", **{procs.KEEPER_VAR: "1"}))
     watch.scan_if_due(now + 0.05)
     assert watch.alive == {}
     watch.scan_if_due(now + 0.5)
