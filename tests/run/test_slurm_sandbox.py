@@ -27,6 +27,8 @@ from launch_support import (
     wait_for,
 )
 
+from orchestrator.sandbox.slurm import KILL_WAIT_S, slurm_dir
+
 pytestmark = pytest.mark.sandbox
 STEPPING = str(REPO / "tests" / "jobs" / "stepping.py")
 
@@ -53,6 +55,30 @@ def _in_allocation(state, runs: Path, orch_args: list[str], *, nodes: int = 2,
 
 def _queue(state) -> str:
     return _slurm(state, "squeue", "-h", "-o", "%i %T").stdout.strip()
+
+
+# Slurm's own bound on a job's end: TERM, KillWait, KILL, then up to UnkillableStepTimeout
+# (60 s by default) for the step's processes to go before it calls the node broken.
+RELEASE_S = KILL_WAIT_S + 60
+
+
+def _released(state, within: float = RELEASE_S) -> None:
+    """The allocation is given back, past Slurm's COMPLETING, within `within` seconds; else
+    the failure says what Slurm still holds: the job, its steps, what the nodes' slurmd
+    last did and which processes the steps still have."""
+    if wait_for(lambda: _queue(state) == "", within):
+        return
+    jobs = _queue(state)
+    said = [f"queue: {jobs}", _slurm(state, "squeue", "-h", "-s").stdout]
+    for line in jobs.splitlines():
+        said.append(_slurm(state, "scontrol", "show", "job", "-d", line.split()[0]).stdout)
+    for log in sorted(slurm_dir(Path(state.directory)).glob("*/slurmd.log")):
+        said.append(f"{log}:\n" + "".join(log.read_text().splitlines(True)[-25:]))
+    tree = subprocess.run(["ps", "-eo", "pid,ppid,stat,etimes,args", "--forest"],
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    said.append("\n".join(line for line in tree.stdout.splitlines()
+                          if "slurmstepd" in line or "orch" in line))  # fmt: skip
+    pytest.fail("\n".join(said))
 
 
 def _launch(launcher: str, *script_args: str) -> list[str]:
@@ -113,7 +139,7 @@ def test_launch_inside_salloc_runs_every_rank_through_one_srun_step(
                 assert line in log, _where_lost(tmp_path / job_id, node, rank, result.stderr)
     # salloc's allocation is over, nothing queued (once Slurm's cleanup has run: "COMPLETING"
     # lasts a moment on a busy machine, as for any step)
-    assert wait_for(lambda: _queue(state) == "", 60), _queue(state)
+    _released(state)
 
 
 def _where_lost(run: Path, node: str, rank: int, stderr: str) -> str:
@@ -140,7 +166,7 @@ def test_a_rank_exiting_7_ends_the_job_with_7_and_a_clean_allocation(slurm_sandb
     assert "first failure: " in result.stderr and "rank 3" in result.stderr
     for node in _names(state):
         assert job_processes(node, job_id) == []
-    assert wait_for(lambda: _queue(state) == "", 60), _queue(state)  # past COMPLETING
+    _released(state)
 
 
 def test_under_srun_the_rank_that_exits_first_is_named_with_its_own_code(slurm_sandbox,
@@ -157,7 +183,7 @@ def test_under_srun_the_rank_that_exits_first_is_named_with_its_own_code(slurm_s
     assert roles == {3: "cause", 0: "consequence", 1: "consequence", 2: "consequence"}
     second = record["hosts"][1]
     assert f"first failure: {second} rank 3: exited with code 7" in result.stderr
-    assert wait_for(lambda: _queue(state) == "", 30)
+    _released(state)
 
 
 def test_srun_refusing_the_step_is_reported_in_its_words(slurm_sandbox, tmp_path):
@@ -267,7 +293,7 @@ def test_kill_of_a_batch_job_leaves_nothing_running(slurm_sandbox, tmp_path):
     assert killed.returncode == 0, killed.stderr
     assert "cancelled" in killed.stderr
     assert time.monotonic() - started < 60
-    assert wait_for(lambda: _queue(state) == "", 60), _queue(state)  # past COMPLETING
+    _released(state)
     for node in names:
         assert job_processes(node, job_id) == []
     assert _status(state, tmp_path, job_id)["state"] == "killed"
@@ -305,7 +331,7 @@ def test_a_head_killed_with_9_leaves_no_rank_running_on_any_node(slurm_sandbox, 
         salloc.kill()
     # Slurm ends the allocation after its KillWait (30 s here) and its epilog: more on a
     # loaded machine.
-    assert wait_for(lambda: _queue(state) == "", 90)
+    _released(state)
 
 
 def test_doctor_inside_salloc_checks_the_allocations_nodes_over_ssh(slurm_sandbox, tmp_path):
@@ -363,7 +389,7 @@ def test_a_crash_under_srun_keeps_where_the_survivors_stood(slurm_sandbox, tmp_p
     assert "every running rank's stack:" in result.stderr
     for node in record["hosts"]:
         assert job_processes(node, job_id) == [], f"job left running on {node}"
-    assert wait_for(lambda: _queue(state) == "", 60), _queue(state)  # past COMPLETING
+    _released(state)
 
 
 def test_ranks_see_the_job_but_not_orchs_own_srun_step(slurm_sandbox, tmp_path):
