@@ -27,6 +27,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from job_end import end
 
 
 def load_batch(rank: int, index: int) -> None:
@@ -100,4 +101,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())

@@ -1,12 +1,6 @@
 """A small real data-parallel training job (torch.distributed over gloo, on CPU) that says
 which environment runs it. Gradients are averaged with all_reduce by hand.
 
-It ends with os._exit: in about 1 run in 6 in the sandbox (with the head's own venv too),
-a rank aborted as Python exited, after destroy_process_group ("terminate called without an
-active exception"). Its core showed gloo's worker thread dropping a collective's work, whose
-tensors it had to hand back to Python, while the main thread finalized the interpreter: the
-worker could not take the GIL and was unwound through a noexcept destructor.
-
 Every rank prints `rank R/W prefix=<sys.prefix> executable=<sys.executable>`, fits y = 3x - 1
 with a tiny MLP for `--steps` steps on its shard of synthetic data, and rank 0 prints the
 final loss, which must have fallen.
@@ -15,11 +9,11 @@ final loss, which must have fallen.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import torch.distributed as dist
+from job_end import end
 from torch import nn
 
 
@@ -56,7 +50,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # not through the interpreter's exit: see above
+    end(main())  # not through the interpreter's exit: see job_end.py

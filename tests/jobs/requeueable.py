@@ -20,11 +20,11 @@ import argparse
 import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
+from job_end import end
 from resumable import resume_step, save_step  # beside this file: its checkpoint's format
 
 
@@ -87,4 +87,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())

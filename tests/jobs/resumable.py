@@ -18,6 +18,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from job_end import end
+
 
 def _tick_until(stop: threading.Event) -> None:
     """A progress frame every second while torch loads and the group forms: start-up is no
@@ -82,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    end(main())

@@ -16,7 +16,6 @@ import argparse
 import functools
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from job_end import end
 from torch.utils.data import DataLoader, IterableDataset
 
 
@@ -100,4 +100,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())

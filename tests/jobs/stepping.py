@@ -30,13 +30,13 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 import tempfile
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from job_end import end
 
 
 def compute(seconds: float, duty: float = 1.0) -> None:
@@ -176,4 +176,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from job_end import end
 from tqdm import tqdm
 
 
@@ -35,4 +36,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())
