@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     ORCH,
+    RESULTS_DIR,
     ROOT,
     command_line,
     head_env,
@@ -143,6 +145,10 @@ def main() -> int:
             for _ in range(reps):
                 with tempfile.TemporaryDirectory(prefix="orch-bench-hang-") as base:
                     result = run_once(state.hostfile, name, Path(base))
+                    if not result["ok"]:  # what orch said and recorded, for reading later
+                        kept = RESULTS_DIR / f"hang-failed-{name}-{len(results)}"
+                        shutil.copytree(base, kept, symlinks=True, dirs_exist_ok=True)
+                        result["log"] = str(kept / "launch.out")
                 print(f"  {name}: exit {result['exit_code']}, stall to exit "
                       f"{result['stall_to_exit_s']} s, rank {result['rank_named']}, "
                       f"{result['looks_found_working']} look(s) found work")  # fmt: skip
