@@ -163,9 +163,10 @@ def parent_of(pid: int, proc: str = PROC) -> int:
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
 
 
-def rank_at(pid: int, proc: str = PROC) -> int | None:
-    """The rank process `pid` is (own_rank's rule), or None."""
-    env = environ_of(pid, proc)
+def rank_at(pid: int, proc: str = PROC, environ: bytes | None = None) -> int | None:
+    """The rank process `pid` is (own_rank's rule), or None; `environ`: its environment as
+    already read from /proc."""
+    env = environ_of(pid, proc) if environ is None else parse_environ(environ)
     if _rank_in(env) is None:
         return None
     parent = parent_of(pid, proc)

@@ -70,10 +70,14 @@ class RankWatch:
         self._not_ranks: dict[int, int] = {}
         self._fds: dict[int, int] = {}  # pidfd -> pid
         self._scanned_at: float | None = None
-        self._scan_every = self._SCAN_WITHOUT_S
-        if hasattr(os, "pidfd_open") and proc == procs.PROC:
-            self._scan_every = self._SCAN_WITH_PIDFDS_S
+        # Where the kernel gives pidfds (Linux >= 5.3) for the real /proc, they tell the ends.
+        self._pidfds = hasattr(os, "pidfd_open") and proc == procs.PROC
+        if self._pidfds:
             threading.Thread(target=self._wait_for_exits, daemon=True).start()
+
+    @property
+    def _scan_every(self) -> float:
+        return self._SCAN_WITH_PIDFDS_S if self._pidfds else self._SCAN_WITHOUT_S
 
     def scan_if_due(self, now: float) -> None:
         """Scan when the last one (monotonic clock) is old enough."""
@@ -93,7 +97,7 @@ class RankWatch:
             rank = self.alive.get(pid)
             if rank is None:
                 # Decided once per environment: a rank's child stays one when its rank is gone.
-                rank = procs.rank_at(pid, self.proc)
+                rank = procs.rank_at(pid, self.proc, environ)
                 if rank is None:
                     self._not_ranks[pid] = hash(environ)
                     continue
@@ -107,12 +111,14 @@ class RankWatch:
             self._note(pid, rank)
 
     def _watch(self, pid: int) -> None:
+        if not self._pidfds:
+            return
         try:
             self._fds[os.pidfd_open(pid)] = pid
         except ProcessLookupError:
             pass  # it has ended already: the scan sees it gone
-        except (OSError, AttributeError):
-            self._scan_every = self._SCAN_WITHOUT_S  # a kernel without pidfds (before 5.3)
+        except OSError:
+            self._pidfds = False  # a kernel without pidfds (before 5.3): the scan sees ends
 
     def _note(self, pid: int, rank: int) -> None:
         code = procs.zombie_exit_code(pid, self.proc)
