@@ -21,15 +21,12 @@ from typing import Any
 from orchestrator.checkpoints.model import NodeScan
 from orchestrator.checkpoints.placement import CopyOrder
 from orchestrator.checkpoints.staging import Fetch, Restore
-from orchestrator.errors import OrchError
-from orchestrator.nodes.srun import StepError
-from orchestrator.nodes.transport import NodeAccess, NodeTransport, StartedCommand
+from orchestrator.nodes.transport import NodeTransport, StartedCommand
 from orchestrator.pernode import NodeResult, failed, for_each_node, succeeded
 from orchestrator.plan.agent_command import program_command
 from orchestrator.remote.checkpoint_node import CHECKPOINT_PARTS
 from orchestrator.remote.envpush_relay import Hop
 from orchestrator.specs.checkpoints import CheckpointSettings
-from orchestrator.ssh import CommandResult
 
 SCAN_TIMEOUT_S = 60.0  # a scan lists PATH and orch's copies: no hashing
 HASH_TIMEOUT_S = 3600.0  # a scan that reads the job's last checkpoints whole, at its end
@@ -65,46 +62,58 @@ class Staged:
     set_aside: tuple[str, ...] = ()  # newer entries moved out of the framework's sight
 
 
-class _Sessions:
-    """One open session per node for the scans repeated every few seconds while a job runs:
-    a login per node per scan would cost the head a key exchange each time. A session that
-    fails is dropped and the command tried once on a new one."""
+class _Scanners:
+    """One scanning program left running on each node (the checkpoint program's `scans`
+    step) for the scans repeated every few seconds while a job runs: a program started per
+    scan would cost each node a shell and a Python start every time, CPU the ranks beside it
+    lose. A scanner that fails (gone, late, garbled) is closed and the scan asked once of a
+    new one."""
 
-    def __init__(self, transport: NodeTransport) -> None:
-        self.transport = transport
-        self._open: dict[str, NodeAccess] = {}
+    def __init__(self, transport: NodeTransport, command: str) -> None:
+        self.transport, self.command = transport, command
+        self._open: dict[str, StartedCommand] = {}
         self._lock = threading.Lock()
 
-    def run(self, node: str, command: str, timeout: float,
-            stdin: bytes) -> NodeResult[CommandResult]:  # fmt: skip
+    def ask(self, node: str, request: bytes, timeout: float) -> NodeResult[dict[str, Any]]:
         problem = ""
         for _ in range(2):
             with self._lock:
-                session = self._open.pop(node, None)
+                scanner = self._open.pop(node, None)
+            if scanner is None:
+                started = self.transport.start(node, self.command, timeout=CONNECT_TIMEOUT_S)
+                if started.value is None:
+                    problem = started.problem or "the scanner did not start"
+                    continue
+                scanner = started.value
             try:
-                if session is None:
-                    session = self.transport.session(node, timeout=CONNECT_TIMEOUT_S)
-                result = session.run(command, timeout, stdin)
-            except (OrchError, StepError, OSError) as err:
-                _close(session)
-                problem = str(err) or type(err).__name__
+                scanner.send(request)
+                answer = _answer(scanner.read_line(timeout))
+            except OSError as err:
+                answer, problem = None, str(err) or type(err).__name__
+            if answer is None:
+                problem = problem or _why_ended(scanner, timeout)
+                scanner.close()
                 continue
             with self._lock:
-                self._open[node] = session
-            return succeeded(node, result)
+                self._open[node] = scanner
+            return succeeded(node, answer)
         return failed(node, problem if node in problem else f"{node}: {problem}")
 
     def close(self) -> None:
         with self._lock:
-            sessions, self._open = list(self._open.values()), {}
-        for session in sessions:
-            _close(session)
+            scanners, self._open = list(self._open.values()), {}
+        for scanner in scanners:
+            with contextlib.suppress(Exception):  # a dead connection: nothing to keep
+                scanner.close()
 
 
-def _close(session: NodeAccess | None) -> None:
-    if session is not None:
-        with contextlib.suppress(Exception):  # closing a dead connection: nothing to keep
-            session.__exit__(None, None, None)
+def _why_ended(scanner: StartedCommand, timeout: float) -> str:
+    """Why a scanner gave no answer: what it said on stderr as it ended, or that it was
+    late."""
+    ended = scanner.wait(2.0)
+    if ended.value is None:
+        return f"no answer within {timeout:.0f} s"
+    return str(_last_answer(b"", ended.value.stderr).get("error"))
 
 
 class CheckpointNodes:
@@ -114,11 +123,11 @@ class CheckpointNodes:
                  settings: CheckpointSettings, node_root: str = "") -> None:  # fmt: skip
         self.transport, self.python, self.job_id = transport, python, job_id
         self.settings, self.node_root = settings, node_root
-        self._sessions = _Sessions(transport)
+        self._scanners = _Scanners(transport, checkpoint_command(python, "scans"))
 
     def close(self) -> None:
-        """The scans' sessions closed (after an attempt: its nodes may not all be kept)."""
-        self._sessions.close()
+        """The scanners closed (after an attempt: its nodes may not all be kept)."""
+        self._scanners.close()
 
     def _request(self, node: str, **fields: Any) -> dict[str, Any]:
         return {"dir": self.settings.dir, "job_id": self.job_id, "node_root": self.node_root,
@@ -135,11 +144,10 @@ class CheckpointNodes:
     def _scan_one(self, node: str, fields: Mapping[str, Any]) -> NodeResult[NodeScan]:
         request = self._request(node, **fields)
         timeout = HASH_TIMEOUT_S if fields.get("hash") else SCAN_TIMEOUT_S
-        result = self._sessions.run(node, checkpoint_command(self.python, "scan"),
-                                    timeout, _line(request))  # fmt: skip
-        if result.value is None:
+        result = self._scanners.ask(node, _line(request), timeout)
+        answer = result.value
+        if answer is None:
             return failed(node, result.problem or f"{node}: no answer", result.hint, result.kind)
-        answer = _last_answer(result.value.stdout, result.value.stderr)
         if not answer.get("ok"):
             return failed(node, str(answer.get("error") or f"{node}: the scan failed"))
         try:

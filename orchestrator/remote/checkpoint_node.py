@@ -8,7 +8,9 @@ Run inline by the head (`python -c <shipped source> STEP`), with its parts loade
 answer; a failure is {"ok": false, "error"} naming the node, the path and what to do
 (checkpoint_step.py). The steps, one part each:
 
-- scan, prune: what the node holds for the job (checkpoint_scan.py);
+- scan, prune: what the node holds for the job (checkpoint_scan.py); `scans` answers one
+  scan per request line until stdin ends, for the scans repeated every few seconds while
+  a job runs (no shell and no Python started per scan);
 - send, receive: a part copied from node to node (checkpoint_transfer.py, over the wire of
   checkpoint_stream.py);
 - stage: a whole checkpoint into PATH before a restart (checkpoint_stage.py);
@@ -77,18 +79,25 @@ def _run(step: str, request: Any) -> steps.Answer:
     return talk(request, _route_then_watch(gone), _say, gone)
 
 
+def _answer(step: str, line: str) -> steps.Answer:
+    try:
+        return _run(step, json.loads(line or "null"))
+    except Exception as err:  # the head reads one JSON line, never a traceback
+        return {"ok": False, "error": f"on {socket.gethostname()}: {step} failed: "
+                f"{type(err).__name__}: {err}"}  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     step = argv[0] if argv else ""
+    if step == "scans":
+        for line in iter(sys.stdin.readline, ""):  # a line at a time, until the head closes it
+            _say(_answer("scan", line))
+        return 0
     if step not in ("scan", "send", "receive", "stage", "prune"):
-        _say({"ok": False, "error": f"unknown step {step!r}: scan, send, receive, stage or "
-              "prune (run a matching orch)"})  # fmt: skip
+        _say({"ok": False, "error": f"unknown step {step!r}: scan, scans, send, receive, "
+              "stage or prune (run a matching orch)"})  # fmt: skip
         return 2
-    try:
-        request = json.loads(sys.stdin.readline() or "null")
-        answer = _run(step, request)
-    except Exception as err:  # the head reads one JSON line, never a traceback
-        answer = {"ok": False, "error": f"on {socket.gethostname()}: {step} failed: "
-                  f"{type(err).__name__}: {err}"}  # fmt: skip
+    answer = _answer(step, sys.stdin.readline())
     _say(answer)
     return 0 if answer.get("ok") else 1
 

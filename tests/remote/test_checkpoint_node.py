@@ -47,3 +47,33 @@ def test_the_shipped_program_scans_and_prunes(tmp_path: Path) -> None:
     assert [entry["name"] for entry in scanned["entries"]] == ["global_step10"]
     assert not broken["ok"] and "'dir'" in broken["error"]
     assert pruned == {"ok": True, "removed": []}
+
+
+@pytest.mark.process
+def test_the_shipped_scanner_answers_a_scan_per_line_until_its_stdin_ends(
+    tmp_path: Path,
+) -> None:
+    top, node_root = tmp_path / "ckpt", tmp_path / "orch"
+    tree(top, PART)
+    code = boot_code(boot_blob(CHECKPOINT_PARTS, "checkpoint_node"))
+    pipe = subprocess.PIPE
+    scanner = subprocess.Popen([sys.executable, "-c", code, "scans"], stdin=pipe, stdout=pipe,
+                               stderr=pipe, text=True)  # fmt: skip
+    request = {"dir": str(top), "job_id": JOB, "node": "n1", "node_root": str(node_root)}
+    try:
+        assert scanner.stdin is not None and scanner.stdout is not None
+        answers = []
+        for ask in (request, {"job_id": JOB}, request):  # one at a time, as the head asks
+            scanner.stdin.write(json.dumps(ask) + "\n")
+            scanner.stdin.flush()
+            answers.append(json.loads(scanner.stdout.readline()))
+        scanner.stdin.close()
+        assert scanner.wait(30) == 0
+        assert scanner.stderr is not None and scanner.stderr.read() == ""
+    finally:
+        scanner.kill()
+        scanner.wait(10)
+    first, broken, again = answers
+    assert [entry["name"] for entry in first["entries"]] == ["global_step10"]
+    assert not broken["ok"] and "'dir'" in broken["error"]  # a bad request: the scanner goes on
+    assert again["entries"] == first["entries"]
