@@ -39,7 +39,6 @@ class HangWatch:
         self._inconclusive = 0  # looks in a row that could not read the whole job
         self._next_look_at = 0.0  # an inconclusive look is taken again after a pause
         self.quiet_work: list[QuietLooked] = []  # looks that found a quiet job working
-        self.hung_under: Threshold | None = None  # the threshold a hang went beyond
 
     def output(self, at: float, *, stepping: bool) -> None:
         self.pace.output(at, stepping=stepping)
@@ -75,12 +74,11 @@ class HangWatch:
         return self.pace.threshold()
 
     def record(self) -> dict[str, object] | None:
-        """For the record: the threshold in force at the end (at the hang, for a hung job),
-        where it came from, and what the looks that found a quiet job working saw (the last
-        few)."""
-        threshold = self.hung_under or self.threshold
-        if threshold is None:
+        """For the record: the threshold the job learned by its end, where it came from, and
+        what the looks that found a quiet job working saw (the last few)."""
+        if self.threshold is None:
             return None
+        threshold = self.pace.threshold(with_spell=True)
         work = [looked.finding.summary() for looked in self.quiet_work[-5:]]
         return {**threshold.to_json(), "quiet_work": work}
 
@@ -88,12 +86,6 @@ class HangWatch:
         """The hang, once the job has been quiet beyond the threshold and a look found no
         rank working; meanwhile asks for that look (`look_wanted`). `finished`: every rank
         is done, which is quiet, not hung."""
-        failure = self._hung(now, quiet_since, finished)
-        if failure is not None and self.hung_under is None:
-            self.hung_under = self.threshold  # what the teardown's output makes of it is not
-        return failure
-
-    def _hung(self, now: float, quiet_since: float | None, finished: bool) -> Failure | None:
         threshold = self.threshold
         if threshold is None or quiet_since is None or finished:
             return None

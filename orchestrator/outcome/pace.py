@@ -92,8 +92,9 @@ class HangPace:
             self._p95_of = (self.outputs, ordered[at])
         return self._p95_of[1]
 
-    def threshold(self) -> Threshold:
-        """The threshold in force: a quiet spell found working counts once it is over."""
+    def threshold(self, *, with_spell: bool = False) -> Threshold:
+        """The threshold in force; `with_spell`: as the spell under way, were it over, would
+        make it (what the job has learned, for the record)."""
         if self.given is not None:
             return Threshold(self.given, "given")
         p95 = self.gap_p95()
@@ -103,8 +104,9 @@ class HangPace:
             own = len(self.gaps) >= MIN_GAPS
             learned = f"learned from {self.outputs} outputs" if own else "an earlier attempt's pace"
             candidates = [Threshold(self.floor, "floor"), Threshold(PACE_FACTOR * p95, learned)]
-        if self.longest_work:
-            candidates.append(Threshold(WORK_FACTOR * self.longest_work, "quiet work seen"))
+        work = max(self.longest_work, self.spell_work) if with_spell else self.longest_work
+        if work:
+            candidates.append(Threshold(WORK_FACTOR * work, "quiet work seen"))
         return max(candidates, key=lambda t: t.seconds)
 
     def seed_for_next(self) -> PaceSeed:

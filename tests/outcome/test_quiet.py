@@ -237,8 +237,7 @@ def test_a_job_working_without_a_word_is_looked_at_a_threshold_apart_and_its_han
     assert failure.reason.startswith(f"hang: no rank wrote anything for {at} s (a look found "
                                      "work 31 s ago; beyond 30 s: start-up floor) and none is "
                                      "working (")  # fmt: skip
-    _feed(verdict, RankOutput(float(at + 1)))  # the teardown makes the ranks speak
-    assert verdict.hangs.record()["source"] == "start-up floor"  # in force when it hung
+    assert verdict.hangs.record()["source"] == "quiet work seen"  # what the job learned
 
 
 def test_a_rank_that_speaks_after_a_look_found_none_working_is_not_hung():

@@ -294,10 +294,6 @@ def test_a_job_working_without_a_word_then_stalling_is_caught_a_look_after(runni
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert max(gaps) <= 8 + LOOK_OVERRUN_S, gaps
     assert (hang["node"], hang["rank"]) == (nodes[1], 3)
-    record = json.loads((runs / job_id / "job.json").read_text())
-    watch = record["hang_watch"]  # in force when it hung: the spell never ended
-    assert (watch["seconds"], watch["source"]) == (8, "start-up floor"), watch
-    assert any(said.startswith("rank 3 computing in compute (") for said in watch["quiet_work"])
     _nothing_left(nodes, job_id)
 
 
