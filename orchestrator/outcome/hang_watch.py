@@ -5,8 +5,7 @@ once a look at every rank (outcome/quiet.py) finds none working; the look is ask
 seconds before the quiet reaches the threshold (LOOK_LEAD_S, at most a tenth of it), so that
 a hang is decided when the threshold is reached, not a look later. A rank's output after
 the look was asked for makes the look count for nothing; a look that found a rank working
-counts the silence again from its end (the next look comes a threshold later) and, once the
-spell is over, raises the learned threshold above it.
+counts the silence again from its end and raises the learned threshold above the spell.
 """
 
 from __future__ import annotations
@@ -74,11 +73,11 @@ class HangWatch:
         return self.pace.threshold()
 
     def record(self) -> dict[str, object] | None:
-        """For the record: the threshold the job learned by its end, where it came from, and
-        what the looks that found a quiet job working saw (the last few)."""
-        if self.threshold is None:
+        """For the record: the threshold in force at the end, where it came from, and what
+        the looks that found a quiet job working saw (the last few)."""
+        threshold = self.threshold
+        if threshold is None:
             return None
-        threshold = self.pace.threshold(with_spell=True)
         work = [looked.finding.summary() for looked in self.quiet_work[-5:]]
         return {**threshold.to_json(), "quiet_work": work}
 
@@ -95,8 +94,7 @@ class HangWatch:
         if quiet <= limit - look_lead(limit, look_seconds):
             return None
         beyond = quiet > limit
-        said = f"hang: no rank wrote anything for {now - quiet_since:.0f} s"
-        said += _why_now(threshold, quiet if worked_at > quiet_since else None)
+        said = f"hang: no rank wrote anything for {now - quiet_since:.0f} s{_beyond(threshold)}"
         if look_seconds <= 0:
             return Failure("", said, HANG_EXIT_CODE, kind=FailureKind.HANG) if beyond else None
         if self.hung_finding is not None:
@@ -111,10 +109,8 @@ class HangWatch:
         return None
 
 
-def _why_now(threshold: Threshold, since_work: float | None) -> str:
-    """When a look last found the job working in this quiet, and which threshold the quiet
-    went beyond, when it was not given."""
-    parts = [] if since_work is None else [f"a look found work {since_work:.0f} s ago"]
-    if threshold.source != "given":
-        parts.append(f"beyond {threshold.seconds:.0f} s: {threshold.source}")
-    return f" ({'; '.join(parts)})" if parts else ""
+def _beyond(threshold: Threshold) -> str:
+    """Which threshold the silence went beyond, when it was not given."""
+    if threshold.source == "given":
+        return ""
+    return f" (beyond {threshold.seconds:.0f} s: {threshold.source})"

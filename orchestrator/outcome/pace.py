@@ -6,11 +6,9 @@ floor. Until the job has shown a pace (MIN_GAPS gaps once a rank has shown a ste
 progress bar's count, a `step N` line) it is starting: imports, data preparation, the
 rendezvous and a first compiled step may be quiet for long, and launchers print dozens of
 lines before any step, so the start-up floor holds. A quiet spell a look found to be work (an
-evaluation, a checkpoint), once it has ended, raises the threshold above it, so the next
-one is not looked at as often; while it lasts, the looks come a threshold apart, so a job
-that works without a word for hours and then hangs is caught as soon as any other, not a
-time growing with its age. Either way, quiet is only a hang once a look finds no rank
-working (outcome/quiet.py).
+evaluation, a checkpoint) raises the threshold above it, so the next one is not looked at
+as often. Either way, quiet is only a hang once a look finds no rank working
+(outcome/quiet.py).
 """
 
 from __future__ import annotations
@@ -54,8 +52,7 @@ class HangPace:
     gaps: list[float] = field(default_factory=list)
     outputs: int = 0
     last_output_at: float | None = None
-    longest_work: float = 0.0  # the longest quiet spell found working, once it ended
-    spell_work: float = 0.0  # how long the quiet spell under way was found working
+    longest_work: float = 0.0
     stepped: bool = False  # a rank has shown a step: the start-up is over
     # The percentile of the gaps as last sorted, and how many outputs it counted: the
     # verdict asks for the threshold at every event, the gaps change only with an output.
@@ -74,12 +71,9 @@ class HangPace:
         self.last_output_at = at if last is None else max(at, last)
         self.stepped = self.stepped or stepping
         self.outputs += 1
-        self.longest_work = max(self.longest_work, self.spell_work)  # the spell is over
-        self.spell_work = 0.0
 
     def worked(self, quiet_seconds: float) -> None:
-        """A look found the job working `quiet_seconds` into the quiet spell under way."""
-        self.spell_work = max(self.spell_work, quiet_seconds)
+        self.longest_work = max(self.longest_work, quiet_seconds)
 
     def gap_p95(self) -> float | None:
         if not self.stepped:
@@ -92,9 +86,7 @@ class HangPace:
             self._p95_of = (self.outputs, ordered[at])
         return self._p95_of[1]
 
-    def threshold(self, *, with_spell: bool = False) -> Threshold:
-        """The threshold in force; `with_spell`: as the spell under way, were it over, would
-        make it (what the job has learned, for the record)."""
+    def threshold(self) -> Threshold:
         if self.given is not None:
             return Threshold(self.given, "given")
         p95 = self.gap_p95()
@@ -104,11 +96,10 @@ class HangPace:
             own = len(self.gaps) >= MIN_GAPS
             learned = f"learned from {self.outputs} outputs" if own else "an earlier attempt's pace"
             candidates = [Threshold(self.floor, "floor"), Threshold(PACE_FACTOR * p95, learned)]
-        work = max(self.longest_work, self.spell_work) if with_spell else self.longest_work
-        if work:
-            candidates.append(Threshold(WORK_FACTOR * work, "quiet work seen"))
+        if self.longest_work:
+            candidates.append(Threshold(WORK_FACTOR * self.longest_work, "quiet work seen"))
         return max(candidates, key=lambda t: t.seconds)
 
     def seed_for_next(self) -> PaceSeed:
         own = self.gap_p95() if len(self.gaps) >= MIN_GAPS else None
-        return PaceSeed(own or self.seed.gap_p95, max(self.longest_work, self.spell_work))
+        return PaceSeed(own or self.seed.gap_p95, self.longest_work)

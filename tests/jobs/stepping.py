@@ -10,8 +10,7 @@ all_reduce instead, so that the others wait in it for rank 0 (a job whose ranks 
 a collective, at little cost to the cores the tests share).
 
 `--stall-rank R --stall-after S`: after S seconds rank R says so and stops in plain Python
-(a data loader that never yields), silently, while the others wait for it in all_reduce;
-with `--silent-stall` it says nothing of it either (a job that prints nothing).
+(a data loader that never yields), silently, while the others wait for it in all_reduce.
 `--fail-rank R --fail-after S`: rank R exits 7 instead, while the others wait.
 `--matmuls N`: each step also multiplies N matrices (a step's fixed work, for benchmarks).
 `--print-every N`: rank 0 prints a line every N steps (a job that shows its pace).
@@ -119,7 +118,6 @@ def main() -> int:
     parser.add_argument("--lead-pause", type=float, default=0.0)  # rank 0's alone
     parser.add_argument("--stall-rank", type=int, default=-1)
     parser.add_argument("--stall-after", type=float, default=5.0)
-    parser.add_argument("--silent-stall", action="store_true")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-after", type=float, default=5.0)
     parser.add_argument("--print-every", type=int, default=0)
@@ -152,8 +150,7 @@ def main() -> int:
             elif rank == quiet_rank:
                 compute(quiet_for, args.duty)
         if rank == args.stall_rank and elapsed >= args.stall_after:
-            if not args.silent_stall:
-                print(f"rank {rank} stalls after {steps} steps", flush=True)
+            print(f"rank {rank} stalls after {steps} steps", flush=True)
             next_batch_that_never_comes()
         if rank == args.fail_rank and elapsed >= args.fail_after:
             print(f"rank {rank} fails after {steps} steps", flush=True)

@@ -3,7 +3,6 @@ for the look before it calls silence a hang. On values."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -149,9 +148,8 @@ def test_a_look_that_finds_work_restarts_the_count_and_one_that_finds_none_is_a_
     [failure] = [d.tear_down for d in _feed(verdict, QuietLooked(HUNG, asked_at=23, at=26))
                  if d.tear_down]  # fmt: skip
     assert failure.kind == FailureKind.HANG and (failure.node, failure.rank) == ("n2", 1)
-    assert failure.reason.startswith("hang: no rank wrote anything for 26 s (a look found work "
-                                     "13 s ago) and none is working (rank 1 idle, stuck in "
-                                     "compute")  # fmt: skip
+    assert failure.reason.startswith("hang: no rank wrote anything for 26 s and none is "
+                                     "working (rank 1 idle, stuck in compute")  # fmt: skip
     assert [looked.at for looked in verdict.hangs.quiet_work] == [13]
 
 
@@ -212,32 +210,6 @@ def test_the_look_comes_before_the_threshold_so_the_hang_is_decided_at_it():
     assert at == 180  # the first moment beyond 120 s of quiet, not a look later
     assert failure.reason.startswith("hang: no rank wrote anything for 121 s (beyond 120 s: "
                                      "floor) and none is working (")  # fmt: skip
-
-
-def test_a_job_working_without_a_word_is_looked_at_a_threshold_apart_and_its_hang_caught():
-    # A job that never shows a step (start-up floor 30 s): every look finds it working, until
-    # one, three hours in, finds none. The looks stay 30 s apart, whatever the job's age.
-    settings = WatchSettings(hang_learned=True, hang_floors=(10.0, 30.0))
-    verdict = JobVerdict(HOSTS, settings, head_launcher=False)
-    _feed(verdict, *(NodeHeard(h, 0.0) for h in HOSTS), RankOutput(0.0))
-    asked, failures = [], []
-    for at in range(1, 3 * 3600 + 120):
-        decisions = _feed(verdict, *(NodeHeard(h, float(at)) for h in HOSTS), Tick(float(at)))
-        asked += [at for d in decisions if d.look]
-        if asked and verdict.hangs.look_asked_at == at - 3:
-            finding = HUNG if at > 3 * 3600 else WORKING
-            decisions = _feed(verdict, QuietLooked(finding, asked_at=at - 3, at=at))
-            failures += [(at, d.tear_down) for d in decisions if d.tear_down]
-            if failures:
-                break
-    gaps = {later - earlier for earlier, later in itertools.pairwise(asked)}
-    assert asked[0] == 28 and gaps == {31}  # past 30 s less the lead of 3 s, then a look (3 s)
-    [(at, failure)] = failures
-    assert at - 3 * 3600 <= 33  # the first look past the stall decides
-    assert failure.reason.startswith(f"hang: no rank wrote anything for {at} s (a look found "
-                                     "work 31 s ago; beyond 30 s: start-up floor) and none is "
-                                     "working (")  # fmt: skip
-    assert verdict.hangs.record()["source"] == "quiet work seen"  # what the job learned
 
 
 def test_a_rank_that_speaks_after_a_look_found_none_working_is_not_hung():
