@@ -8,10 +8,10 @@ rank 0 writes that step to `--checkpoint` and every rank exits 0.
 
 `--save-seconds S`: every rank takes S seconds to save (longer than a launcher's own 30 s).
 
-`--requeue-itself` behaves as Lightning's `SLURMEnvironment(auto_requeue=True)` does on its
-requeue signal (SIGUSR1): the ranks save, rank 0 runs `scontrol requeue $SLURM_JOB_ID`, and
-every rank goes on training until Slurm ends the allocation, ignoring SIGTERM throughout (as
-Lightning "bypasses" it).
+`--requeue-itself` requeues from inside the job, as a script written for Slurm alone does
+(Lightning's `SLURMEnvironment(auto_requeue=True)` outside orch): on the stop signal the ranks
+save, rank 0 runs `scontrol requeue $SLURM_JOB_ID`, and every rank goes on training until
+Slurm ends the allocation, ignoring SIGTERM throughout.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from resumable import resume_step, save_step  # beside this file: its checkpoint
 
 
 def _requeue_itself(rank: int) -> None:
-    """Lightning's requeue: rank 0 alone puts the Slurm job back in the queue."""
+    """The script's own requeue: rank 0 alone puts the Slurm job back in the queue."""
     if rank != 0:
         return
     job = os.environ["SLURM_JOB_ID"]
@@ -53,7 +53,7 @@ def main() -> int:
     stop_signal = signal.Signals[os.environ.get("ORCH_STOP_SIGNAL", "SIGTERM")]
     asked: list[float] = []
     signal.signal(stop_signal, lambda _n, _f: asked.append(time.time()))
-    if args.requeue_itself:  # Lightning lets SIGTERM pass: Slurm's requeue ends the job
+    if args.requeue_itself:  # SIGTERM passes it by: Slurm's requeue ends the job
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import torch
     import torch.distributed as dist

@@ -1,8 +1,9 @@
 """`orch submit --sbatch --requeue` on the sandbox's Slurm: a job that needs more than one
 allocation saves at its time limit, orch requeues it from the batch shell, and the next
 allocation resumes it from the saved step under the same job id, in the same record; a
-script that requeues itself as Lightning does (rank 0 runs `scontrol requeue` on SIGUSR1)
-is requeued once, not twice; a job preempted by one of the `urgent` partition saves in
+script that requeues itself (rank 0 runs `scontrol requeue` on the stop signal) is requeued
+once, not twice; a real Lightning fit is requeued by orch alone and resumes from the checkpoint
+its `OnExceptionCheckpoint` saved; a job preempted by one of the `urgent` partition saves in
 Slurm's grace and goes on after it; a job the user cancels (`scancel`) is not requeued.
 
 Slurm holds a requeued job back for about two minutes (its BeginTime) before it may start
@@ -24,6 +25,7 @@ from orchestrator.specs.slurm import SLURM_KILL_WAIT_KEPT_S, parse_job_view
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 REQUEUEABLE = str(REPO / "tests" / "jobs" / "requeueable.py")
+LIGHTNING_FIT = str(REPO / "tests" / "jobs" / "lightning_fit.py")
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +39,14 @@ def _slurm(state, *argv: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
 
 
-def _recipe(tmp_path: Path, *args: str, time: str, stop: str = "") -> Path:
+def _recipe(tmp_path: Path, *args: str, time: str, stop: str = "",
+            script: str = REQUEUEABLE) -> Path:  # fmt: skip
     recipe = tmp_path / "requeueable.yaml"
+    saves = ["--checkpoint", str(tmp_path / "step.json")] if script == REQUEUEABLE else []
     recipe.write_text(
         "name: requeueable\n"
-        f"script: {REQUEUEABLE}\n"
-        f"args: {json.dumps(['--checkpoint', str(tmp_path / 'step.json'), *args])}\n"
+        f"script: {script}\n"
+        f"args: {json.dumps([*saves, *args])}\n"
         "launcher: torchrun\n"
         "nproc_per_node: 1\n"
         "env: {OMP_NUM_THREADS: 1}\n"
@@ -104,6 +108,21 @@ def _succeeded(state, runs: Path, job_id: str) -> dict:
     return record
 
 
+def _warned_once_running(state, runs: Path, recipe: Path) -> tuple[str, str, dict, str]:
+    """Submitted with --requeue, warned by Slurm once every rank runs, started again after the
+    requeue, succeeded: the job's id, its Slurm job's, its record and the batch output."""
+    job_id, slurm_job = _submit(state, runs, recipe)
+    names = [node.name for node in state.nodes]
+    up = lambda: all("starts at step" in log_text(runs, job_id, n) for n in names)  # noqa: E731
+    assert wait_for(up, 180), _output(runs, job_id)[-4000:]
+    # Slurm's warning (what `#SBATCH --signal=B:USR1@...` sends) to orch's batch shell.
+    warned = _slurm(state, "scancel", "--batch", "--signal=USR1", slurm_job)
+    assert warned.returncode == 0, warned.stderr
+    _started_again(state, runs, job_id, slurm_job)
+    record = _succeeded(state, runs, job_id)
+    return job_id, slurm_job, record, _output(runs, job_id)
+
+
 def _resumed_at(runs: Path, job_id: str, node: str) -> str:
     text = log_text(runs, job_id, node)
     return text[text.index("restart "):].split("\n")[0]
@@ -156,19 +175,11 @@ def test_a_job_stopped_at_its_time_limit_saves_and_goes_on_in_the_next_allocatio
 def test_a_script_that_requeues_itself_is_not_requeued_twice(slurm_box, tmp_path):
     state = slurm_box
     runs = tmp_path / "runs"
-    # Lightning's way: SIGUSR1 is its requeue signal, so orch forwards that as the stop.
+    # A requeue signal of its own (SIGUSR1, as scripts written for Slurm choose) as the stop.
     recipe = _recipe(tmp_path, "--steps", "80", "--step-sleep", "0.25", "--requeue-itself",
                      time="10", stop="stop_signal: SIGUSR1\nstop_grace: 30\n")  # fmt: skip
-    job_id, slurm_job = _submit(state, runs, recipe)
+    job_id, slurm_job, record, text = _warned_once_running(state, runs, recipe)
     names = [node.name for node in state.nodes]
-    up = lambda: all("starts at step" in log_text(runs, job_id, n) for n in names)  # noqa: E731
-    assert wait_for(up, 180), _output(runs, job_id)[-4000:]
-    # Slurm's warning (what `#SBATCH --signal=B:USR1@...` sends) to orch's batch shell.
-    warned = _slurm(state, "scancel", "--batch", "--signal=USR1", slurm_job)
-    assert warned.returncode == 0, warned.stderr
-    _started_again(state, runs, job_id, slurm_job)
-    record = _succeeded(state, runs, job_id)
-    text = _output(runs, job_id)
     assert "rank 0 requeued Slurm job" in text or "rank 0 requeued Slurm job" in (
         runs / job_id / "attempts" / "1" / "logs" / f"{names[0]}.log").read_text()
     assert "requeue: Slurm has requeued the job already (the script's own `scontrol requeue`" \
@@ -179,6 +190,35 @@ def test_a_script_that_requeues_itself_is_not_requeued_twice(slurm_box, tmp_path
     saved = json.loads((tmp_path / "step.json").read_text())["step"]
     assert _resumed_at(runs, job_id, names[0]) == f"restart 1 starts at step {saved}"
     assert _restarts(state, slurm_job) == 1  # once: by the script, not again by orch
+
+
+def test_a_lightning_fit_is_requeued_by_orch_alone_and_resumes_from_its_own_checkpoint(
+    slurm_box, tmp_path
+):
+    """Real Lightning under orch's torchrun: it picks its TorchElastic environment, so its own
+    SLURM requeue never runs. At Slurm's warning orch stops the job with SIGTERM, Lightning
+    tells every rank at the next step, `OnExceptionCheckpoint` saves and the ranks exit 0;
+    orch requeues it once, and the next allocation's fit resumes from that checkpoint."""
+    state = slurm_box
+    runs = tmp_path / "runs"
+    recipe = _recipe(tmp_path, "--checkpoint-dir", str(tmp_path / "checkpoints"), "--steps",
+                     "120", "--step-sleep", "0.25", "--save-seconds", "5", time="10",
+                     stop="stop_grace: 30\n", script=LIGHTNING_FIT)  # fmt: skip
+    job_id, slurm_job, record, text = _warned_once_running(state, runs, recipe)
+    names = [node.name for node in state.nodes]
+    assert "stopped by Slurm (its warning, or a preemption): 2 of 2 ranks exited by " \
+        "themselves" in text, text[-4000:]  # fmt: skip
+    assert "requeued (`scontrol requeue`), it goes on in allocation 2" in text
+    first, second = record["attempts"]
+    assert "not requeued a second time" not in first["cause"]["decision"]
+    assert second["allocation"] == 2
+    first_log = (runs / job_id / "attempts" / "1" / "logs" / f"{names[0]}.log").read_text()
+    saved = [line.split("saved at step ")[1].split()[0] for line in first_log.splitlines()
+             if "rank 0 saved at step" in line]  # fmt: skip
+    assert saved and "(SIGTERMException)" in first_log, first_log[-3000:]
+    assert _resumed_at(runs, job_id, names[0]) == f"restart 1 starts at step {saved[0]}"
+    assert "rank 0 done: 120 steps" in log_text(runs, job_id, names[0])
+    assert _restarts(state, slurm_job) == 1  # once, by orch: Lightning did not requeue
 
 
 def test_a_preempted_job_saves_in_slurms_grace_and_goes_on_after_the_preemptor(slurm_box,
