@@ -6,6 +6,7 @@ Slurm gives (the caller gets it as a value)."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from orchestrator.specs.slurm import (
     SlurmJobView,
     parse_job_view,
     parse_kill_wait,
+    slurm_end_left,
     slurm_time_left,
 )
 
@@ -88,6 +90,17 @@ def time_left(slurm_job: str) -> float | None:
     does not say."""
     answer = _run(["squeue", "-h", "-j", slurm_job, "-o", "%L"])
     return slurm_time_left(answer.out.split()[0]) if answer.ok and answer.out.strip() else None
+
+
+def end_left(slurm_job: str) -> float | None:
+    """Seconds to the allocation's end as the controller holds it (squeue's %e), which moves
+    forward when Slurm preempts the job with a grace; None when Slurm does not say, or the job
+    is no longer RUNNING: a `scancel` or a requeue sets the end to that moment, and its
+    SIGTERM to the head says the rest (KillWait)."""
+    words = _run(["squeue", "-h", "-j", slurm_job, "-o", "%T %e"]).out.split()
+    if len(words) != 2 or words[0] != "RUNNING":
+        return None
+    return slurm_end_left(words[1], time.time())
 
 
 def kill_wait() -> float | None:

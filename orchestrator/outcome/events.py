@@ -57,6 +57,10 @@ class WatchSettings:
     # after its start so that the grace ends before the allocation does (None: no end).
     in_slurm: bool = False
     slurm_stop_after: float | None = None
+    # The allocation to ask, this often, what is left of it: Slurm may bring its end forward
+    # (a preemption's grace) without a word to any process of the job (outcome/allocation.py).
+    slurm_job: str | None = None
+    allocation_poll: float = 10.0
     # Slurm's KillWait: once its SIGTERM reaches the head, a stop's grace ends early enough
     # for the teardown to be done before Slurm's SIGKILL (None: not known, not cut).
     slurm_kill_wait: float | None = None
@@ -152,6 +156,14 @@ class QuietLooked:
 
 
 @dataclass(frozen=True)
+class AllocationLeft:
+    """Slurm's answer: the allocation has `left` seconds, as of `at`."""
+
+    left: float
+    at: float
+
+
+@dataclass(frozen=True)
 class TeardownDone:
     """The teardown's kill program returned; `unanswered`: the nodes it could not reach,
     whose agents are not waited for."""
@@ -180,6 +192,7 @@ Event = (
     | Interrupted
     | StopAsked
     | QuietLooked
+    | AllocationLeft
     | TeardownDone
     | Tick
 )

@@ -34,7 +34,9 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.outcome.allocation import AllocationEnd
 from orchestrator.outcome.events import (
+    AllocationLeft,
     Event,
     HeadExited,
     Interrupted,
@@ -118,6 +120,7 @@ class JobVerdict:
         self.started_at: float | None = None  # the first event's: the time limit counts from it
         self.stop: StopAsked | None = None  # the stop asked for, whatever came of it
         self.slurm_kills_at: float | None = None  # Slurm TERMed the head: its SIGKILL nears
+        self.allocation = AllocationEnd()  # the allocation's end, as Slurm last said it
         self._stop_begun = False
         self.hangs = HangWatch(settings)
 
@@ -159,6 +162,8 @@ class JobVerdict:
                 self.stop = event
         elif isinstance(event, QuietLooked):
             self.hangs.looked(event, self.last_output_at, self._quiet_since())
+        elif isinstance(event, AllocationLeft):
+            self.allocation.answered(event.left, event.at)
         elif isinstance(event, TeardownDone):
             self.teardown_done_at = event.at
             self.teardown_unanswered = event.unanswered
@@ -218,6 +223,8 @@ class JobVerdict:
             up = limit is not None and started is not None and now - started >= limit
             if up and self._may_stop():
                 self.stop = StopAsked(cause, now)
+        if self.allocation.stop_due(now, self.settings.rank_grace) and self._may_stop():
+            self.stop = StopAsked(StopCause.SLURM_SIGNAL, now)  # a preemption, most likely
         begin = None
         if self.stop is not None and not self._stop_begun and self.failure is None:
             self._stop_begun = True
@@ -262,8 +269,10 @@ class JobVerdict:
     def grace(self) -> GraceInForce:
         """The stop's grace: the one asked for, less once Slurm is ending the job."""
         at = self.stop.at if self.stop is not None else None
-        return grace_in_force(self.settings.rank_grace, at, self.slurm_kills_at,
-                              self.settings.slurm_kill_wait)  # fmt: skip
+        grace = grace_in_force(self.settings.rank_grace, at, self.slurm_kills_at,
+                               self.settings.slurm_kill_wait)  # fmt: skip
+        moved = self.allocation.grace(grace.seconds, at) if at is not None else None
+        return grace if moved is None else moved
 
     def _grace_over(self, now: float, stop: StopAsked) -> Failure | None:
         grace = self.grace

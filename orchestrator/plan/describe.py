@@ -22,10 +22,14 @@ from orchestrator.plan.launch_plan import (
 )
 from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME, SHIM_DIR
 from orchestrator.plan.launchers.standard import standard_spec_name
-from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME
+from orchestrator.plan.pdsh_command import SHIM_CONFIG_NAME, node_launch_words
 from orchestrator.remote.agent_spec import RANK_PROGRAM, node_dir_shown
 from orchestrator.remote.procs import NODE_DIR_VAR, NODE_RANK_VAR
-from orchestrator.specs.constants import PDSH_CONFIG_NAME, standard_config_name
+from orchestrator.specs.constants import (
+    LAUNCHER_SHUTDOWN_VAR,
+    PDSH_CONFIG_NAME,
+    standard_config_name,
+)
 from orchestrator.specs.jobenv import redact
 from orchestrator.specs.recipe import AccelerateOptions
 from orchestrator.specs.units import format_bytes
@@ -155,14 +159,15 @@ def node_runs(plan: LaunchPlan, node_rank: int) -> str:
 def _deepspeed_node_command(plan: LaunchPlan, node_rank: int) -> str:
     """DeepSpeed's per-node launcher, as its pdsh runner writes it on the head (the runner
     builds it at run time; orch's shim hands its words to the agent, without the runner's
-    exports of the head's environment)."""
+    exports of the head's environment), run as the agent runs it (its KILL wait given the
+    stop's grace)."""
     world = {h.host: list(range(plan.job.nproc)) for h in plan.hostfile.hosts}
     world_info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
-    return shlex.join([
-        plan.python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
-        f"--node_rank={node_rank}", f"--master_addr={plan.main_host}",
-        f"--master_port={plan.main_port}", "--no_python", "--no_local_rank", RANK_PROGRAM,
-    ])  # fmt: skip
+    return shlex.join(node_launch_words(plan.python, [
+        f"--world_info={world_info}", f"--node_rank={node_rank}",
+        f"--master_addr={plan.main_host}", f"--master_port={plan.main_port}", "--no_python",
+        "--no_local_rank", RANK_PROGRAM,
+    ]))  # fmt: skip
 
 
 # ----- the readable form ------------------------------------------------------------------
@@ -201,7 +206,8 @@ def plan_text(plan: LaunchPlan, commands_dir: str = "<dry-run dir>") -> str:
     env = " ".join(f"{name}={shlex.quote(value)}" for name, value in plan.redacted_env.items())
     runs = (
         "DeepSpeed's per-node launcher, as DeepSpeed's runner writes it (with accelerate's "
-        "ACCELERATE_* settings added to the environment)"
+        "ACCELERATE_* settings added to the environment; its wait between the TERM and the "
+        f"KILL of a rank is {LAUNCHER_SHUTDOWN_VAR} s, not its fixed 30)"
         if plan.launch.head_command
         else "its command"
     )

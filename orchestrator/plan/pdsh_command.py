@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from orchestrator.errors import OrchError
 from orchestrator.remote.agent_spec import AgentSpec
+from orchestrator.specs.constants import LAUNCHER_SHUTDOWN_VAR
 
 DEFAULT_WINDOW = 64  # pdsh -f: how many nodes it runs a command on at once
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -104,6 +105,23 @@ def shim_script(config_path: str, orch_python: str) -> str:
 # the settings accelerate hands its ranks (ACCELERATE_*) and the NCCL ones it may add.
 LAUNCHER_ENV_PREFIXES = ("ACCELERATE_", "NCCL_")
 _NODE_LAUNCH_MODULE = "deepspeed.launcher.launch"
+# DeepSpeed's per-node launcher, run as itself but for one thing: on a SIGTERM (a Slurm
+# preemption or time limit reaches every process of the step) it TERMs each rank's process
+# tree and KILLs it 30 s later (`terminate_process_tree`, fixed), cutting the stop's grace.
+# Here that wait is the one torchrun and accelerate are given (LAUNCHER_SHUTDOWN_VAR: the grace
+# and a margin, or the user's own value). One line, so that a dry run shows it as it runs.
+NODE_LAUNCH_CODE = (
+    "import os, sys, psutil; from deepspeed.launcher import launch; wait = psutil.wait_procs; "
+    f'least = float(os.getenv("{LAUNCHER_SHUTDOWN_VAR}") or 30); '
+    "psutil.wait_procs = lambda procs, timeout=None, callback=None: wait(procs, "
+    "timeout if timeout is None else max(timeout, least), callback); "
+    "sys.argv[0] = launch.__file__; launch.main()"
+)
+
+
+def node_launch_words(python: str, launcher_args: Sequence[str]) -> tuple[str, ...]:
+    """DeepSpeed's per-node launcher with its arguments, as orch's agent runs it."""
+    return (python, "-u", "-c", NODE_LAUNCH_CODE, *launcher_args)
 
 
 def node_launcher_spec(
@@ -122,13 +140,17 @@ def node_launcher_spec(
     if start is None:
         # Not the runner's usual words: run them as DeepSpeed meant (a shell string).
         return replace(shape, shell=" ".join(words).replace("%n", "$ORCH_NODE_RANK"))
-    return replace(shape, command=tuple(words[start:]), node_rank_word="%n")
+    python, launcher_args = start
+    return replace(shape, command=node_launch_words(python, launcher_args), node_rank_word="%n")
 
 
-def _launcher_start(words: Sequence[str]) -> int | None:
-    """Index of the interpreter that runs `-u -m deepspeed.launcher.launch` in `words`."""
+def _launcher_start(words: Sequence[str]) -> tuple[str, Sequence[str]] | None:
+    """The interpreter that runs `[-u] -m deepspeed.launcher.launch` in `words`, and the
+    launcher's own arguments after it."""
     for index in range(len(words)):
         after = list(words[index + 1 : index + 4])
-        if after[:2] == ["-m", _NODE_LAUNCH_MODULE] or after == ["-u", "-m", _NODE_LAUNCH_MODULE]:
-            return index
+        if after[:2] == ["-m", _NODE_LAUNCH_MODULE]:
+            return words[index], words[index + 3 :]
+        if after == ["-u", "-m", _NODE_LAUNCH_MODULE]:
+            return words[index], words[index + 4 :]
     return None

@@ -1,11 +1,15 @@
-"""Work a launch does beside its watch loop (a look at a quiet job, a profile), one piece at
-a time, each piece's result handed over once to the loop that reads it."""
+"""Work a launch does beside its watch loop: a look at a quiet job, a profile, a question to
+Slurm, one piece at a time, each piece's result handed over once to the loop that reads it;
+and the reader of the fan-out's output."""
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
+import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import IO, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -40,3 +44,18 @@ class OneAtATime(Generic[T]):
         with self._lock:
             done, self._done = self._done, []
         return done
+
+
+def read_chunks_into(stream: IO[bytes], chunks: queue.Queue[tuple[float, bytes] | None]) -> None:
+    """Each chunk of the fan-out's output with when it arrived: the watcher may be behind."""
+    fd = stream.fileno()
+    try:
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            chunks.put((time.monotonic(), data))
+    except OSError:
+        pass
+    finally:
+        chunks.put(None)

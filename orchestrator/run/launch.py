@@ -77,6 +77,8 @@ from orchestrator.records.job import (
 )
 from orchestrator.records.moments import Moment, MomentKind, append_moments
 from orchestrator.records.rundir import APPEND, RunDir
+from orchestrator.run.allocation_watch import AllocationWatch
+from orchestrator.run.background import read_chunks_into
 from orchestrator.run.collect import LogCollector
 from orchestrator.run.plan_files import remove_private_files, write_private_files
 from orchestrator.run.quiet import QuietLook
@@ -149,6 +151,8 @@ class JobRunner:
         self.quiet_look = QuietLook(plan, self.settings.look_seconds,
                                     self.settings.hang_stacks_timeout)  # fmt: skip
         self.straggler_watch = straggler_watch_for(plan, run)
+        self.allocation_watch = AllocationWatch(self.settings.slurm_job,
+                                                self.settings.allocation_poll)  # fmt: skip
         self.stacks: StacksResult | None = None  # taken before a failure's teardown
         self.earlier_looks: tuple[FoldedStacks, ...] = ()  # a hang's looks before the last
         self.stacks_file: Path | None = None
@@ -201,7 +205,8 @@ class JobRunner:
         self._started = time.monotonic()
         self._moment(MomentKind.START)
         chunks: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
-        reader = threading.Thread(target=_read_into, args=(process.stdout, chunks), daemon=True)
+        reader = threading.Thread(target=read_chunks_into, args=(process.stdout, chunks),
+                                  daemon=True)  # fmt: skip
         reader.start()
         router = LogRouter(self.run_dir.logs, view=self.tracker, nodes=self.plan.hosts,
                            open_log=self._open_log)  # fmt: skip
@@ -272,6 +277,7 @@ class JobRunner:
                 stop_noted = True
                 events.append(StopAsked(StopCause.ORCH_STOP, now))
             events += [self._noted(looked) for looked in self.quiet_look.events()]
+            events += self.allocation_watch.events(now)
             busy = self.verdict.stopping or self._failed_at is not None
             self.straggler_watch.tick(now, self.verdict.pace.stepped, busy)
             for said in self.straggler_watch.said():
@@ -432,18 +438,3 @@ class JobRunner:
     def _progress(self) -> AttemptProgress:
         failed_at = self._failed_at if self._failed_at is not None else time.monotonic()
         return attempt_progress(self.progress.steps, self._started, failed_at)
-
-
-def _read_into(stream, chunks: queue.Queue[tuple[float, bytes] | None]) -> None:
-    """Each chunk of the fan-out's output with when it arrived: the watcher may be behind."""
-    fd = stream.fileno()
-    try:
-        while True:
-            data = os.read(fd, 65536)
-            if not data:
-                break
-            chunks.put((time.monotonic(), data))
-    except OSError:
-        pass
-    finally:
-        chunks.put(None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from orchestrator.errors import UsageError
 from orchestrator.specs.inventory import Hostfile, expand_nodeset, make_hostfile
@@ -191,6 +192,16 @@ def slurm_time_left(text: str) -> float | None:
         return None
     days, hours, minutes, seconds = (int(part or 0) for part in found.groups())
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def slurm_end_left(text: str, now: float) -> float | None:
+    """Seconds from `now` (the wall clock) to squeue's %e (`2026-12-02T18:46:21`, local
+    time): the job's end as the controller holds it, which a preemption's grace brings
+    forward (%L counts from the time limit alone); None for `N/A`, `Unknown` or the like."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp() - now
+    except ValueError:
+        return None
 
 
 def stop_before_the_end(left: float | None, grace: float) -> float | None:

@@ -5,10 +5,12 @@ ends the job at once, the grace's end tears it down."""
 from __future__ import annotations
 
 import signal
+from datetime import datetime
 
 import pytest
 
 from orchestrator.outcome.events import (
+    AllocationLeft,
     HeadExited,
     Interrupted,
     NodeExited,
@@ -25,6 +27,7 @@ from orchestrator.specs.slurm import (
     SLURM_KILL_WAIT_KEPT_S,
     SLURM_STOP_MARGIN_S,
     parse_kill_wait,
+    slurm_end_left,
     slurm_time_left,
     stop_before_the_end,
 )
@@ -241,6 +244,30 @@ def test_the_allocations_end_stops_the_job_in_time_for_its_grace():
     assert verdict.outcome(-15, stopped_by_us=True).exit_code == 124
 
 
+def test_an_allocations_end_brought_forward_by_a_preemption_stops_the_job_at_once():
+    """A preemption signals the job's srun steps only: with the pdsh launcher's ssh fan-out no
+    process of the job hears it, and Slurm's answer (the end moved to the preemption plus its
+    GraceTime) is the only sign. The stop begins at once and keeps its grace where it fits."""
+    verdict = _verdict(in_slurm=True, slurm_stop_after=478, hang_timeout=None,
+                       heartbeat_timeout=1000, rank_grace=50)  # fmt: skip
+    assert _begun(_feed(verdict, AllocationLeft(598, 1), AllocationLeft(588, 11.5))) == []
+    assert _begun(_feed(verdict, AllocationLeft(90, 21))) == [StopCause.SLURM_SIGNAL]
+    assert verdict.grace.seconds == 50 and not verdict.grace.cut
+    assert _teardowns(_feed(verdict, Tick(70))) == []
+    [failure] = _teardowns(_feed(verdict, Tick(71.5)))
+    assert failure.reason == (
+        "stopped by Slurm (its warning, or a preemption): the 50 s grace ran out")
+    assert verdict.outcome(-15, stopped_by_us=True).exit_code == 143
+
+
+def test_a_grace_longer_than_what_a_preemption_leaves_is_cut_to_end_before_it():
+    verdict = _verdict(in_slurm=True, hang_timeout=None, heartbeat_timeout=1000)
+    _feed(verdict, AllocationLeft(3600, 1), AllocationLeft(90, 21))
+    assert verdict.grace.seconds == 90 - SLURM_KILL_WAIT_KEPT_S
+    assert verdict.grace.cut == ("cut from 120 s: Slurm ends the allocation 90 s after the "
+                                 "stop (a preemption's grace, or a shorter limit)")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("1-02:03:04", 93784.0), ("02:03:04", 7384.0), ("03:04", 184.0), ("0:00", 0.0),
@@ -254,3 +281,9 @@ def test_a_job_stops_its_grace_and_a_margin_before_the_allocation_ends():
     assert stop_before_the_end(3600.0, 120.0) == 3600.0 - 120.0 - SLURM_STOP_MARGIN_S
     assert stop_before_the_end(100.0, 120.0) == 0.0  # at once: the grace does not fit
     assert stop_before_the_end(None, 120.0) is None
+
+
+def test_the_allocations_end_is_read_from_squeue_in_local_time():
+    now = datetime(2026, 12, 2, 18, 44, 51).timestamp()
+    assert slurm_end_left("2026-12-02T18:46:21", now) == 90.0
+    assert slurm_end_left("N/A", now) is None and slurm_end_left("Unknown", now) is None

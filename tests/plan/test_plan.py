@@ -34,7 +34,7 @@ from orchestrator.plan.launch_plan import (
 )
 from orchestrator.plan.launchers.pdsh import PDSH_SPEC_NAME
 from orchestrator.plan.launchers.standard import standard_spec_name
-from orchestrator.plan.pdsh_command import node_launcher_spec
+from orchestrator.plan.pdsh_command import NODE_LAUNCH_CODE, node_launcher_spec
 from orchestrator.plan.request import LaunchSpec
 from orchestrator.remote.agent_spec import AgentSpec, decode
 from orchestrator.run.plan_files import head_private_dir, write_private_files
@@ -367,7 +367,8 @@ def test_the_shim_keeps_deepspeeds_launcher_words_and_drops_its_exports_of_the_h
     ]  # fmt: skip
     environ = {"ACCELERATE_MIXED_PRECISION": "no", "DATABASE_URL": "postgres://u:pw@db"}
     spec = node_launcher_spec(AgentSpec("j", workdir="/work"), words, environ)
-    assert spec.command == tuple(words[2:])
+    # The launcher as itself, its KILL wait given the stop's grace (NODE_LAUNCH_CODE).
+    assert spec.command == ("/opt/py/bin/python", "-u", "-c", NODE_LAUNCH_CODE, *words[6:])
     assert spec.node_rank_word == "%n" and "--node_rank=2" in spec.node_argv("2")
     assert spec.env == (("ACCELERATE_MIXED_PRECISION", "no"),)
     assert spec.path_first == (("PYTHONPATH", "/work"),)

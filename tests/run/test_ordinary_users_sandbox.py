@@ -176,7 +176,9 @@ class User:
     def shell(self, script: str) -> subprocess.CompletedProcess[str]:
         return _run(self.argv("sh", "-c", script))
 
-    def launch_args(self, *script_args: str, launcher: str = "pdsh",
+    # torchrun where the launcher is not the subject: the pdsh path (accelerate, DeepSpeed's
+    # runner and per-node launcher) costs a job 6-8 CPU-s more, and two tests below run it.
+    def launch_args(self, *script_args: str, launcher: str = "torchrun",
                     options: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
         return ["launch", "--hostfile", str(self.hostfile), "--launcher", launcher,
                 "--nproc-per-node", "1", "--main-port", str(free_port()), "--no-doctor",
@@ -211,7 +213,7 @@ def _own_dir(user: User) -> Path:
 def test_doctor_and_a_job_as_an_ordinary_user_after_root_ran_one(victim, shared_nodes):
     doctor = victim.orch("doctor", "--hostfile", str(victim.hostfile))
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    result = victim.orch(*victim.launch_args("--steps", "3"))
+    result = victim.orch(*victim.launch_args("--steps", "3", launcher="pdsh"))
     assert result.returncode == 0, result.stderr[-3000:]
     [job_id] = victim.jobs()
     record = victim.record(job_id)
@@ -316,7 +318,7 @@ def test_a_directory_planted_in_the_victims_place_is_refused_naming_it(victim, a
 def test_the_victims_files_reservations_and_records_are_out_of_reach(victim, attacker):
     """After a job of the victim's: the attacker cannot read its records, plant anything
     among its port reservations or its node directories, nor jam its ports with its own."""
-    result = victim.orch(*victim.launch_args("--steps", "1"))
+    result = victim.orch(*victim.launch_args("--steps", "1", launcher="pdsh"))
     assert result.returncode == 0, result.stderr[-3000:]
     own = _own_dir(victim)
     probes = {

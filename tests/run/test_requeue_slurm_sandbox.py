@@ -39,15 +39,15 @@ def _slurm(state, *argv: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
 
 
-def _recipe(tmp_path: Path, *args: str, time: str, stop: str = "",
-            script: str = REQUEUEABLE) -> Path:  # fmt: skip
+def _recipe(tmp_path: Path, *args: str, time: str, stop: str = "", script: str = REQUEUEABLE,
+            launcher: str = "torchrun") -> Path:  # fmt: skip
     recipe = tmp_path / "requeueable.yaml"
     saves = ["--checkpoint", str(tmp_path / "step.json")] if script == REQUEUEABLE else []
     recipe.write_text(
         "name: requeueable\n"
         f"script: {script}\n"
         f"args: {json.dumps([*saves, *args])}\n"
-        "launcher: torchrun\n"
+        f"launcher: {launcher}\n"
         "nproc_per_node: 1\n"
         "env: {OMP_NUM_THREADS: 1}\n"
         "hang_timeout: 120\n"
@@ -221,19 +221,23 @@ def test_a_lightning_fit_is_requeued_by_orch_alone_and_resumes_from_its_own_chec
     assert _restarts(state, slurm_job) == 1  # once, by orch: Lightning did not requeue
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "pdsh"])
 def test_a_preempted_job_saves_in_slurms_grace_and_goes_on_after_the_preemptor(slurm_box,
-                                                                                tmp_path):
+                                                                                tmp_path,
+                                                                                launcher):
     """The sandbox's Slurm preempts with requeue after a grace (PreemptMode=REQUEUE,
-    GraceTime): it sends SIGTERM to every process of the job's step, torchrun's among them,
-    and no warning to orch's batch shell. orch stops the job as its own stop would: every
-    rank saves for longer than torchrun's own 30 s and exits by itself; orch requeues the
+    GraceTime): it sends SIGTERM to every process of the job's step, the per-node launcher's
+    among them (torchrun, DeepSpeed's), and no warning to orch's batch shell. orch stops the
+    job as its own stop would: every rank saves for longer than either launcher's own 30 s
+    and exits by itself; orch requeues the
     job; the next allocation resumes from the saved step."""
     state = slurm_box
     runs = tmp_path / "runs"
     grace = 50
     assert grace + 10 < PREEMPT_GRACE_S  # the stop fits in what Slurm grants
-    recipe = _recipe(tmp_path, "--steps", "60", "--step-sleep", "0.5", "--save-seconds", "40",
-                     time="10", stop=f"stop_grace: {grace}\n")  # fmt: skip
+    # Long enough for Slurm to see the preemptor and preempt: its scheduler may take a while.
+    recipe = _recipe(tmp_path, "--steps", "120", "--step-sleep", "0.5", "--save-seconds", "40",
+                     time="10", stop=f"stop_grace: {grace}\n", launcher=launcher)  # fmt: skip
     job_id, slurm_job = _submit(state, runs, recipe)
     names = [node.name for node in state.nodes]
     stepping = lambda: all("step 10" in log_text(runs, job_id, n) for n in names)  # noqa: E731
@@ -251,11 +255,11 @@ def test_a_preempted_job_saves_in_slurms_grace_and_goes_on_after_the_preemptor(s
     assert first["cause"]["message"] == "stopped by Slurm (its warning, or a preemption)"
     assert second["allocation"] == 2
     saved = json.loads((tmp_path / "step.json").read_text())["step"]
-    assert 10 <= saved < 60
+    assert 10 <= saved < 120
     first_log = (runs / job_id / "attempts" / "1" / "logs" / f"{names[0]}.log").read_text()
     assert f"rank 0 saved at step {saved}" in first_log
     assert _resumed_at(runs, job_id, names[0]) == f"restart 1 starts at step {saved}"
-    assert "rank 0 done: 60 steps, restart 1" in log_text(runs, job_id, names[0])
+    assert "rank 0 done: 120 steps, restart 1" in log_text(runs, job_id, names[0])
 
 
 def test_a_job_the_user_cancels_saves_within_slurms_kill_wait_and_is_not_requeued(slurm_box,
