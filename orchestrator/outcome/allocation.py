@@ -26,14 +26,12 @@ class AllocationEnd:
     last: float | None = None  # the end, as the last answer put it
     moved_to: float | None = None  # the end Slurm brought forward to (None: it did not)
 
-    def answered(self, left: float, at: float) -> bool:
-        """Take in an answer (`left` seconds, asked at `at`); whether the end moved forward."""
+    def answered(self, left: float, at: float) -> None:
+        """Take in an answer: `left` seconds, asked at `at`."""
         ends = at + left
-        moved = self.last is not None and ends < self.last - MOVED_S
-        if moved:
+        if self.last is not None and ends < self.last - MOVED_S:
             self.moved_to = ends
         self.last = ends
-        return moved
 
     def stop_due(self, now: float, grace: float) -> bool:
         """The end moved: stop once what is left of it holds no more than the grace and the

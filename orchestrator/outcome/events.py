@@ -53,17 +53,21 @@ class WatchSettings:
     # themselves before the job is torn down; the time limit counts from the first event.
     rank_grace: float = DEFAULT_STOP_GRACE_S
     time_limit: float | None = None  # None: no limit
-    # Inside a Slurm allocation: Slurm's SIGTERM is a stop too, and the job stops this long
-    # after its start so that the grace ends before the allocation does (None: no end).
-    in_slurm: bool = False
-    slurm_stop_after: float | None = None
-    # The allocation to ask, this often, what is left of it: Slurm may bring its end forward
-    # (a preemption's grace) without a word to any process of the job (outcome/allocation.py).
+    # Inside a Slurm allocation (its job id; None: not in one): Slurm's SIGTERM is a stop too,
+    # and the job stops this long after its start so that the grace ends before the
+    # allocation does (None: no end). The allocation is asked this often what is left of it:
+    # Slurm may bring its end forward (a preemption's grace) without a word to any process of
+    # the job (outcome/allocation.py).
     slurm_job: str | None = None
+    slurm_stop_after: float | None = None
     allocation_poll: float = 10.0
     # Slurm's KillWait: once its SIGTERM reaches the head, a stop's grace ends early enough
     # for the teardown to be done before Slurm's SIGKILL (None: not known, not cut).
     slurm_kill_wait: float | None = None
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.slurm_job is not None
 
     @property
     def teardown_budget(self) -> float:

@@ -254,8 +254,8 @@ def _in_allocation(settings: WatchSettings, reporter: PipelineReporter) -> Watch
     stop_after = stop_before_the_end(left, settings.rank_grace)
     if left is not None and stop_after is not None:
         reporter.slurm_limit(left, stop_after, settings.rank_grace)
-    return replace(settings, in_slurm=True, slurm_stop_after=stop_after,
-                   slurm_kill_wait=slurm.kill_wait(), slurm_job=slurm_job)  # fmt: skip
+    return replace(settings, slurm_job=slurm_job, slurm_stop_after=stop_after,
+                   slurm_kill_wait=slurm.kill_wait())  # fmt: skip
 
 
 def _time_left(job: PreparedJob, first_started: float | None) -> float | None:

@@ -37,7 +37,7 @@ SETTINGS = WatchSettings(heartbeat_timeout=10, settle=1, rank_grace=120, hang_ti
 CTRL_C = Interrupted(signal.SIGINT, False, 5)
 
 
-def _verdict(**changes: float | bool) -> JobVerdict:
+def _verdict(**changes: float | bool | str | None) -> JobVerdict:
     settings = WatchSettings(**{**SETTINGS.__dict__, **changes})
     verdict = JobVerdict(HOSTS, settings, head_launcher=False)
     for node in HOSTS:
@@ -169,7 +169,7 @@ def test_a_job_that_ended_before_the_stop_reached_it_is_the_stops_all_the_same()
 def test_slurms_warning_and_its_term_inside_an_allocation_give_the_ranks_their_grace(
     signum, in_slurm, stops
 ):
-    verdict = _verdict(in_slurm=in_slurm)
+    verdict = _verdict(slurm_job="7" if in_slurm else None)
     decisions = _feed(verdict, Interrupted(signum, False, 5), Tick(6))
     if stops:
         assert _begun(decisions) == [StopCause.SLURM_SIGNAL] and _teardowns(decisions) == []
@@ -190,7 +190,7 @@ def test_once_slurm_terms_the_head_the_grace_ends_before_its_kill_wait(term_firs
     """A requeue or `scancel` (the TERM reaches orch's batch shell) leaves KillWait seconds
     before Slurm's SIGKILL: the grace is cut so that the teardown and the record are done by
     then, whether the TERM began the stop or came during one (Slurm's warning first)."""
-    verdict = _verdict(in_slurm=True, slurm_kill_wait=30, hang_timeout=None,
+    verdict = _verdict(slurm_job="7", slurm_kill_wait=30, hang_timeout=None,
                        heartbeat_timeout=1000)  # fmt: skip
     if not term_first:
         assert _begun(_feed(verdict, Interrupted(signal.SIGUSR1, False, 5))) == [
@@ -210,11 +210,11 @@ def test_once_slurm_terms_the_head_the_grace_ends_before_its_kill_wait(term_firs
 def test_a_stop_keeps_its_whole_grace_when_slurm_terms_only_the_steps_or_says_no_kill_wait():
     """A preemption TERMs the job's steps, not the batch shell (the agents tell the head):
     Slurm's GraceTime is the ranks' then, until Slurm TERMs the head in turn."""
-    verdict = _verdict(in_slurm=True, slurm_kill_wait=30, hang_timeout=None,
+    verdict = _verdict(slurm_job="7", slurm_kill_wait=30, hang_timeout=None,
                        heartbeat_timeout=1000)  # fmt: skip
     _feed(verdict, StopAsked(StopCause.SLURM_SIGNAL, 5))
     assert verdict.grace.seconds == 120 and _teardowns(_feed(verdict, Tick(120))) == []
-    unknown = _verdict(in_slurm=True, hang_timeout=None, heartbeat_timeout=1000)
+    unknown = _verdict(slurm_job="7", hang_timeout=None, heartbeat_timeout=1000)
     _feed(unknown, Interrupted(signal.SIGTERM, False, 5))
     assert unknown.grace.seconds == 120 and _teardowns(_feed(unknown, Tick(120))) == []
 
@@ -229,13 +229,13 @@ def test_slurms_kill_wait_is_read_from_its_config(config, seconds):
 
 
 def test_orch_kill_inside_an_allocation_still_ends_the_job_at_once():
-    verdict = _verdict(in_slurm=True)
+    verdict = _verdict(slurm_job="7")
     [failure] = _teardowns(_feed(verdict, Interrupted(signal.SIGTERM, True, 5)))
     assert failure.kind == FailureKind.KILLED
 
 
 def test_the_allocations_end_stops_the_job_in_time_for_its_grace():
-    verdict = _verdict(in_slurm=True, slurm_stop_after=300, hang_timeout=None,
+    verdict = _verdict(slurm_job="7", slurm_stop_after=300, hang_timeout=None,
                        heartbeat_timeout=1000)  # fmt: skip
     assert _begun(_feed(verdict, Tick(100), Tick(299))) == []
     assert _begun(_feed(verdict, Tick(300.5))) == [StopCause.SLURM_LIMIT]
@@ -248,7 +248,7 @@ def test_an_allocations_end_brought_forward_by_a_preemption_stops_the_job_at_onc
     """A preemption signals the job's srun steps only: with the pdsh launcher's ssh fan-out no
     process of the job hears it, and Slurm's answer (the end moved to the preemption plus its
     GraceTime) is the only sign. The stop begins at once and keeps its grace where it fits."""
-    verdict = _verdict(in_slurm=True, slurm_stop_after=478, hang_timeout=None,
+    verdict = _verdict(slurm_job="7", slurm_stop_after=478, hang_timeout=None,
                        heartbeat_timeout=1000, rank_grace=50)  # fmt: skip
     assert _begun(_feed(verdict, AllocationLeft(598, 1), AllocationLeft(588, 11.5))) == []
     assert _begun(_feed(verdict, AllocationLeft(90, 21))) == [StopCause.SLURM_SIGNAL]
@@ -261,7 +261,7 @@ def test_an_allocations_end_brought_forward_by_a_preemption_stops_the_job_at_onc
 
 
 def test_a_grace_longer_than_what_a_preemption_leaves_is_cut_to_end_before_it():
-    verdict = _verdict(in_slurm=True, hang_timeout=None, heartbeat_timeout=1000)
+    verdict = _verdict(slurm_job="7", hang_timeout=None, heartbeat_timeout=1000)
     _feed(verdict, AllocationLeft(3600, 1), AllocationLeft(90, 21))
     assert verdict.grace.seconds == 90 - SLURM_KILL_WAIT_KEPT_S
     assert verdict.grace.cut == ("cut from 120 s: Slurm ends the allocation 90 s after the "

@@ -226,11 +226,12 @@ def test_a_preempted_job_saves_in_slurms_grace_and_goes_on_after_the_preemptor(s
                                                                                 tmp_path,
                                                                                 launcher):
     """The sandbox's Slurm preempts with requeue after a grace (PreemptMode=REQUEUE,
-    GraceTime): it sends SIGTERM to every process of the job's step, the per-node launcher's
-    among them (torchrun, DeepSpeed's), and no warning to orch's batch shell. orch stops the
-    job as its own stop would: every rank saves for longer than either launcher's own 30 s
-    and exits by itself; orch requeues the
-    job; the next allocation resumes from the saved step."""
+    GraceTime): it sends SIGTERM to every process of the job's srun steps, torchrun's among
+    them, and no warning to orch's batch shell; the pdsh launcher reaches the nodes over ssh,
+    with no step to signal, and orch learns of it from the allocation's end moving forward.
+    orch stops the job as its own stop would: every rank saves for longer than its launcher's
+    own 30 s and exits by itself; orch requeues the job; the next allocation resumes from the
+    saved step."""
     state = slurm_box
     runs = tmp_path / "runs"
     grace = 50
